@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Pins live in constraints.txt; torch is installed first from its CPU build so that no
+# dependency can pull a multi-GB CUDA build by accident.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH ?= torch==2.13.0
+EXTRAS ?= transfer,test
+
+.PHONY: install demo test test-engine bench lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/kvpolicy versions
+	@echo
+	$(VENV)/bin/kvpolicy table
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-engine: $(STAMP)
+	$(PY) -m pytest -q tests/engine
+
+bench: $(STAMP)
+	$(PY) bench/resolve.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

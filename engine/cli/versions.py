@@ -1,0 +1,94 @@
+"""``kvpolicy versions`` and ``kvpolicy table``: what ships, and what each version decides."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import PolicyError
+from ..policyset import load
+from .common import add_policy_arguments, fail, load_from_args
+
+__all__ = ["register"]
+
+_TABLE_BACKENDS = ("DEFAULT", "NIXL", "UCX", "MOONCAKE", "MPI")
+
+
+def register(sub: Any) -> None:
+    """Add ``versions`` and ``table``."""
+    parser = sub.add_parser("versions", help="list the policy versions", description="List the policy versions.")
+    parser.add_argument("--policy", metavar="PATH", help="a policy file or folder (default: the shipped policies)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.set_defaults(run=run_versions)
+
+    parser = sub.add_parser(
+        "table",
+        help="print what a version resolves for every architecture it names and every backend",
+        description="Print the resolution table of a policy version (runtime auto, default timeout).",
+    )
+    add_policy_arguments(parser)
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.set_defaults(run=run_table)
+
+
+def run_versions(args: Any) -> int:
+    """List every version with its summary and digest; the newest is the default."""
+    try:
+        newest = load(args.policy)
+        sets = [newest if v == newest.version else load(args.policy, version=v) for v in newest.versions()]
+    except PolicyError as exc:
+        return fail(str(exc))
+    if args.format == "json":
+        print(json.dumps([
+            {"version": s.version, "summary": s.policy.summary, "digest": s.digest, "path": s.path,
+             "default": s.version == newest.version}
+            for s in sets
+        ], indent=2))
+        return 0
+    for s in sets:
+        mark = "*" if s.version == newest.version else " "
+        print(f"{mark} {s.version}  {s.digest[:12]}  {s.policy.summary}")
+    print("\n* the default (newest) version")
+    return 0
+
+
+def run_table(args: Any) -> int:
+    """Resolve every named architecture (and one without a preference) on every backend."""
+    policy_set = load_from_args(args)
+    if isinstance(policy_set, int):
+        return policy_set
+    architectures: list[str | None] = [*policy_set.policy.architectures(), None]
+    rows = []
+    for architecture in architectures:
+        cells = {}
+        for backend in _TABLE_BACKENDS:
+            r = policy_set.resolve(architecture=architecture, backend=backend)
+            cells[backend] = {
+                "backend": r.backend,
+                "transceiver_runtime": r.runtime,
+                "kv_cache_manager": r.kv_cache_manager,
+                "decided_by": r.decided_by["transceiver_runtime"],
+                "errors": [d.id for d in r.errors],
+            }
+        rows.append((architecture, cells))
+    if args.format == "json":
+        print(json.dumps({
+            "policy_version": policy_set.version,
+            "rows": [{"architecture": a, "backends": c} for a, c in rows],
+        }, indent=2))
+        return 0
+    print(f"policy {policy_set.version}: transceiver_runtime auto, kv_transfer_timeout_ms 60000, no features\n")
+    names = [a or "(any other architecture)" for a, _ in rows]
+    width = max(len(n) for n in names)
+    header = f"{'architecture':<{width}}  " + "  ".join(f"{b:<12}" for b in _TABLE_BACKENDS)
+    print(header)
+    print("-" * len(header))
+    for name, (_, cells) in zip(names, rows):
+        texts = []
+        for backend in _TABLE_BACKENDS:
+            cell = cells[backend]
+            text = cell["transceiver_runtime"] + ("/V2" if cell["kv_cache_manager"] == "V2" else "")
+            texts.append(f"{text + ('!' if cell['errors'] else ''):<12}")
+        print(f"{name:<{width}}  " + "  ".join(texts))
+    print("\n! fails at start-up (run `kvpolicy explain --arch NAME --backend B` for why); /V2: KV-cache manager V2")
+    return 0

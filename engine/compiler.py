@@ -1,0 +1,182 @@
+"""Compile a policy's decision index into one straight-line Python function.
+
+Resolution must cost a few microseconds whatever the size of the policy, without caching earlier
+answers. An interpreter over rule objects spends most of that budget on calls and attribute
+lookups, so the fast path is generated code: one function per policy version in which every
+condition is an inline comparison and every preference table a dict lookup.
+
+Safety: nothing from a policy file is ever put into the generated source. Every policy string
+(names, values, ids, messages) is bound to a generated constant name (``k12``) in the function's
+namespace; the source holds only identifiers and operators written here. The interpreter in
+:mod:`kvpolicy.resolver` stays the reference (it also produces traces); the test suite checks that
+both agree on every context it generates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .model import Condition, Matcher
+
+if TYPE_CHECKING:
+    from .resolver import Program, _CompiledDecision
+
+__all__ = ["generate_evaluator"]
+
+Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tuple[Any, ...]]]
+
+
+class _Source:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.constants: dict[str, Any] = {}
+        self._ids: dict[int, str] = {}
+
+    def const(self, value: Any) -> str:
+        """Bind ``value`` to a constant name and return the name."""
+        key = id(value) if not isinstance(value, (str, frozenset, tuple)) else hash((type(value), value))
+        name = self._ids.get(key)
+        if name is None or self.constants.get(name) != value:
+            name = f"k{len(self.constants)}"
+            self.constants[name] = value
+            self._ids[key] = name
+        return name
+
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+
+def _matcher(src: _Source, subject: str, matcher: Matcher) -> str:
+    if len(matcher.values) == 1:
+        (only,) = matcher.values
+        return f"{subject} {'!=' if matcher.negate else '=='} {src.const(only)}"
+    return f"{subject} {'not in' if matcher.negate else 'in'} {src.const(matcher.values)}"
+
+
+def _condition(src: _Source, condition: Condition, decided: dict[str, str]) -> str:
+    """A boolean expression over the locals of the generated function."""
+    terms: list[str] = []
+    for subject, matcher in sorted(condition.subjects.items()):
+        if subject in decided:
+            terms.append(_matcher(src, decided[subject], matcher))
+        else:
+            terms.append(_matcher(src, {"architecture": "arch", "model_type": "mtype"}[subject], matcher))
+    if condition.timeout is not None:
+        terms.append("timeout is None" if condition.timeout == "null" else "timeout is not None")
+    for feature, on in sorted(condition.features.items()):
+        terms.append(f"{src.const(feature)} {'in' if on else 'not in'} feats")
+    for variable, matcher in sorted(condition.env.items()):
+        terms.append(_matcher(src, f"env.get({src.const(variable)}, '')", matcher))
+    return " and ".join(f"({t})" for t in terms) if terms else "True"
+
+
+def generate_evaluator(program: Program) -> Evaluator:
+    """Generate the fast evaluator of a compiled program."""
+    src = _Source()
+    src.emit(0, "def evaluate(ctx):")
+    src.emit(1, "arch = ctx['architecture']")
+    src.emit(1, "mtype = ctx['model_type']")
+    src.emit(1, "timeout = ctx['kv_transfer_timeout_ms']")
+    src.emit(1, "feats = ctx['features']")
+    src.emit(1, "env = ctx['env']")
+    src.emit(1, "values = {}")
+    src.emit(1, "by = {}")
+    src.emit(1, "diags = []")
+    decided: dict[str, str] = {}
+    for index, decision in enumerate(program.decisions):
+        _decision(src, index, decision, decided)
+        decided[decision.name] = f"v{index}"
+    for compiled in program.constraints:
+        condition = _condition(src, compiled.constraint.when, decided)
+        src.emit(1, f"if {condition}:")
+        src.emit(2, f"diags.append(constraint_diagnostic({src.const(compiled.constraint)}, ctx, values))")
+    src.emit(1, "if len(diags) > 1:")
+    src.emit(2, "diags.sort(key=diagnostic_order)")
+    src.emit(1, "return values, by, tuple(diags)")
+    namespace: dict[str, Any] = dict(src.constants)
+    namespace.update(
+        constraint_diagnostic=program.constraint_diagnostic,
+        notice_diagnostic=program.notice_diagnostic,
+        settle_requirements=program.settle_requirements,
+        diagnostic_order=program.diagnostic_order,
+    )
+    code = compile("\n".join(src.lines) + "\n", f"<kvpolicy {program.policy.path}>", "exec")
+    exec(code, namespace)  # noqa: S102 - generated from identifiers above, never from policy text
+    evaluate: Evaluator = namespace["evaluate"]
+    evaluate.__source__ = "\n".join(src.lines)  # type: ignore[attr-defined]
+    return evaluate
+
+
+def _decision(src: _Source, index: int, compiled: _CompiledDecision, decided: dict[str, str]) -> None:
+    var = f"v{index}"
+    rule = f"b{index}"
+    name = src.const(compiled.name)
+    src.emit(1, f"{var} = ctx[{name}]")
+    src.emit(1, f"if {var} != {src.const(compiled.auto)}:")
+    src.emit(2, f"{rule} = 'explicit'")
+    if compiled.requirements:
+        conflicts = [
+            f"(({_condition(src, r.rule.when, decided)}) and {var} != {src.const(r.value)})" for r in compiled.requirements
+        ]
+        src.emit(2, f"if {' or '.join(conflicts)}:")
+        src.emit(3, f"settle_requirements({src.const(compiled)}, ctx, values, diags, {var})")
+    src.emit(1, "else:")
+    src.emit(2, f"{var} = None")
+    depth = 2
+    if compiled.requirements:
+        src.emit(2, "held = None")
+        for r in compiled.requirements:
+            src.emit(2, f"if {_condition(src, r.rule.when, decided)}:")
+            src.emit(3, f"held = (held or ()) + ({src.const(r)},)")
+        src.emit(2, "if held is not None:")
+        src.emit(3, f"{var}, {rule} = settle_requirements({src.const(compiled)}, ctx, values, diags, None, held)")
+        src.emit(2, f"if {var} is None:")
+        depth = 3
+    if compiled.rows:
+        plain = {arch: entry[1] for arch, entry in compiled.rows.items() if entry[1] is not None}
+        qualified = {
+            (arch, model_type): row for arch, entry in compiled.rows.items() for model_type, row in entry[0].items()
+        }
+        if qualified:
+            src.emit(depth, f"row = {src.const(qualified)}.get((arch, mtype)) or {src.const(plain)}.get(arch)")
+        else:
+            src.emit(depth, f"row = {src.const(plain)}.get(arch)")
+        src.emit(depth, "if row is not None:")
+        preference = compiled.preference
+        assert preference is not None
+        adopt = _condition(src, preference.adopt_when, decided)
+        if adopt == "True":
+            src.emit(depth + 1, f"{var} = row.value")
+            src.emit(depth + 1, f"{rule} = row.id")
+        else:
+            src.emit(depth + 1, f"if {adopt}:")
+            src.emit(depth + 2, f"{var} = row.value")
+            src.emit(depth + 2, f"{rule} = row.id")
+            if preference.on_not_adopted is not None:
+                src.emit(depth + 1, "else:")
+                src.emit(
+                    depth + 2,
+                    f"diags.append(notice_diagnostic({src.const(preference.on_not_adopted)}, {name}, ctx, values, None, row.value))",
+                )
+        src.emit(depth, f"if {var} is None:")
+        depth += 1
+    keyword = "if"
+    for r in compiled.conditionals:
+        src.emit(depth, f"{keyword} {_condition(src, r.rule.when, decided)}:")
+        _settle(src, depth + 1, var, rule, r, name)
+        keyword = "elif"
+    if compiled.conditionals:
+        src.emit(depth, "else:")
+        depth += 1
+    _settle(src, depth, var, rule, compiled.default, name)
+    src.emit(1, f"values[{name}] = {var}")
+    src.emit(1, f"by[{name}] = {rule}")
+
+
+def _settle(src: _Source, depth: int, var: str, rule: str, compiled: Any, name: str) -> None:
+    src.emit(depth, f"{var} = {src.const(compiled.value)}")
+    src.emit(depth, f"{rule} = {src.const(compiled.id)}")
+    if compiled.notice is not None:
+        src.emit(depth, f"values[{name}] = {var}")
+        src.emit(depth, f"diags.append(notice_diagnostic({src.const(compiled.notice)}, {name}, ctx, values, {var}, None))")

@@ -1,0 +1,490 @@
+"""Policy files to the typed model: TOML, then the JSON Schema, then semantic checks.
+
+Every stage collects all of its problems before raising, so one run shows everything wrong with a
+file. Problems carry ``file:line:col`` and a check id (``toml``, ``schema``, ``unknown-name``,
+``cycle``, ``duplicate-id``, ``conflicting-rows``, ``placeholder``, ``version``) that the linter maps
+to its rule codes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import string
+from collections.abc import Iterable
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import PolicyError, PolicyProblem
+from .model import (
+    DECISIONS,
+    Condition,
+    Constraint,
+    Decision,
+    Feature,
+    Matcher,
+    Notice,
+    Policy,
+    Preference,
+    Row,
+    Rule,
+)
+from .source import Location, SourceDocument, TomlSyntaxError, parse_document
+
+__all__ = [
+    "CASES_SUFFIX",
+    "CONFIG_FLAGS",
+    "display_path",
+    "PLACEHOLDERS",
+    "load_policy_file",
+    "parse_policy",
+    "policy_files",
+    "schema",
+    "shipped_root",
+    "suggest",
+    "version_key",
+]
+
+#: Files in a policy folder that hold policy test cases, not policies.
+CASES_SUFFIX = ".cases.toml"
+
+#: Boolean ``cache_transceiver_config`` fields a feature may be tied to (``config_field``).
+CONFIG_FLAGS = frozenset({"enable_pipelined_transfer"})
+
+#: Names a notice or constraint message may use in ``{...}``.
+PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer_timeout_ms", "preferred"})
+
+_CONTEXT_SUBJECTS = frozenset({"architecture", "model_type"})
+
+
+def shipped_root() -> Path:
+    """The folder of the policies that ship with kvpolicy."""
+    return Path(str(resources.files("kvpolicy.policies")))
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the policy format (shipped as ``policies/policy.schema.json``)."""
+    return json.loads((shipped_root() / "policy.schema.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema())
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """A ``did you mean`` hint for a misspelled name, or ''."""
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    if not match:
+        lowered = {k.lower(): k for k in known}
+        if name.lower() in lowered:
+            match = [lowered[name.lower()]]
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a content version (``2026.08.24`` < ``2026.09.10`` < ``2026.09.10.1``)."""
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def policy_files(folder: Path) -> list[Path]:
+    """The policy files of a folder (``*.toml`` except test-case files), sorted by name."""
+    return sorted(p for p in folder.glob("*.toml") if not p.name.endswith(CASES_SUFFIX))
+
+
+def load_policy_file(path: Path) -> Policy:
+    """Read, parse and check one policy file; raise :class:`PolicyError` listing every problem."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(
+            PolicyProblem(Location(str(path)), "io", f"cannot read the file: {exc.strerror or exc}")
+        ) from None
+    return parse_policy(raw, display_path(path))
+
+
+def display_path(path: Path) -> str:
+    """How messages name a file: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def parse_policy(raw: bytes, path: str) -> Policy:
+    """Parse and check policy bytes; ``path`` names the file in messages."""
+    try:
+        document = parse_document(raw, path)
+    except TomlSyntaxError as exc:
+        raise PolicyError(PolicyProblem(exc.location, "toml", exc.reason)) from None
+    problems = _schema_problems(document)
+    if problems:
+        raise PolicyError(problems)
+    builder = _Builder(document)
+    policy = builder.build()
+    if builder.problems:
+        raise PolicyError(sorted(builder.problems, key=lambda p: (p.location.line, p.location.column)))
+    return policy
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+
+def _schema_problems(document: SourceDocument) -> list[PolicyProblem]:
+    problems = []
+    for error in _validator().iter_errors(document.data):
+        path = tuple(error.absolute_path)
+        message = _schema_message(error)
+        if error.validator == "additionalProperties":
+            extra = _extra_keys(error)
+            location = document.locate(path + (extra[0],)) if extra else document.locate(path)
+        else:
+            location = document.locate(path)
+        problems.append(PolicyProblem(location, "schema", message))
+    problems.sort(key=lambda p: (p.location.line, p.location.column, p.message))
+    return problems
+
+
+def _extra_keys(error: Any) -> list[str]:
+    allowed = set(error.schema.get("properties", {}))
+    return sorted(k for k in error.instance if k not in allowed) if isinstance(error.instance, dict) else []
+
+
+def _schema_message(error: Any) -> str:
+    where = ".".join(str(p) for p in error.absolute_path) or "the top level"
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        parts = [f"unknown key {key!r} in {where}{suggest(key, allowed)}" for key in _extra_keys(error)]
+        return "; ".join(parts) + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+    if error.validator == "required":
+        return f"{where}: {error.message}; add it"
+    if error.validator == "oneOf":
+        return f"{where}: {_short(error.instance)} is not a value, a list of values or {{ not = ... }}"
+    if error.validator in {"enum", "const"}:
+        options = error.validator_value if error.validator == "enum" else [error.validator_value]
+        return f"{where}: {_short(error.instance)} is not one of {', '.join(map(repr, options))}"
+    if error.validator == "pattern":
+        description = error.schema.get("description", f"it must match {error.validator_value}")
+        return f"{where}: {_short(error.instance)} is not valid: {description}"
+    if error.validator == "type":
+        return f"{where}: expected {error.validator_value}, got {_short(error.instance)}"
+    return f"{where}: {error.message}"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- model -------------------------------------------------------------------------------------
+
+
+class _Builder:
+    """Turns schema-valid data into the typed model, collecting every semantic problem."""
+
+    def __init__(self, document: SourceDocument) -> None:
+        self.doc = document
+        self.data = document.data
+        self.problems: list[PolicyProblem] = []
+        self._ids: dict[str, Location] = {}
+
+    def problem(self, path: tuple[Any, ...], check: str, message: str) -> None:
+        self.problems.append(PolicyProblem(self.doc.locate(path), check, message))
+
+    def build(self) -> Policy:
+        data = self.data
+        features = {
+            name: Feature(
+                name=name,
+                description=spec.get("description", ""),
+                env=spec.get("env"),
+                config_field=spec.get("config_field"),
+                location=self.doc.locate(("features", name)),
+            )
+            for name, spec in data["features"].items()
+        }
+        for feature in features.values():
+            if feature.config_field and feature.config_field not in CONFIG_FLAGS:
+                self.problem(
+                    ("features", feature.name, "config_field"),
+                    "unknown-name",
+                    f"config_field {feature.config_field!r} is not a boolean cache_transceiver_config "
+                    f"field{suggest(feature.config_field, CONFIG_FLAGS)} (known: {', '.join(sorted(CONFIG_FLAGS))})",
+                )
+        self.features = features
+        self.declared = data["decisions"]
+        decisions = {name: self._decision(name, spec) for name, spec in self.declared.items()}
+        for name in DECISIONS:
+            if name not in decisions:
+                self.problem(("decisions",), "unknown-name", f"decision {name!r} is missing; declare [decisions.{name}]")
+        self._check_cycles(decisions)
+        constraints = tuple(
+            self._constraint(index, spec) for index, spec in enumerate(data.get("constraints", []))
+        )
+        return Policy(
+            schema_version=data["schema"],
+            version=data["version"],
+            summary=data["summary"],
+            source=data["source"],
+            path=self.doc.path,
+            digest=hashlib.sha256(self.doc.raw).hexdigest(),
+            features=features,
+            decisions=decisions,
+            constraints=constraints,
+        )
+
+    # -- pieces --
+
+    def _claim(self, rule_id: str, path: tuple[Any, ...]) -> None:
+        location = self.doc.locate(path)
+        first = self._ids.get(rule_id)
+        if first is not None:
+            self.problems.append(
+                PolicyProblem(location, "duplicate-id", f"rule id {rule_id!r} is already used at {first}; rename one")
+            )
+        else:
+            self._ids[rule_id] = location
+
+    def _decision(self, name: str, spec: dict[str, Any]) -> Decision:
+        base = ("decisions", name)
+        values = tuple(spec["values"])
+        inputs = tuple(spec.get("inputs", ()))
+        for index, other in enumerate(inputs):
+            if other not in self.declared:
+                self.problem(
+                    base + ("inputs", index),
+                    "unknown-name",
+                    f"input {other!r} is not a decision{suggest(other, self.declared)}",
+                )
+            elif other == name:
+                self.problem(base + ("inputs", index), "cycle", f"decision {name!r} cannot read itself")
+        if spec["auto"] in values:
+            self.problem(
+                base + ("auto",), "unknown-name", f"auto = {spec['auto']!r} must differ from the decided values"
+            )
+        if "null" in spec and spec["null"] not in values:
+            self.problem(
+                base + ("null",),
+                "unknown-name",
+                f"null = {spec['null']!r} is not one of this decision's values ({', '.join(values)})",
+            )
+        scope = set(inputs)
+        requirements = tuple(
+            self._rule(name, "requirement", base + ("requirement", i), r, values, scope, order=i)
+            for i, r in enumerate(spec.get("requirement", []))
+        )
+        conditionals = tuple(
+            self._rule(name, "conditional", base + ("conditional", i), r, values, scope, order=i)
+            for i, r in enumerate(spec.get("conditional", []))
+        )
+        default = self._rule(name, "default", base + ("default",), spec["default"], values, scope)
+        preference = None
+        if "preference" in spec:
+            preference = self._preference(name, spec["preference"], values, scope)
+        return Decision(
+            name=name,
+            description=spec.get("description", ""),
+            values=values,
+            auto=spec["auto"],
+            null=spec.get("null"),
+            inputs=inputs,
+            requirements=requirements,
+            preference=preference,
+            conditionals=conditionals,
+            default=default,
+            location=self.doc.locate(base),
+        )
+
+    def _rule(
+        self,
+        decision: str,
+        stage: str,
+        path: tuple[Any, ...],
+        spec: dict[str, Any],
+        values: tuple[str, ...],
+        scope: set[str],
+        order: int = 0,
+    ) -> Rule:
+        self._claim(spec["id"], path + ("id",))
+        self._check_value(spec["value"], values, path + ("value",), decision)
+        when = self._condition(spec.get("when", {}), path + ("when",), scope)
+        return Rule(
+            id=spec["id"],
+            decision=decision,
+            stage=stage,  # type: ignore[arg-type]
+            when=when,
+            value=spec["value"],
+            notice=self._notice(spec.get("notice"), path + ("notice",), spec["id"]),
+            reason=spec.get("reason"),
+            source=spec.get("source"),
+            location=self.doc.locate(path),
+            path=path,
+            order=order,
+        )
+
+    def _preference(self, decision: str, spec: dict[str, Any], values: tuple[str, ...], scope: set[str]) -> Preference:
+        path = ("decisions", decision, "preference")
+        self._claim(spec["id"], path + ("id",))
+        rows = []
+        seen: dict[tuple[str, str | None], Row] = {}
+        for index, row_spec in enumerate(spec["rows"]):
+            row_path = path + ("rows", index)
+            self._check_value(row_spec["value"], values, row_path + ("value",), decision)
+            qualifier = f",model_type={row_spec['model_type']}" if "model_type" in row_spec else ""
+            row = Row(
+                id=f"{spec['id']}[{row_spec['architecture']}{qualifier}]",
+                architecture=row_spec["architecture"],
+                model_type=row_spec.get("model_type"),
+                value=row_spec["value"],
+                reason=row_spec.get("reason"),
+                source=row_spec.get("source"),
+                location=self.doc.locate(row_path),
+                path=row_path,
+            )
+            key = (row.architecture, row.model_type)
+            first = seen.get(key)
+            if first is not None and first.value != row.value:
+                self.problem(
+                    row_path,
+                    "conflicting-rows",
+                    f"{row.architecture} is listed twice with different values ({first.value} at "
+                    f"{first.location}, {row.value} here); keep one row",
+                )
+            seen.setdefault(key, row)
+            rows.append(row)
+        return Preference(
+            id=spec["id"],
+            decision=decision,
+            adopt_when=self._condition(spec.get("adopt_when", {}), path + ("adopt_when",), scope),
+            on_not_adopted=self._notice(spec.get("on_not_adopted"), path + ("on_not_adopted",), spec["id"]),
+            rows=tuple(rows),
+            reason=spec.get("reason"),
+            source=spec.get("source"),
+            location=self.doc.locate(path),
+        )
+
+    def _constraint(self, index: int, spec: dict[str, Any]) -> Constraint:
+        path = ("constraints", index)
+        self._claim(spec["id"], path + ("id",))
+        decision = spec.get("decision")
+        if decision is not None and decision not in self.declared:
+            self.problem(
+                path + ("decision",),
+                "unknown-name",
+                f"decision {decision!r} is not declared{suggest(decision, self.declared)}",
+            )
+        for key in ("message", "fix"):
+            self._check_placeholders(spec[key], path + (key,))
+        return Constraint(
+            id=spec["id"],
+            decision=decision,
+            severity=spec["severity"],
+            when=self._condition(spec["when"], path + ("when",), set(self.declared)),
+            message=spec["message"],
+            fix=spec["fix"],
+            reason=spec.get("reason"),
+            source=spec.get("source"),
+            location=self.doc.locate(path),
+            path=path,
+        )
+
+    def _notice(self, spec: dict[str, Any] | None, path: tuple[Any, ...], rule_id: str) -> Notice | None:
+        if spec is None:
+            return None
+        self._check_placeholders(spec["message"], path + ("message",))
+        return Notice(
+            id=spec.get("id", rule_id),
+            severity=spec["severity"],
+            message=spec["message"],
+            location=self.doc.locate(path),
+        )
+
+    def _condition(self, spec: dict[str, Any], path: tuple[Any, ...], scope: set[str]) -> Condition:
+        subjects: dict[str, Matcher] = {}
+        for key, raw in spec.items():
+            if key in ("kv_transfer_timeout_ms", "features", "env"):
+                continue
+            matcher = _matcher(raw)
+            if key in DECISIONS:
+                if key not in scope:
+                    self.problem(
+                        path + (key,),
+                        "unknown-name",
+                        f"this rule reads decision {key!r}; add it to the decision's inputs",
+                    )
+                known = self.declared.get(key, {}).get("values", ())
+                for value in sorted(matcher.values):
+                    self._check_value(value, tuple(known), path + (key,), key)
+            subjects[key] = matcher
+        for feature in spec.get("features", {}):
+            if feature not in self.features:
+                self.problem(
+                    path + ("features", feature),
+                    "unknown-name",
+                    f"feature {feature!r} is not declared in [features]{suggest(feature, self.features)}",
+                )
+        return Condition(
+            subjects=subjects,
+            timeout=spec.get("kv_transfer_timeout_ms"),
+            features=dict(spec.get("features", {})),
+            env={name: _matcher(raw) for name, raw in spec.get("env", {}).items()},
+        )
+
+    def _check_value(self, value: str, values: tuple[str, ...], path: tuple[Any, ...], decision: str) -> None:
+        if values and value not in values:
+            self.problem(
+                path,
+                "unknown-name",
+                f"{value!r} is not a value of {decision}{suggest(value, values)} (values: {', '.join(values)})",
+            )
+
+    def _check_placeholders(self, text: str, path: tuple[Any, ...]) -> None:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        except ValueError as exc:
+            self.problem(path, "placeholder", f"bad placeholder syntax: {exc}; write {{{{ and }}}} for braces")
+            return
+        for name in fields:
+            if name not in PLACEHOLDERS:
+                self.problem(
+                    path,
+                    "placeholder",
+                    f"unknown placeholder {{{name}}}{suggest(name, PLACEHOLDERS)} "
+                    f"(known: {', '.join(sorted(PLACEHOLDERS))})",
+                )
+
+    def _check_cycles(self, decisions: dict[str, Decision]) -> None:
+        state: dict[str, int] = {}
+
+        def visit(name: str, trail: list[str]) -> None:
+            if state.get(name) == 2 or name not in decisions:
+                return
+            if state.get(name) == 1:
+                loop = trail[trail.index(name) :] + [name]
+                self.problem(
+                    ("decisions", name, "inputs"),
+                    "cycle",
+                    f"decision inputs form a cycle: {' -> '.join(loop)}; remove one of these inputs",
+                )
+                return
+            state[name] = 1
+            for other in decisions[name].inputs:
+                if other != name:
+                    visit(other, trail + [name])
+            state[name] = 2
+
+        for name in sorted(decisions):
+            visit(name, [])
+
+
+def _matcher(raw: Any) -> Matcher:
+    if isinstance(raw, dict):
+        inner = raw["not"]
+        return Matcher(values=frozenset([inner] if isinstance(inner, str) else inner), negate=True)
+    return Matcher(values=frozenset([raw] if isinstance(raw, str) else raw))

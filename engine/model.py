@@ -1,0 +1,206 @@
+"""The typed policy model: what a policy file says, with the location of every part.
+
+Built by :mod:`kvpolicy.loader` after the JSON Schema accepted the document, so the models here
+assume well-formed input; the loader's semantic checks (names, cycles, duplicate ids) run on them.
+All models are frozen.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .source import Location
+
+__all__ = [
+    "DECISIONS",
+    "STAGES",
+    "Condition",
+    "Constraint",
+    "Decision",
+    "Feature",
+    "Matcher",
+    "Notice",
+    "Policy",
+    "Preference",
+    "Row",
+    "Rule",
+]
+
+#: The decisions kvpolicy knows, each named after the serving-config field that holds the user's value.
+DECISIONS: tuple[str, ...] = ("backend", "transceiver_runtime", "kv_cache_manager")
+
+#: The precedence of a decision's stages, highest first.
+STAGES: tuple[str, ...] = ("explicit", "requirement", "preference", "conditional", "default")
+
+Severity = Literal["info", "warning", "error"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
+
+
+class Matcher(_Frozen):
+    """Values a subject may take (``negate``: any value but these)."""
+
+    values: frozenset[str]
+    negate: bool = False
+
+    def matches(self, value: str | None) -> bool:
+        """Whether ``value`` satisfies this matcher."""
+        return (value in self.values) != self.negate
+
+    def __str__(self) -> str:
+        listed = " or ".join(sorted(self.values))
+        return f"not {listed}" if self.negate else listed
+
+
+class Condition(_Frozen):
+    """A conjunction of tests on the context and on decided values. Empty: always holds."""
+
+    subjects: dict[str, Matcher] = {}
+    timeout: Literal["finite", "null"] | None = None
+    features: dict[str, bool] = {}
+    env: dict[str, Matcher] = {}
+
+    @property
+    def empty(self) -> bool:
+        """True when the condition holds for every context."""
+        return not (self.subjects or self.timeout or self.features or self.env)
+
+    def __str__(self) -> str:
+        parts = [f"{name} is {matcher}" for name, matcher in sorted(self.subjects.items())]
+        if self.timeout:
+            parts.append(f"kv_transfer_timeout_ms is {self.timeout}")
+        parts += [f"feature {name} is {'on' if on else 'off'}" for name, on in sorted(self.features.items())]
+        parts += [f"env {name} is {matcher}" for name, matcher in sorted(self.env.items())]
+        return " and ".join(parts) if parts else "always"
+
+
+class Notice(_Frozen):
+    """A diagnostic a rule adds when it decides (or a preference when it is not adopted)."""
+
+    id: str
+    severity: Severity
+    message: str
+    location: Location
+
+
+class Rule(_Frozen):
+    """A requirement, conditional default or default of one decision."""
+
+    id: str
+    decision: str
+    stage: Literal["requirement", "conditional", "default"]
+    when: Condition = Condition()
+    value: str
+    notice: Notice | None = None
+    reason: str | None = None
+    source: str | None = None
+    location: Location
+    path: tuple[str | int, ...]
+    order: int = 0
+
+
+class Row(_Frozen):
+    """One architecture's preferred value in a preference table."""
+
+    id: str
+    architecture: str
+    model_type: str | None = None
+    value: str
+    reason: str | None = None
+    source: str | None = None
+    location: Location
+    path: tuple[str | int, ...]
+
+
+class Preference(_Frozen):
+    """A decision's per-architecture table and when its rows are adopted."""
+
+    id: str
+    decision: str
+    adopt_when: Condition = Condition()
+    on_not_adopted: Notice | None = None
+    rows: tuple[Row, ...] = ()
+    reason: str | None = None
+    source: str | None = None
+    location: Location
+
+
+class Decision(_Frozen):
+    """One decision: its values, the user value meaning "decide for me", its inputs and rules."""
+
+    name: str
+    description: str = ""
+    values: tuple[str, ...]
+    auto: str
+    null: str | None = None
+    inputs: tuple[str, ...] = ()
+    requirements: tuple[Rule, ...] = ()
+    preference: Preference | None = None
+    conditionals: tuple[Rule, ...] = ()
+    default: Rule
+    location: Location
+
+
+class Constraint(_Frozen):
+    """A check of the final values that adds an error or a warning."""
+
+    id: str
+    decision: str | None = None
+    severity: Literal["warning", "error"]
+    when: Condition
+    message: str
+    fix: str
+    reason: str | None = None
+    source: str | None = None
+    location: Location
+    path: tuple[str | int, ...]
+
+
+class Feature(_Frozen):
+    """A feature flag a context may carry, and what else turns it on."""
+
+    name: str
+    description: str = ""
+    env: str | None = None
+    config_field: str | None = None
+    location: Location
+
+
+class Policy(_Frozen):
+    """One version of the policy, as written in one file."""
+
+    schema_version: int
+    version: str
+    summary: str
+    source: str
+    path: str
+    digest: str
+    features: dict[str, Feature]
+    decisions: dict[str, Decision]
+    constraints: tuple[Constraint, ...] = ()
+
+    def rules(self) -> list[Rule]:
+        """Every requirement, conditional and default, decision by decision."""
+        found: list[Rule] = []
+        for decision in self.decisions.values():
+            found += [*decision.requirements, *decision.conditionals, decision.default]
+        return found
+
+    def architectures(self) -> list[str]:
+        """Every architecture the policy names (preference rows and conditions), sorted."""
+        names = {row.architecture for row in self.rows()}
+        conditions = [r.when for r in self.rules()] + [c.when for c in self.constraints]
+        conditions += [d.preference.adopt_when for d in self.decisions.values() if d.preference]
+        for condition in conditions:
+            matcher = condition.subjects.get("architecture")
+            if matcher is not None:
+                names |= matcher.values
+        return sorted(names)
+
+    def rows(self) -> list[Row]:
+        """Every preference row."""
+        return [row for d in self.decisions.values() if d.preference for row in d.preference.rows]

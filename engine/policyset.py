@@ -1,0 +1,154 @@
+"""Loading policies: a file, a folder of versions, or the shipped policies."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import PolicyError, PolicyProblem
+from .loader import load_policy_file, policy_files, shipped_root, version_key
+from .model import Policy
+from .resolution import Resolution
+from .resolver import Program
+from .source import Location
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["PolicySet", "load", "resolve"]
+
+
+class PolicySet:
+    """One compiled policy version, ready to resolve contexts.
+
+    ``versions()`` lists every version beside it (in its folder, or shipped with kvpolicy).
+    """
+
+    __slots__ = ("policy", "_program", "_siblings")
+
+    def __init__(self, policy: Policy, siblings: dict[str, Path] | None = None) -> None:
+        self.policy = policy
+        self._program = Program(policy)
+        self._siblings = siblings or {policy.version: Path(policy.path)}
+
+    @property
+    def version(self) -> str:
+        """The content version, e.g. ``2026.09.10``."""
+        return self.policy.version
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the policy file's bytes."""
+        return self.policy.digest
+
+    @property
+    def path(self) -> str:
+        """The policy file this set was loaded from."""
+        return self.policy.path
+
+    @property
+    def decisions(self) -> tuple[str, ...]:
+        """Decision names in evaluation order."""
+        return self._program.order
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The feature names a context may carry."""
+        return self._program.features
+
+    def versions(self) -> list[str]:
+        """Every version available beside this one, oldest first."""
+        return sorted(self._siblings, key=version_key)
+
+    def trace(self, context: Mapping[str, Any]) -> Any:
+        """The trace of a normalised context (what ``Resolution.trace`` shows)."""
+        return self._program.trace(dict(context))
+
+    def resolve(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> Resolution:
+        """Resolve a serving context (a ``cache_transceiver_config`` mapping and/or fields)."""
+        return self._program.resolve(config, fields, self)
+
+    def __repr__(self) -> str:
+        return f"<PolicySet {self.version} from {self.path}>"
+
+
+def _versions_in(folder: Path) -> dict[str, Path]:
+    """Map version -> file for a folder, reading only each file's ``version`` key."""
+    found: dict[str, Path] = {}
+    problems: list[PolicyProblem] = []
+    for path in policy_files(folder):
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            # The full load reports the problem with its location if this file is the one asked for.
+            found.setdefault(f"?{path.name}", path)
+            continue
+        version = data.get("version")
+        if not isinstance(version, str):
+            problems.append(PolicyProblem(Location(str(path)), "version", "the file has no string `version`; add one"))
+            continue
+        if version in found:
+            problems.append(
+                PolicyProblem(
+                    Location(str(path)),
+                    "version",
+                    f"version {version} is also declared by {found[version]}; give each file its own version",
+                )
+            )
+            continue
+        found[version] = path
+    if problems:
+        raise PolicyError(problems)
+    return found
+
+
+def load(path: str | Path | None = None, *, version: str | None = None) -> PolicySet:
+    """Load a policy set.
+
+    ``path`` is a policy file, a folder of policy files (one per version), or ``None`` for the
+    policies shipped with kvpolicy. ``version`` picks a version from the folder; by default the
+    newest. Raises :class:`kvpolicy.PolicyError` (with ``file:line:col``) for a broken policy.
+    """
+    root = shipped_root() if path is None else Path(path)
+    if root.is_file():
+        policy = load_policy_file(root)
+        if version is not None and policy.version != version:
+            raise PolicyError(
+                PolicyProblem(Location(str(root)), "version", f"the file holds version {policy.version}, not {version}")
+            )
+        return PolicySet(policy)
+    if not root.is_dir():
+        raise PolicyError(PolicyProblem(Location(str(root)), "io", "no such policy file or folder"))
+    versions = _versions_in(root)
+    real = {v: p for v, p in versions.items() if not v.startswith("?")}
+    if version is None:
+        if not real:
+            unreadable = [p for v, p in versions.items() if v.startswith("?")]
+            if unreadable:
+                load_policy_file(unreadable[0])  # raises with the location of the problem
+            raise PolicyError(PolicyProblem(Location(str(root)), "io", "the folder holds no policy files (*.toml)"))
+        version = max(real, key=version_key)
+    if version not in real:
+        raise PolicyError(
+            PolicyProblem(
+                Location(str(root)),
+                "version",
+                f"no policy version {version}; available: {', '.join(sorted(real, key=version_key)) or 'none'}",
+            )
+        )
+    return PolicySet(load_policy_file(real[version]), real)
+
+
+_DEFAULT: PolicySet | None = None
+
+
+def resolve(config: Mapping[str, Any] | None = None, /, **fields: Any) -> Resolution:
+    """Resolve a serving context with the newest shipped policy."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = load()
+    return _DEFAULT.resolve(config, **fields)

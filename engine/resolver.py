@@ -1,0 +1,602 @@
+"""Compile a policy into a decision index and resolve contexts against it.
+
+The compiled form is built once per policy: conditions become small closures, preference tables
+become dicts keyed by architecture (so a lookup costs the same for 10 rows as for 10,000), and the
+decisions are ordered by their declared inputs. ``resolve`` walks that index without tracing; the
+trace of a resolution is produced on demand by the same code with tracing on, so the two can never
+disagree.
+"""
+
+from __future__ import annotations
+
+import graphlib
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .compiler import generate_evaluator
+from .errors import ContextError
+from .loader import suggest
+from .model import Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
+from .resolution import Diagnostic, Resolution, Trace, TraceStep
+
+__all__ = ["CONTEXT_FIELDS", "Program", "compile_policy"]
+
+Test = Callable[[dict[str, Any], dict[str, Any]], bool]
+
+#: Context fields ``resolve`` accepts, besides the decisions' own fields and feature config flags.
+CONTEXT_FIELDS = (
+    "architecture",
+    "pretrained_config",
+    "kv_transfer_timeout_ms",
+    "features",
+    "env",
+)
+#: ``cache_transceiver_config`` fields that no rule reads; accepted so a whole config can be passed.
+_PASSIVE_FIELDS = frozenset({"kv_cache_bounce_size_mb", "max_tokens_in_buffer"})
+_DEFAULT_TIMEOUT_MS = 60000
+_NO_FEATURES: frozenset[str] = frozenset()
+_NO_ENV: Mapping[str, str] = MappingProxyType({})
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+
+
+def _always(ctx: dict[str, Any], values: dict[str, Any]) -> bool:
+    return True
+
+
+def compile_condition(condition: Condition, decisions: frozenset[str]) -> Test:
+    """Turn a condition into a predicate over (context, decided values)."""
+    tests: list[Test] = []
+    for subject, matcher in condition.subjects.items():
+        tests.append(_subject_test(subject, matcher, subject in decisions))
+    if condition.timeout is not None:
+        want_null = condition.timeout == "null"
+        tests.append(lambda c, v: (c["kv_transfer_timeout_ms"] is None) is want_null)
+    for feature, on in condition.features.items():
+        tests.append(_feature_test(feature, on))
+    for variable, matcher in condition.env.items():
+        tests.append(_env_test(variable, matcher))
+    if not tests:
+        return _always
+    if len(tests) == 1:
+        return tests[0]
+    if len(tests) == 2:
+        first, second = tests
+        return lambda c, v: first(c, v) and second(c, v)
+    frozen = tuple(tests)
+
+    def conjunction(c: dict[str, Any], v: dict[str, Any]) -> bool:
+        for test in frozen:
+            if not test(c, v):
+                return False
+        return True
+
+    return conjunction
+
+
+def _subject_test(subject: str, matcher: Matcher, is_decision: bool) -> Test:
+    accepted = matcher.values
+    if len(accepted) == 1:
+        (only,) = accepted
+        if is_decision:
+            return (lambda c, v: v[subject] != only) if matcher.negate else (lambda c, v: v[subject] == only)
+        return (lambda c, v: c[subject] != only) if matcher.negate else (lambda c, v: c[subject] == only)
+    if is_decision:
+        return (lambda c, v: v[subject] not in accepted) if matcher.negate else (lambda c, v: v[subject] in accepted)
+    return (lambda c, v: c[subject] not in accepted) if matcher.negate else (lambda c, v: c[subject] in accepted)
+
+
+def _feature_test(feature: str, on: bool) -> Test:
+    if on:
+        return lambda c, v: feature in c["features"]
+    return lambda c, v: feature not in c["features"]
+
+
+def _env_test(variable: str, matcher: Matcher) -> Test:
+    accepted, negate = matcher.values, matcher.negate
+    return lambda c, v: (c["env"].get(variable, "") in accepted) != negate
+
+
+class _Messages(dict):  # type: ignore[type-arg]
+    """Placeholder values for notice and constraint messages; unknown values read as 'none'."""
+
+    def __missing__(self, key: str) -> str:
+        return "none"
+
+
+class _CompiledRule:
+    __slots__ = ("rule", "test", "value", "id", "notice")
+
+    def __init__(self, rule: Rule, decisions: frozenset[str]) -> None:
+        self.rule = rule
+        self.test = compile_condition(rule.when, decisions)
+        self.value = rule.value
+        self.id = rule.id
+        self.notice = rule.notice
+
+
+class _CompiledDecision:
+    __slots__ = (
+        "decision",
+        "name",
+        "auto",
+        "requirements",
+        "rows",
+        "preference",
+        "adopt",
+        "conditionals",
+        "default",
+    )
+
+    def __init__(self, decision: Decision, decisions: frozenset[str]) -> None:
+        self.decision = decision
+        self.name = decision.name
+        self.auto = decision.auto
+        # Sorted by id so that, when several requirements agree, the one named is order-independent.
+        self.requirements = tuple(
+            _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.id)
+        )
+        self.conditionals = tuple(_CompiledRule(r, decisions) for r in decision.conditionals)
+        self.default = _CompiledRule(decision.default, decisions)
+        self.preference = decision.preference
+        self.adopt = compile_condition(decision.preference.adopt_when, decisions) if decision.preference else _always
+        # architecture -> (rows qualified by model_type, the unqualified row or None)
+        rows: dict[str, tuple[dict[str, Row], Row | None]] = {}
+        for row in decision.preference.rows if decision.preference else ():
+            qualified, plain = rows.get(row.architecture, ({}, None))
+            if row.model_type is not None:
+                qualified = {**qualified}
+                qualified.setdefault(row.model_type, row)
+            elif plain is None:
+                plain = row
+            rows[row.architecture] = (qualified, plain)
+        self.rows = rows
+
+    def row_for(self, architecture: str | None, model_type: str | None) -> Row | None:
+        entry = self.rows.get(architecture) if architecture is not None else None
+        if entry is None:
+            return None
+        qualified, plain = entry
+        if model_type is not None and qualified:
+            row = qualified.get(model_type)
+            if row is not None:
+                return row
+        return plain
+
+
+class _CompiledConstraint:
+    __slots__ = ("constraint", "test")
+
+    def __init__(self, constraint: Constraint, decisions: frozenset[str]) -> None:
+        self.constraint = constraint
+        self.test = compile_condition(constraint.when, decisions)
+
+
+class Program:
+    """A policy compiled for resolution: decisions in dependency order, indexed rules, context schema."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        names = frozenset(policy.decisions)
+        self.decision_names = names
+        sorter = graphlib.TopologicalSorter({n: set(d.inputs) for n, d in policy.decisions.items()})
+        sorter.prepare()
+        order: list[str] = []
+        while sorter.is_active():
+            ready = sorted(sorter.get_ready())
+            order += ready
+            sorter.done(*ready)
+        self.order = tuple(order)
+        self.decisions = tuple(_CompiledDecision(policy.decisions[n], names) for n in order)
+        self.constraints = tuple(
+            _CompiledConstraint(c, names) for c in sorted(policy.constraints, key=lambda c: c.id)
+        )
+        self._rank = {name: index for index, name in enumerate(order)}
+        self.features = frozenset(policy.features)
+        self._env_features = tuple((f.env, f.name) for f in policy.features.values() if f.env)
+        self._flag_features = {f.config_field: f.name for f in policy.features.values() if f.config_field}
+        self._known_fields = frozenset(
+            {*CONTEXT_FIELDS, *self.decision_names, *self._flag_features, *_PASSIVE_FIELDS}
+        )
+        self._requests = tuple(
+            (d.name, d.auto, frozenset((d.auto, *d.decision.values))) for d in self.decisions
+        )
+        self._fast = generate_evaluator(self)
+
+    # -- context -------------------------------------------------------------------------------
+
+    def normalise(self, config: Mapping[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
+        """Check and complete a context; raise :class:`ContextError` on anything unknown or invalid.
+
+        ``fields`` is consumed (the caller's ``**kwargs`` dict): popping the known fields and
+        checking what is left over is the cheapest way to validate on the hot path.
+        """
+        if config is not None:
+            if not isinstance(config, Mapping):
+                raise ContextError(
+                    "config",
+                    f"expected a cache_transceiver_config mapping, got {type(config).__name__}; "
+                    "pass a dict or keyword fields",
+                )
+            fields = {**config, **fields}
+        pop = fields.pop
+        ctx = {
+            "architecture": pop("architecture", None),
+            "model_type": None,
+            "kv_transfer_timeout_ms": pop("kv_transfer_timeout_ms", _DEFAULT_TIMEOUT_MS),
+            "features": pop("features", _NO_FEATURES),
+            "env": pop("env", _NO_ENV),
+        }
+        for name, auto, accepted in self._requests:
+            value = pop(name, auto)
+            ctx[name] = value if value in accepted else self._requested(name, value)
+        architecture = ctx["architecture"]
+        if architecture is not None and (type(architecture) is not str or not architecture):
+            raise ContextError(
+                "architecture", f"expected an architecture name such as 'LlamaForCausalLM', got {architecture!r}"
+            )
+        timeout = ctx["kv_transfer_timeout_ms"]
+        if timeout is not None and (type(timeout) is not int or timeout <= 0):
+            raise ContextError("kv_transfer_timeout_ms", f"expected a positive number of milliseconds or null, got {timeout!r}")
+        if ctx["features"] is not _NO_FEATURES:
+            ctx["features"] = self._features(ctx["features"])
+        if ctx["env"] is not _NO_ENV:
+            ctx["env"] = _env(ctx["env"])
+        if fields:
+            self._rest(ctx, fields)
+        elif ctx["env"] is not _NO_ENV and self._env_features:
+            self._enable_features(ctx, ())
+        return ctx
+
+    def _rest(self, ctx: dict[str, Any], fields: dict[str, Any]) -> None:
+        """The fields the fast path does not pop: pretrained_config, feature flags, passive fields."""
+        flags: list[str] = []
+        for key, value in fields.items():
+            if key == "pretrained_config":
+                self._pretrained(ctx, value)
+            elif key in self._flag_features:
+                if type(value) is not bool:
+                    raise ContextError(key, f"expected true or false, got {value!r}")
+                if value:
+                    flags.append(self._flag_features[key])
+            elif key not in _PASSIVE_FIELDS:
+                raise ContextError(
+                    key,
+                    f"unknown context field{suggest(key, self._known_fields)} "
+                    f"(known: {', '.join(sorted(self._known_fields))})",
+                )
+        self._enable_features(ctx, flags)
+
+    def _enable_features(self, ctx: dict[str, Any], flags: Any) -> None:
+        extra = set(flags)
+        env = ctx["env"]
+        for variable, feature in self._env_features:
+            if env.get(variable) == "1":
+                extra.add(feature)
+        if not extra <= ctx["features"]:
+            ctx["features"] = ctx["features"] | extra
+
+    def _requested(self, name: str, value: Any) -> Any:
+        decision = self.policy.decisions[name]
+        if value is None:
+            if name == "backend":
+                return None  # disaggregation off
+            if decision.null is not None:
+                return decision.null
+            raise ContextError(name, f"null is not a value of {name}; use {decision.auto!r} to let the policy decide")
+        if value == decision.auto or value in decision.values:
+            return value
+        choices = (decision.auto, *decision.values)
+        hint = suggest(str(value), choices)
+        return _raise(
+            ContextError(
+                name,
+                f"{value!r} is not a value of {name}{hint} (one of {', '.join(choices)}"
+                + (f", or null for {decision.null}" if decision.null else "")
+                + ")",
+            )
+        )
+
+    def _features(self, value: Any) -> frozenset[str]:
+        if isinstance(value, str) or not hasattr(value, "__iter__"):
+            raise ContextError("features", f"expected a set of feature names, got {value!r}")
+        features = frozenset(value)
+        unknown = features - self.features
+        if unknown:
+            name = sorted(map(str, unknown))[0]
+            raise ContextError(
+                "features",
+                f"unknown feature {name!r}{suggest(name, self.features)} (known: {', '.join(sorted(self.features))})",
+            )
+        return features
+
+    @staticmethod
+    def _pretrained(ctx: dict[str, Any], value: Any) -> None:
+        if value is None:
+            return
+        get = value.get if isinstance(value, Mapping) else lambda k, d=None: getattr(value, k, d)
+        architectures = get("architectures", None)
+        model_type = get("model_type", None)
+        if architectures is not None and (
+            isinstance(architectures, str)
+            or not isinstance(architectures, (list, tuple))
+            or not all(isinstance(a, str) for a in architectures)
+        ):
+            raise ContextError("pretrained_config", f"architectures must be a list of names, got {architectures!r}")
+        if model_type is not None and not isinstance(model_type, str):
+            raise ContextError("pretrained_config", f"model_type must be a string, got {model_type!r}")
+        architecture = architectures[0] if architectures else None
+        if ctx["architecture"] is not None and architecture is not None and architecture != ctx["architecture"]:
+            raise ContextError(
+                "architecture", f"{ctx['architecture']!r} contradicts pretrained_config's {architecture!r}; pass one"
+            )
+        if architecture is not None:
+            ctx["architecture"] = architecture
+        ctx["model_type"] = model_type
+
+    # -- resolution ----------------------------------------------------------------------------
+
+    def resolve(self, config: Mapping[str, Any] | None, fields: dict[str, Any], policy_set: Any) -> Resolution:
+        """Normalise a context and resolve it."""
+        ctx = self.normalise(config, fields)
+        if ctx["backend"] is None:
+            return _new_resolution(Resolution, ({}, {}, (), ctx, policy_set))
+        return _new_resolution(Resolution, (*self._fast(ctx), ctx, policy_set))
+
+    def trace(self, ctx: dict[str, Any]) -> Trace:
+        """The full trace of a normalised context."""
+        if ctx["backend"] is None:
+            return Trace([TraceStep("backend", "explicit", "explicit", "off", "backend is null: disaggregation off")])
+        steps: list[TraceStep] = []
+        self.evaluate(ctx, steps)
+        return Trace(steps)
+
+    def evaluate(
+        self, ctx: dict[str, Any], trace: list[TraceStep] | None
+    ) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
+        """Decide every decision, then check the constraints. With ``trace``, record every step.
+
+        Without a trace this runs the generated evaluator; with one, the reference interpreter.
+        """
+        if trace is None:
+            return self._fast(ctx)
+        return self.interpret(ctx, trace)
+
+    def interpret(
+        self, ctx: dict[str, Any], trace: list[TraceStep] | None
+    ) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
+        """The reference interpreter of the decision index (records ``trace`` when given)."""
+        values: dict[str, Any] = {}
+        decided_by: dict[str, str] = {}
+        diagnostics: list[Diagnostic] = []
+        for decision in self.decisions:
+            self._decide(decision, ctx, values, decided_by, diagnostics, trace)
+        for compiled in self.constraints:
+            if compiled.test(ctx, values):
+                constraint = compiled.constraint
+                diagnostics.append(self.constraint_diagnostic(constraint, ctx, values))
+                if trace is not None:
+                    text = self._format(constraint.message, ctx, values)
+                    trace.append(TraceStep("constraints", "constraint", constraint.id, constraint.severity, text))
+            elif trace is not None:
+                trace.append(
+                    TraceStep(
+                        "constraints", "constraint", compiled.constraint.id, "passed", f"not ({compiled.constraint.when})"
+                    )
+                )
+        if len(diagnostics) > 1:
+            diagnostics.sort(key=self.diagnostic_order)
+        return values, decided_by, tuple(diagnostics)
+
+    def diagnostic_order(self, diagnostic: Diagnostic) -> tuple[int, int, str]:
+        """Errors first, then by decision order, then by id: independent of rule order."""
+        return (_SEVERITY_RANK[diagnostic.severity], self._rank.get(diagnostic.decision, 99), diagnostic.id)
+
+    def _decide(
+        self,
+        decision: _CompiledDecision,
+        ctx: dict[str, Any],
+        values: dict[str, Any],
+        decided_by: dict[str, str],
+        diagnostics: list[Diagnostic],
+        trace: list[TraceStep] | None,
+    ) -> None:
+        name = decision.name
+        requested = ctx[name]
+        value: str | None = None
+        rule_id = ""
+
+        # 1. explicit
+        if requested != decision.auto:
+            value, rule_id = requested, "explicit"
+            if trace is not None:
+                trace.append(TraceStep(name, "explicit", "explicit", "decided", f"the user set {name} = {requested}"))
+        elif trace is not None:
+            trace.append(TraceStep(name, "explicit", "explicit", "skipped", f"{name} is {requested}: the policy decides"))
+
+        # 2. requirements
+        if decision.requirements:
+            held = [r for r in decision.requirements if r.test(ctx, values)]
+            if trace is not None:
+                for r in decision.requirements:
+                    if r not in held:
+                        trace.append(TraceStep(name, "requirement", r.id, "skipped", f"not ({r.rule.when})"))
+            if held:
+                if value is not None:
+                    self.settle_requirements(decision, ctx, values, diagnostics, value, tuple(held))
+                    if trace is not None:
+                        for r in held:
+                            outcome = "error" if r.value != value else "lost"
+                            trace.append(TraceStep(name, "requirement", r.id, outcome, f"requires {r.value}: {r.rule.reason or ''}"))
+                else:
+                    decided, winner_id = self.settle_requirements(decision, ctx, values, diagnostics, None, tuple(held))
+                    if decided is not None:
+                        value, rule_id = decided, winner_id
+                    if trace is not None:
+                        for r in held:
+                            if decided is None:
+                                outcome = "error"
+                            else:
+                                outcome = "decided" if r.id == winner_id else "agreed"
+                            trace.append(TraceStep(name, "requirement", r.id, outcome, f"requires {r.value}: {r.rule.reason or ''}"))
+        if value is not None and trace is None:
+            values[name] = value
+            decided_by[name] = rule_id
+            return
+
+        # 3. preference
+        row = decision.row_for(ctx["architecture"], ctx["model_type"]) if decision.rows else None
+        if row is not None:
+            if value is not None:
+                trace.append(TraceStep(name, "preference", row.id, "lost", f"prefers {row.value}"))  # type: ignore[union-attr]
+            elif decision.adopt(ctx, values):
+                value, rule_id = row.value, row.id
+                if trace is not None:
+                    how = f"adopted since {decision.preference.adopt_when}" if not decision.preference.adopt_when.empty else "adopted verbatim"  # type: ignore[union-attr]
+                    trace.append(TraceStep(name, "preference", row.id, "decided", f"prefers {row.value}, {how}"))
+            else:
+                preference = decision.preference
+                assert preference is not None
+                if preference.on_not_adopted is not None:
+                    diagnostics.append(self.notice_diagnostic(preference.on_not_adopted, name, ctx, values, None, row.value))
+                if trace is not None:
+                    trace.append(
+                        TraceStep(name, "preference", row.id, "not adopted", f"prefers {row.value}, but not ({preference.adopt_when})")
+                    )
+        elif trace is not None and decision.preference is not None:
+            trace.append(
+                TraceStep(name, "preference", decision.preference.id, "skipped", f"no row for {ctx['architecture'] or 'this architecture'}")
+            )
+
+        # 4. conditional defaults, in order
+        for r in decision.conditionals:
+            if value is not None and trace is None:
+                break
+            if r.test(ctx, values):
+                if value is None:
+                    value, rule_id = r.value, r.id
+                    if r.notice is not None:
+                        diagnostics.append(self.notice_diagnostic(r.notice, name, ctx, values, value, None))
+                    if trace is not None:
+                        trace.append(TraceStep(name, "conditional", r.id, "decided", f"{r.rule.when}: {r.value}"))
+                else:
+                    trace.append(TraceStep(name, "conditional", r.id, "lost", f"{r.rule.when}: {r.value}"))  # type: ignore[union-attr]
+            elif trace is not None:
+                trace.append(TraceStep(name, "conditional", r.id, "skipped", f"not ({r.rule.when})"))
+
+        # 5. default
+        if value is None:
+            d = decision.default
+            value, rule_id = d.value, d.id
+            if d.notice is not None:
+                diagnostics.append(self.notice_diagnostic(d.notice, name, ctx, values, value, None))
+            if trace is not None:
+                trace.append(TraceStep(name, "default", d.id, "decided", f"{d.value}: {d.rule.reason or ''}"))
+        elif trace is not None:
+            trace.append(TraceStep(name, "default", decision.default.id, "lost", f"would be {decision.default.value}"))
+        values[name] = value
+        decided_by[name] = rule_id
+
+    # -- diagnostics ---------------------------------------------------------------------------
+
+    def _format(self, template: str, ctx: dict[str, Any], values: dict[str, Any], preferred: str | None = None) -> str:
+        names = _Messages(values)
+        names["architecture"] = ctx["architecture"] or "this architecture"
+        names["model_type"] = ctx["model_type"] or "none"
+        timeout = ctx["kv_transfer_timeout_ms"]
+        names["kv_transfer_timeout_ms"] = "null" if timeout is None else str(timeout)
+        if preferred is not None:
+            names["preferred"] = preferred
+        return template.format_map(names)
+
+    def settle_requirements(
+        self,
+        decision: _CompiledDecision,
+        ctx: dict[str, Any],
+        values: dict[str, Any],
+        diagnostics: list[Diagnostic],
+        explicit: str | None,
+        held: tuple[_CompiledRule, ...] | None = None,
+    ) -> tuple[str | None, str]:
+        """Apply the requirements that hold: against an explicit value, report each one it breaks;
+        under auto, decide when they agree and report a conflict (naming each) when they do not."""
+        if held is None:
+            held = tuple(r for r in decision.requirements if r.test(ctx, values))
+        if explicit is not None:
+            for r in held:
+                if r.value != explicit:
+                    diagnostics.append(self._explicit_conflict(decision, r, explicit))
+            return explicit, "explicit"
+        if len({r.value for r in held}) > 1:
+            diagnostics.append(self._requirement_conflict(decision, list(held)))
+            return None, ""
+        winner = held[0]
+        if winner.notice is not None:
+            diagnostics.append(self.notice_diagnostic(winner.notice, decision.name, ctx, values, winner.value, None))
+        return winner.value, winner.id
+
+    def constraint_diagnostic(self, constraint: Constraint, ctx: dict[str, Any], values: dict[str, Any]) -> Diagnostic:
+        """The diagnostic of a constraint that fired."""
+        text = self._format(constraint.message, ctx, values)
+        fix = self._format(constraint.fix, ctx, values)
+        return Diagnostic(
+            constraint.id, constraint.severity, f"{text} To fix: {fix}.", constraint.decision, str(constraint.location), fix
+        )
+
+    def notice_diagnostic(
+        self, notice: Notice, decision: str, ctx: dict[str, Any], values: dict[str, Any], value: str | None, preferred: str | None
+    ) -> Diagnostic:
+        """The diagnostic of a rule's notice (``value``: the value it decided, if any)."""
+        scope = values if value is None else {**values, decision: value}
+        return Diagnostic(
+            notice.id, notice.severity, self._format(notice.message, ctx, scope, preferred), decision, str(notice.location)
+        )
+
+    @staticmethod
+    def _explicit_conflict(decision: _CompiledDecision, rule: _CompiledRule, value: str) -> Diagnostic:
+        name = decision.name
+        fix = f"set {name} to {rule.value} or {decision.auto}"
+        why = f" ({rule.rule.reason.rstrip('.')})" if rule.rule.reason else ""
+        return Diagnostic(
+            rule.id,
+            "error",
+            f"{name} is explicitly {value}, but rule {rule.id} requires {rule.value} when {rule.rule.when}{why}. To fix: {fix}.",
+            name,
+            str(rule.rule.location),
+            fix,
+        )
+
+    @staticmethod
+    def _requirement_conflict(decision: _CompiledDecision, held: list[_CompiledRule]) -> Diagnostic:
+        name = decision.name
+        parts = [f"{r.id} requires {r.value} ({r.rule.when})" for r in held]
+        fix = "turn off one of the features or settings that these rules name"
+        return Diagnostic(
+            "requirements-conflict",
+            "error",
+            f"{name} cannot satisfy every requirement: {'; '.join(parts)}. To fix: {fix}.",
+            name,
+            str(held[0].rule.location),
+            fix,
+        )
+
+
+def compile_policy(policy: Policy) -> Program:
+    """Compile a checked policy for resolution."""
+    return Program(policy)
+
+
+def _env(value: Any) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise ContextError("env", f"expected a mapping of environment variables, got {type(value).__name__}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise ContextError("env", f"environment variables and values must be strings, got {key!r}={item!r}")
+    return value
+
+
+_new_resolution = tuple.__new__
+
+
+def _raise(error: Exception) -> Any:
+    raise error

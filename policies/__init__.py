@@ -1,0 +1,1 @@
+"""The shipped, versioned policy files (package data)."""

@@ -1,0 +1,136 @@
+"""A prefill or decode rank in its own process, driven over a pipe by the tests.
+
+Each :class:`Worker` spawns a fresh interpreter (multiprocessing 'spawn') that builds a
+:class:`BlockPool`, opens a :class:`NixlTransceiver` and executes commands. Every call from the test
+has a timeout, so a hung worker fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+CALL_TIMEOUT_S = 60.0
+
+
+def fill_pattern(pool: Any, seed: int) -> None:
+    """Fill a pool with random bits, different per seed (and so per process)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    raw = pool.tensor.view(torch.int16)
+    raw.copy_(torch.randint(-(2**15), 2**15 - 1, raw.shape, dtype=torch.int16, generator=generator))
+
+
+def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
+    import torch
+
+    from kvpolicy.transports import BlockPool, KVLayout, NixlTransceiver, TransferError
+
+    layout = KVLayout(**config["layout"])
+    pool = BlockPool(layout, config.get("num_blocks", 64))
+    fill_pattern(pool, config.get("seed", 0))
+    tx = NixlTransceiver(pool, name=name, timeout_s=config.get("timeout_s", 20.0))
+    handles: dict[str, Any] = {}
+
+    def outcome(request_id: str, timeout: float | None) -> dict[str, Any]:
+        handle = handles[request_id]
+        try:
+            metrics = handle.wait(timeout)
+            return {"state": handle.state.value, "reason": "", "metrics": metrics.as_dict()}
+        except TransferError as exc:
+            return {"state": exc.state.value, "reason": exc.reason, "metrics": handle.metrics.as_dict()}
+        except TimeoutError as exc:
+            return {"state": handle.state.value, "reason": f"wait: {exc}", "metrics": None}
+
+    conn.send(("ready", tx.address))
+    while True:
+        op, args, kwargs = conn.recv()
+        try:
+            if op == "connect":
+                peer = tx.connect(*args, **kwargs)
+                result: Any = peer.name
+            elif op == "send":
+                handles[args[0]] = tx.send(*args, **kwargs)
+                result = None
+            elif op == "receive":
+                handles[args[0]] = tx.receive(*args, **kwargs)
+                result = None
+            elif op == "wait":
+                result = outcome(args[0], kwargs.get("timeout"))
+            elif op == "state":
+                result = handles[args[0]].state.value
+            elif op == "cancel":
+                result = tx.cancel(*args, **kwargs)
+            elif op == "blocks":
+                result = torch.stack([pool.block(b).clone() for b in args[0]]) if args[0] else None
+            elif op == "digests":
+                result = pool.digests(args[0])
+            elif op == "fill":
+                fill_pattern(pool, args[0])
+                result = None
+            elif op == "stats":
+                result = {**tx.stats, "registrations": tx.registrations}
+            elif op == "close":
+                tx.close()
+                result = tx.registrations
+            elif op == "exit":
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown op {op}")
+            conn.send(("ok", result))
+        except Exception as exc:  # report to the test, keep serving
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class WorkerError(RuntimeError):
+    """A command raised inside the worker."""
+
+
+class Worker:
+    """Handle on one worker process."""
+
+    def __init__(self, name: str, **config: Any) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.name = name
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, name, config), name=f"kv-{name}", daemon=True)
+        self.process.start()
+        child.close()
+        status, self.address = self._recv(CALL_TIMEOUT_S)
+        assert status == "ready"
+
+    def _recv(self, timeout: float) -> Any:
+        if not self._conn.poll(timeout):
+            raise TimeoutError(f"worker {self.name} did not answer within {timeout}s")
+        return self._conn.recv()
+
+    def call(self, op: str, *args: Any, timeout: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+        """Run one command in the worker and return its result."""
+        self._conn.send((op, args, kwargs))
+        status, result = self._recv(timeout)
+        if status != "ok":
+            raise WorkerError(result)
+        return result
+
+    def kill(self) -> None:
+        """SIGKILL the worker: no clean-up, as if the machine lost it."""
+        self.process.kill()
+        self.process.join(10)
+
+    def stop(self) -> None:
+        """Close the worker's transceiver and end the process; kill it if it does not comply."""
+        if self.process.is_alive():
+            try:
+                self.call("close", timeout=20)
+                self.call("exit", timeout=10)
+            except Exception:
+                pass
+            self.process.join(20)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+        self._conn.close()
+        # A worker that segfaulted at exit (the UCX_MODULES problem) shows up here.
+        assert self.process.exitcode in (0, -9), f"worker {self.name} exited with {self.process.exitcode}"

@@ -1,0 +1,209 @@
+"""The control plane's messages: msgpack frames, checked against a schema before anything trusts them.
+
+A receiver says *hello* (its rank info, including its NIXL agent metadata), the sender answers
+*welcome* (its own rank info); then the receiver sends *request* ("write these blocks of request X
+into my blocks ..."), either side may send *cancel*, and the sender ends each request with a *result*
+frame. Completion is always a result frame: a NIXL notification alone can be lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Union
+
+import msgpack
+
+from .layout import KVLayout
+
+PROTOCOL_VERSION = 1
+
+#: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
+_MAX_FRAME = 64 << 20
+_MAX_BLOCKS = 1 << 20
+
+
+class ControlMessageError(ValueError):
+    """A control frame that does not match the schema. It is dropped and counted, never acted on."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What one side tells the other about itself when they connect."""
+
+    name: str
+    """Transceiver name, for logs."""
+    agent: str
+    """NIXL agent name."""
+    metadata: bytes
+    """NIXL agent metadata (empty when the peer need not write to this side)."""
+    layout: KVLayout
+    base_address: int
+    num_blocks: int
+    memory_type: str
+    device_id: int
+
+    def to_wire(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["layout"] = self.layout.to_wire()
+        return data
+
+    @classmethod
+    def from_wire(cls, data: Any) -> RankInfo:
+        _check_fields("rank", data, _RANK_FIELDS)
+        try:
+            layout = KVLayout.from_wire(data["layout"])
+        except ValueError as exc:
+            raise ControlMessageError(f"rank.layout: {exc}") from None
+        if data["memory_type"] not in ("DRAM", "VRAM"):
+            raise ControlMessageError(f"rank.memory_type {data['memory_type']!r} is not DRAM or VRAM")
+        return cls(**{**data, "layout": layout})
+
+
+_RANK_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "agent": str,
+    "metadata": bytes,
+    "layout": dict,
+    "base_address": int,
+    "num_blocks": int,
+    "memory_type": str,
+    "device_id": int,
+}
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Receiver -> sender: who I am and where my blocks are."""
+
+    kind: ClassVar[str] = "hello"
+    rank: RankInfo
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """Sender -> receiver: the answer to :class:`Hello`."""
+
+    kind: ClassVar[str] = "welcome"
+    rank: RankInfo
+
+
+@dataclass(frozen=True)
+class Request:
+    """Receiver -> sender: write the blocks of ``request_id`` (after the first ``skip_blocks``) into
+    my ``blocks``."""
+
+    kind: ClassVar[str] = "request"
+    request_id: str
+    blocks: tuple[int, ...]
+    skip_blocks: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Either side: stop ``request_id`` if no write for it is in flight."""
+
+    kind: ClassVar[str] = "cancel"
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """Sender -> receiver: how ``request_id`` ended for this receiver. The only completion signal."""
+
+    kind: ClassVar[str] = "result"
+    request_id: str
+    status: str
+    """``"ok"``, ``"error"`` or ``"cancelled"``."""
+    reason: str = ""
+    nbytes: int = 0
+    descriptors_before: int = 0
+    descriptors: int = 0
+    queue_us: int = 0
+    transfer_us: int = 0
+
+
+Message = Union[Hello, Welcome, Request, Cancel, Result]
+
+RESULT_STATUSES = ("ok", "error", "cancelled")
+
+_SCHEMAS: dict[str, tuple[type, dict[str, type | tuple[type, ...]]]] = {
+    "hello": (Hello, {"rank": dict}),
+    "welcome": (Welcome, {"rank": dict}),
+    "request": (Request, {"request_id": str, "blocks": list, "skip_blocks": int, "timeout_ms": int}),
+    "cancel": (Cancel, {"request_id": str}),
+    "result": (
+        Result,
+        {
+            "request_id": str,
+            "status": str,
+            "reason": str,
+            "nbytes": int,
+            "descriptors_before": int,
+            "descriptors": int,
+            "queue_us": int,
+            "transfer_us": int,
+        },
+    ),
+}
+
+
+def _check_fields(where: str, data: Any, schema: dict[str, type | tuple[type, ...]]) -> None:
+    if not isinstance(data, dict):
+        raise ControlMessageError(f"{where}: expected a map, got {type(data).__name__}")
+    if set(data) != set(schema):
+        missing = sorted(set(schema) - set(data))
+        extra = sorted(map(str, set(data) - set(schema)))
+        raise ControlMessageError(f"{where}: missing fields {missing}, unexpected fields {extra}")
+    for key, expected in schema.items():
+        value = data[key]
+        # bool is an int subclass; a boolean where a count belongs is a foreign or broken sender.
+        if isinstance(value, bool) or not isinstance(value, expected):
+            raise ControlMessageError(f"{where}.{key}: expected {expected}, got {type(value).__name__}")
+
+
+def encode(message: Message) -> bytes:
+    """Serialise one message to a msgpack frame."""
+    body: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": message.kind}
+    for f in fields(message):
+        value = getattr(message, f.name)
+        if isinstance(value, RankInfo):
+            value = value.to_wire()
+        elif isinstance(value, tuple):
+            value = list(value)
+        body[f.name] = value
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(frame: bytes) -> Message:
+    """Parse and schema-check one frame; raises :class:`ControlMessageError` for anything off-schema."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)) or len(frame) > _MAX_FRAME:
+        raise ControlMessageError("frame is not bytes or is too large")
+    try:
+        body = msgpack.unpackb(
+            frame, raw=False, strict_map_key=True, max_array_len=_MAX_BLOCKS, max_bin_len=_MAX_FRAME
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for garbage input
+        raise ControlMessageError(f"not a msgpack frame: {type(exc).__name__}") from None
+    if not isinstance(body, dict):
+        raise ControlMessageError("frame is not a map")
+    if body.get("v") != PROTOCOL_VERSION:
+        raise ControlMessageError(f"unsupported protocol version {body.get('v')!r}")
+    kind = body.get("kind")
+    if kind not in _SCHEMAS:
+        raise ControlMessageError(f"unknown message kind {kind!r}")
+    cls, schema = _SCHEMAS[kind]
+    data = {k: v for k, v in body.items() if k not in ("v", "kind")}
+    _check_fields(kind, data, schema)
+    if kind in ("hello", "welcome"):
+        data["rank"] = RankInfo.from_wire(data["rank"])
+    elif kind == "request":
+        blocks = data["blocks"]
+        if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks):
+            raise ControlMessageError("request.blocks: expected non-negative ints")
+        if data["skip_blocks"] < 0 or data["timeout_ms"] <= 0:
+            raise ControlMessageError("request: skip_blocks must be >= 0 and timeout_ms > 0")
+        data["blocks"] = tuple(blocks)
+    elif kind == "result" and data["status"] not in RESULT_STATUSES:
+        raise ControlMessageError(f"result.status {data['status']!r} not in {RESULT_STATUSES}")
+    return cls(**data)

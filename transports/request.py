@@ -1,0 +1,139 @@
+"""The lifecycle of one transfer request, its metrics, and how it fails."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestState(enum.Enum):
+    """Where a request is. Terminal states never change again.
+
+    Sender side: ``WAITING`` (blocks offered, no receiver has asked yet) -> ``TRANSFERRING`` (a NIXL
+    write is in flight) -> a terminal state. Receiver side: ``PENDING`` (not yet sent) ->
+    ``WAITING`` (asked, waiting for every writer's result frame) -> a terminal state. ``CANCELLING``:
+    cancel was asked while a write may be in flight; the pages stay reserved until it is safe.
+    """
+
+    PENDING = "pending"
+    WAITING = "waiting"
+    TRANSFERRING = "transferring"
+    CANCELLING = "cancelling"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """True once the request has ended and its pages are released."""
+        return self in (RequestState.COMPLETED, RequestState.FAILED, RequestState.TIMED_OUT, RequestState.CANCELLED)
+
+
+class TransferError(RuntimeError):
+    """A request that ended without its blocks: failed, timed out or cancelled.
+
+    Only this request is affected; the transceiver keeps serving the others.
+    """
+
+    def __init__(self, request_id: str, state: RequestState, reason: str) -> None:
+        super().__init__(f"request {request_id!r} {state.value}: {reason}")
+        self.request_id = request_id
+        self.state = state
+        self.reason = reason
+
+
+@dataclass
+class TransferMetrics:
+    """What one request cost. Times are seconds; a receiver sums the writers' bytes and descriptors."""
+
+    request_id: str
+    role: str
+    """``"sender"`` or ``"receiver"``."""
+    nbytes: int = 0
+    descriptors_before: int = 0
+    """Descriptors a layer-wise, block-by-block mover would have posted."""
+    descriptors: int = 0
+    """Descriptors actually posted, after coalescing adjacent runs."""
+    writers: int = 0
+    """Result frames the request waited for (receiver) or receivers served (sender)."""
+    queue_s: float = 0.0
+    """Sender: from the receiver's ask arriving to the write being posted (longest writer)."""
+    transfer_s: float = 0.0
+    """From posting the write to NIXL reporting it done (longest writer)."""
+    total_s: float = 0.0
+    """From the request being made on this side to its end."""
+
+    @property
+    def gbps(self) -> float:
+        """Payload throughput over the request's total time, in GB/s (10^9 bytes)."""
+        return self.nbytes / self.total_s / 1e9 if self.total_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain-data form, for structured logs and benchmarks."""
+        return {
+            "request_id": self.request_id,
+            "role": self.role,
+            "bytes": self.nbytes,
+            "descriptors_before": self.descriptors_before,
+            "descriptors": self.descriptors,
+            "writers": self.writers,
+            "queue_us": round(self.queue_s * 1e6, 1),
+            "transfer_us": round(self.transfer_s * 1e6, 1),
+            "total_us": round(self.total_s * 1e6, 1),
+            "gbps": round(self.gbps, 3),
+        }
+
+
+@dataclass
+class TransferHandle:
+    """A caller's view of one request on one side. Updated by the transceiver's service thread."""
+
+    request_id: str
+    role: str
+    block_ids: tuple[int, ...]
+    deadline: float
+    """``time.monotonic()`` value after which the request times out."""
+    _state: RequestState = RequestState.PENDING
+    reason: str = ""
+    metrics: TransferMetrics = field(init=False)
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+    _created: float = field(default_factory=time.perf_counter, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = TransferMetrics(self.request_id, self.role)
+
+    @property
+    def state(self) -> RequestState:
+        """The current state."""
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        """True once the request has reached a terminal state (its pages are released)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> TransferMetrics:
+        """Block until the request ends; return its metrics or raise :class:`TransferError`.
+
+        ``timeout`` defaults to the time left before the request's own deadline plus a margin for
+        the service thread to record it; a wait never blocks forever.
+        """
+        if timeout is None:
+            timeout = max(0.0, self.deadline - time.monotonic()) + 5.0
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id!r} still {self._state.value} after waiting {timeout:.3f}s")
+        if self._state is not RequestState.COMPLETED:
+            raise TransferError(self.request_id, self._state, self.reason)
+        return self.metrics
+
+    def _finish(self, state: RequestState, reason: str = "") -> None:
+        if self._done.is_set():
+            return
+        self._state = state
+        self.reason = reason
+        self.metrics.total_s = time.perf_counter() - self._created
+        self._done.set()
