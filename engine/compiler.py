@@ -15,9 +15,11 @@ both agree on every context it generates.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .model import Condition, Matcher
+from .resolution import Diagnostic
 
 if TYPE_CHECKING:
     from .resolver import Program, _CompiledDecision
@@ -71,8 +73,12 @@ def _condition(src: _Source, condition: Condition, decided: dict[str, str]) -> s
     return " and ".join(f"({t})" for t in terms) if terms else "True"
 
 
-def generate_evaluator(program: Program) -> Evaluator:
-    """Generate the fast evaluator of a compiled program."""
+def generate_evaluator(program: Program, *, lean: bool = False) -> Evaluator:
+    """Generate the fast evaluator of a compiled program.
+
+    ``lean`` evaluators skip formatting messages: their diagnostics carry id, severity and
+    decision only. Analyses that evaluate every context of a domain (diff, lint) use them.
+    """
     src = _Source()
     src.emit(0, "def evaluate(ctx):")
     src.emit(1, "arch = ctx['architecture']")
@@ -91,14 +97,19 @@ def generate_evaluator(program: Program) -> Evaluator:
         condition = _condition(src, compiled.constraint.when, decided)
         src.emit(1, f"if {condition}:")
         src.emit(2, f"diags.append(constraint_diagnostic({src.const(compiled.constraint)}, ctx, values))")
-    src.emit(1, "if len(diags) > 1:")
-    src.emit(2, "diags.sort(key=diagnostic_order)")
-    src.emit(1, "return values, by, tuple(diags)")
+    if lean:
+        # Diagnostics come in a fixed order already (decision order, constraints by id); the
+        # sort only moves errors first, which comparisons do not need.
+        src.emit(1, "return values, by, diags")
+    else:
+        src.emit(1, "if len(diags) > 1:")
+        src.emit(2, "diags.sort(key=diagnostic_order)")
+        src.emit(1, "return values, by, tuple(diags)")
     namespace: dict[str, Any] = dict(src.constants)
     namespace.update(
-        constraint_diagnostic=program.constraint_diagnostic,
-        notice_diagnostic=program.notice_diagnostic,
-        settle_requirements=program.settle_requirements,
+        constraint_diagnostic=_lean_constraint if lean else program.constraint_diagnostic,
+        notice_diagnostic=_lean_notice if lean else program.notice_diagnostic,
+        settle_requirements=partial(program.settle_requirements, lean=True) if lean else program.settle_requirements,
         diagnostic_order=program.diagnostic_order,
     )
     code = compile("\n".join(src.lines) + "\n", f"<kvpolicy {program.policy.path}>", "exec")
@@ -106,6 +117,14 @@ def generate_evaluator(program: Program) -> Evaluator:
     evaluate: Evaluator = namespace["evaluate"]
     evaluate.__source__ = "\n".join(src.lines)  # type: ignore[attr-defined]
     return evaluate
+
+
+def _lean_constraint(constraint: Any, ctx: Any, values: Any) -> Diagnostic:
+    return Diagnostic(constraint.id, constraint.severity, "", constraint.decision, "")
+
+
+def _lean_notice(notice: Any, decision: str, ctx: Any, values: Any, value: Any, preferred: Any) -> Diagnostic:
+    return Diagnostic(notice.id, notice.severity, "", decision, "")
 
 
 def _decision(src: _Source, index: int, compiled: _CompiledDecision, decided: dict[str, str]) -> None:

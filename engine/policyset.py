@@ -64,6 +64,16 @@ class PolicySet:
         """Every version available beside this one, oldest first."""
         return sorted(self._siblings, key=version_key)
 
+    def normalise(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> dict[str, Any]:
+        """The normalised context ``resolve`` would answer (raises :class:`ContextError`)."""
+        return self._program.normalise(config, fields)
+
+    def outcome(self, context: dict[str, Any]) -> Any:
+        """Values, deciding rules and message-less diagnostics of a normalised context, fast.
+
+        For analyses over a whole domain (see :mod:`kvpolicy.domain`); ``resolve`` is the API."""
+        return self._program.outcome(context)
+
     def trace(self, context: Mapping[str, Any]) -> Any:
         """The trace of a normalised context (what ``Resolution.trace`` shows)."""
         return self._program.trace(dict(context))

@@ -202,6 +202,17 @@ class Program:
             (d.name, d.auto, frozenset((d.auto, *d.decision.values))) for d in self.decisions
         )
         self._fast = generate_evaluator(self)
+        self._lean: Callable[[dict[str, Any]], Any] | None = None
+
+    def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
+        """What a normalised context resolves to, as comparable data: the values, the deciding
+        rules and the diagnostics *without messages or locations* (``Diagnostic(id, severity,
+        "", decision, "")``), in evaluation order. Analyses over a whole domain (diff, lint) use
+        it: nothing is formatted, so it costs about what ``resolve`` does. ``ctx`` must be
+        normalised already (as :class:`kvpolicy.domain.Domain` yields them)."""
+        if self._lean is None:
+            self._lean = generate_evaluator(self, lean=True)
+        return self._lean(ctx)
 
     # -- context -------------------------------------------------------------------------------
 
@@ -517,22 +528,36 @@ class Program:
         diagnostics: list[Diagnostic],
         explicit: str | None,
         held: tuple[_CompiledRule, ...] | None = None,
+        lean: bool = False,
     ) -> tuple[str | None, str]:
         """Apply the requirements that hold: against an explicit value, report each one it breaks;
-        under auto, decide when they agree and report a conflict (naming each) when they do not."""
+        under auto, decide when they agree and report a conflict (naming each) when they do not.
+        ``lean``: diagnostics without messages (see :meth:`outcome`)."""
         if held is None:
             held = tuple(r for r in decision.requirements if r.test(ctx, values))
+        name = decision.name
         if explicit is not None:
             for r in held:
                 if r.value != explicit:
-                    diagnostics.append(self._explicit_conflict(decision, r, explicit))
+                    diagnostics.append(
+                        Diagnostic(r.id, "error", "", name, "") if lean else self._explicit_conflict(decision, r, explicit)
+                    )
             return explicit, "explicit"
         if len({r.value for r in held}) > 1:
-            diagnostics.append(self._requirement_conflict(decision, list(held)))
+            diagnostics.append(
+                Diagnostic("requirements-conflict", "error", "", name, "")
+                if lean
+                else self._requirement_conflict(decision, list(held))
+            )
             return None, ""
         winner = held[0]
-        if winner.notice is not None:
-            diagnostics.append(self.notice_diagnostic(winner.notice, decision.name, ctx, values, winner.value, None))
+        notice = winner.notice
+        if notice is not None:
+            diagnostics.append(
+                Diagnostic(notice.id, notice.severity, "", name, "")
+                if lean
+                else self.notice_diagnostic(notice, name, ctx, values, winner.value, None)
+            )
         return winner.value, winner.id
 
     def constraint_diagnostic(self, constraint: Constraint, ctx: dict[str, Any], values: dict[str, Any]) -> Diagnostic:
