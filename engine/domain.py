@@ -22,12 +22,27 @@ from typing import Any
 
 from .model import Condition, Policy
 
-__all__ = ["OTHER_ARCHITECTURE", "Domain", "domain_of"]
+__all__ = ["OTHER_ARCHITECTURE", "Dimension", "Domain", "domain_of"]
 
 #: The representative of every architecture no policy names.
 OTHER_ARCHITECTURE: None = None
 _FINITE_TIMEOUT = 60000
 _OTHER_ENV_VALUE = "\x00other"
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One input of the domain and its classes: every context falls into exactly one value.
+
+    ``name`` is ``model`` (values are ``(architecture, model_type)`` pairs, see :attr:`Domain.models`),
+    a decision name (the value the user requested, auto first), ``kv_transfer_timeout_ms``
+    (``60000`` stands for every finite timeout, ``None`` is null), ``feature:NAME`` (off, on) or
+    ``env:VARIABLE`` (``''`` stands for unset and every value no policy names, unless a policy
+    names ``''`` itself; then a separate value stands for the unnamed ones).
+    """
+
+    name: str
+    values: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,24 @@ class Domain:
                         "env": {k: v for k, v in zip(env, env_values) if v != ""},
                         **chosen,
                     }
+
+    def dimensions(self) -> tuple[Dimension, ...]:
+        """The domain as a full product of independent dimensions (for symbolic analyses such as
+        :mod:`kvpolicy.diff`): every dimension is listed whether or not a decision is auto; where a
+        dimension cannot matter, all of its values behave alike."""
+        dims = [Dimension("model", self.models)]
+        dims += [Dimension(name, values) for name, values in self.requests.items()]
+        dims.append(Dimension("kv_transfer_timeout_ms", self.timeouts))
+        env: dict[str, set[str]] = {v: set(o) for v, o in self.env_always.items()}
+        for per_decision in self.env_when_auto.values():
+            for variable, options in per_decision.items():
+                env.setdefault(variable, set()).update(options)
+        dims += [Dimension(f"env:{v}", _ordered_options(env[v])) for v in sorted(env)]
+        features = set(self.features_always)
+        for names in self.features_when_auto.values():
+            features.update(names)
+        dims += [Dimension(f"feature:{f}", (False, True)) for f in sorted(features)]
+        return tuple(dims)
 
     def size(self) -> int:
         """How many representative contexts :meth:`contexts` yields."""
@@ -136,6 +169,11 @@ def domain_of(*policies: Policy) -> Domain:
         models += [(architecture, t) for t in sorted(types)]
     # Features read always need not be enumerated again where a decision is auto.
     when_auto = {d: tuple(sorted(f - features_always)) for d, f in features_when_auto.items() if f - features_always}
+    # A variable read both always and where a decision is auto needs the values named by either.
+    for per_decision in env_when_auto.values():
+        for variable, named in per_decision.items():
+            if variable in env_always:
+                env_always[variable].update(named)
     return Domain(
         models=tuple(models),
         requests={name: tuple(values) for name, values in requests.items()},
@@ -148,6 +186,11 @@ def domain_of(*policies: Policy) -> Domain:
             for d, env in env_when_auto.items()
         },
     )
+
+
+def _ordered_options(options: set[str]) -> tuple[str, ...]:
+    """Unset first, then named values, then the stand-in for unnamed values."""
+    return tuple(sorted(options, key=lambda o: (o != "", o == _OTHER_ENV_VALUE, o)))
 
 
 def _env_options(named: set[str]) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ disagree.
 from __future__ import annotations
 
 import graphlib
+import string
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -201,6 +202,9 @@ class Program:
         self._requests = tuple(
             (d.name, d.auto, frozenset((d.auto, *d.decision.values))) for d in self.decisions
         )
+        # Caches of the diagnostics path; keyed by parts of this (immutable) policy only.
+        self._placeholders: dict[str, frozenset[str]] = {}
+        self._locations: dict[int, str] = {}
         self._fast = generate_evaluator(self)
         self._lean: Callable[[dict[str, Any]], Any] | None = None
 
@@ -511,14 +515,32 @@ class Program:
     # -- diagnostics ---------------------------------------------------------------------------
 
     def _format(self, template: str, ctx: dict[str, Any], values: dict[str, Any], preferred: str | None = None) -> str:
+        fields = self._placeholders.get(template)
+        if fields is None:
+            fields = self._placeholders[template] = frozenset(
+                f for _, f, _, _ in string.Formatter().parse(template) if f
+            )
+        if not fields:
+            return template.replace("{{", "{").replace("}}", "}")
         names = _Messages(values)
-        names["architecture"] = ctx["architecture"] or "this architecture"
-        names["model_type"] = ctx["model_type"] or "none"
-        timeout = ctx["kv_transfer_timeout_ms"]
-        names["kv_transfer_timeout_ms"] = "null" if timeout is None else str(timeout)
+        if "architecture" in fields:
+            names["architecture"] = ctx["architecture"] or "this architecture"
+        if "model_type" in fields:
+            names["model_type"] = ctx["model_type"] or "none"
+        if "kv_transfer_timeout_ms" in fields:
+            timeout = ctx["kv_transfer_timeout_ms"]
+            names["kv_transfer_timeout_ms"] = "null" if timeout is None else str(timeout)
         if preferred is not None:
             names["preferred"] = preferred
         return template.format_map(names)
+
+    def _where(self, part: Any) -> str:
+        """``file:line:col`` of a rule, notice or constraint (formatted once per part)."""
+        key = id(part)
+        where = self._locations.get(key)
+        if where is None:
+            where = self._locations[key] = str(part.location)
+        return where
 
     def settle_requirements(
         self,
@@ -565,7 +587,7 @@ class Program:
         text = self._format(constraint.message, ctx, values)
         fix = self._format(constraint.fix, ctx, values)
         return Diagnostic(
-            constraint.id, constraint.severity, f"{text} To fix: {fix}.", constraint.decision, str(constraint.location), fix
+            constraint.id, constraint.severity, f"{text} To fix: {fix}.", constraint.decision, self._where(constraint), fix
         )
 
     def notice_diagnostic(
@@ -574,7 +596,7 @@ class Program:
         """The diagnostic of a rule's notice (``value``: the value it decided, if any)."""
         scope = values if value is None else {**values, decision: value}
         return Diagnostic(
-            notice.id, notice.severity, self._format(notice.message, ctx, scope, preferred), decision, str(notice.location)
+            notice.id, notice.severity, self._format(notice.message, ctx, scope, preferred), decision, self._where(notice)
         )
 
     @staticmethod

@@ -29,6 +29,7 @@ Path = tuple[Any, ...]
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _TOMLLIB_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+_END_OF_DOCUMENT = re.compile(r"\(at end of document\)")
 _SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([A-Za-z0-9_,\s]+)\]")
 
 
@@ -104,8 +105,16 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         match = _TOMLLIB_POSITION.search(message)
-        line, column = (int(match.group(1)), int(match.group(2))) if match else (1, 1)
-        reason = _TOMLLIB_POSITION.sub("", message).strip()
+        if match:
+            line, column = int(match.group(1)), int(match.group(2))
+        elif "end of document" in message:
+            lines = text.splitlines() or [""]
+            line, column = len(lines), len(lines[-1]) + 1
+        else:
+            line, column = 1, 1
+        reason = _END_OF_DOCUMENT.sub("", _TOMLLIB_POSITION.sub("", message)).strip()
+        if "end of document" in message:
+            reason += " at the end of the file"
         raise TomlSyntaxError(f"invalid TOML: {reason}", Location(path, line, column)) from None
     positions = _Scanner(text).scan()
     return SourceDocument(path=path, raw=raw, text=text, data=data, positions=positions)

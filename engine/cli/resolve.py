@@ -128,7 +128,7 @@ def describe_context(resolution: Resolution) -> str:
     parts = [ctx.get("architecture") or "no architecture (no preference)"]
     if ctx.get("model_type"):
         parts.append(f"model_type {ctx['model_type']}")
-    parts.append(f"backend {ctx.get('backend')}")
+    parts.append(f"backend {ctx.get('backend') or 'null'}")
     parts.append(f"runtime {ctx.get('transceiver_runtime')}")
     if ctx.get("kv_cache_manager") not in (None, "auto"):
         parts.append(f"kv_cache_manager {ctx['kv_cache_manager']}")

@@ -1,0 +1,407 @@
+"""Exact analysis of a policy over every context it can tell apart, one decision at a time.
+
+The lint rules about precedence (shadowed, unreachable, conflicting rules) and about ``auto``
+choices that a constraint then rejects need to know, for every rule, whether some context makes
+its condition hold and whether it ever decides. Enumerating the full product of inputs is exact
+but costs ~10 us a context, and the product grows with every feature and architecture.
+
+This module walks the decisions in evaluation order instead, keeping a set of *states*: the
+inputs that a later decision or constraint still reads, the values decided so far and the rules
+that decided them. Each decision assigns only the inputs its own rules read (when nothing earlier
+assigned them), evaluates its stages exactly as the resolver does, and the states are then
+projected onto what later steps read, so states that differ only in inputs nobody reads again
+merge. Architectures are compressed first into classes that every condition and preference table
+treats alike (1,000 rows with two distinct values are a handful of classes). Each state keeps one
+*witness*: the smallest full set of inputs that reaches it, which becomes the counterexample.
+
+The result is exact for the classes of contexts :mod:`kvpolicy.domain` defines; a test checks it
+against the resolver on the full domain.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import Condition, Decision, Policy, Row
+from ..resolver import compile_condition
+
+__all__ = ["Analysis", "analyse", "context_of", "describe_context"]
+
+_FINITE_TIMEOUT = 60000
+_OTHER_ENV_VALUE = "\x00other"
+
+Witness = tuple[tuple[str, Any], ...]
+
+
+def _condition_dims(condition: Condition, decisions: Iterable[str]) -> tuple[set[str], set[str]]:
+    """(input dimensions, decision values) a condition reads."""
+    names = set(decisions)
+    dims: set[str] = set()
+    values: set[str] = set()
+    for subject in condition.subjects:
+        (values if subject in names else dims).add(subject)
+    if condition.timeout is not None:
+        dims.add("kv_transfer_timeout_ms")
+    dims.update(f"feature:{f}" for f in condition.features)
+    dims.update(f"env:{v}" for v in condition.env)
+    return dims, values
+
+
+def context_of(witness: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """The normalised context (as ``PolicySet.outcome`` takes it) of a witness assignment."""
+    ctx: dict[str, Any] = {
+        "architecture": witness.get("architecture"),
+        "model_type": witness.get("model_type"),
+        "kv_transfer_timeout_ms": witness.get("kv_transfer_timeout_ms", _FINITE_TIMEOUT),
+        "features": frozenset(k[8:] for k, v in witness.items() if k.startswith("feature:") and v),
+        "env": {k[4:]: v for k, v in witness.items() if k.startswith("env:") and v != ""},
+    }
+    for name, decision in policy.decisions.items():
+        ctx[name] = witness.get(f"request:{name}", decision.auto)
+    return ctx
+
+
+def describe_context(ctx: dict[str, Any], policy: Policy) -> str:
+    """A short, resolve-like description of a context: only what differs from the defaults."""
+    parts: list[str] = []
+    if ctx.get("architecture") is not None:
+        parts.append(f"architecture={ctx['architecture']}")
+    if ctx.get("model_type") is not None:
+        parts.append(f"model_type={ctx['model_type']}")
+    for name, decision in policy.decisions.items():
+        if ctx.get(name, decision.auto) != decision.auto:
+            parts.append(f"{name}={ctx[name]}")
+    if ctx.get("kv_transfer_timeout_ms", _FINITE_TIMEOUT) is None:
+        parts.append("kv_transfer_timeout_ms=null")
+    for feature in sorted(ctx.get("features", ())):
+        parts.append(f"feature {feature}")
+    for variable, value in sorted(ctx.get("env", {}).items()):
+        shown = "<other>" if value == _OTHER_ENV_VALUE else value
+        parts.append(f"env {variable}={shown}")
+    if ctx.get("architecture") is None:
+        parts.insert(0, "architecture=<any other>")
+    return ", ".join(parts)
+
+
+def _size(witness: dict[str, Any]) -> int:
+    """Order of counterexamples: fewest features, env variables and explicit settings first
+    (kept up to date in the witness itself as dimensions are assigned)."""
+    return witness.get("#size", 0)
+
+
+def _weight(dim: str, value: Any, auto: Any) -> int:
+    if dim.startswith("feature:"):
+        return 1 if value else 0
+    if dim.startswith("env:"):
+        return 2 if value != "" else 0
+    if dim == "kv_transfer_timeout_ms":
+        return 1 if value is None else 0
+    if dim.startswith("request:"):
+        return 1 if value != auto else 0
+    return 0
+
+
+@dataclass
+class RuleStats:
+    """What the analysis saw of one rule or row."""
+
+    held: dict[str, Any] | None = None
+    """The first witness where its condition held with its decision left to the policy."""
+    decided: dict[str, Any] | None = None
+    """The first witness where it decided."""
+
+
+@dataclass
+class Analysis:
+    """What every rule, row and constraint of a policy can do over all contexts."""
+
+    policy: Policy
+    rules: dict[str, RuleStats] = field(default_factory=dict)
+    """Requirements, conditionals and defaults by id; rows by row id."""
+    constraints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Constraint id -> first witness where it fired."""
+    conflicts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(requirement id, requirement id) -> first witness where both held with different values."""
+    rejected: dict[tuple[str, str, str, tuple[Any, ...]], list[dict[str, Any]]] = field(default_factory=dict)
+    """(constraint id, decision, deciding rule, other values the constraint reads) -> witnesses of
+    auto contexts whose decided value the error constraint rejects."""
+    row_classes: dict[str, list[Row]] = field(default_factory=dict)
+    """Row id of a class representative -> every row its class stands for."""
+    states: int = 0
+
+
+class _Step:
+    """One decision compiled for the analysis."""
+
+    def __init__(self, decision: Decision, names: frozenset[str]) -> None:
+        self.decision = decision
+        self.name = decision.name
+        self.auto = decision.auto
+        self.requirements = [(r, compile_condition(r.when, names)) for r in sorted(decision.requirements, key=lambda r: r.id)]
+        self.conditionals = [(r, compile_condition(r.when, names)) for r in decision.conditionals]
+        self.default = decision.default
+        pref = decision.preference
+        self.adopt = compile_condition(pref.adopt_when, names) if pref else None
+        self.rows: dict[str, tuple[dict[str, Row], Row | None]] = {}
+        for row in pref.rows if pref else ():
+            qualified, plain = self.rows.get(row.architecture, ({}, None))
+            if row.model_type is not None:
+                qualified = {**qualified}
+                qualified.setdefault(row.model_type, row)
+            elif plain is None:
+                plain = row
+            self.rows[row.architecture] = (qualified, plain)
+
+    def row_for(self, architecture: str | None, model_type: str | None) -> Row | None:
+        entry = self.rows.get(architecture) if architecture is not None else None
+        if entry is None:
+            return None
+        qualified, plain = entry
+        if model_type is not None and qualified:
+            row = qualified.get(model_type)
+            if row is not None:
+                return row
+        return plain
+
+
+def _architecture_classes(policy: Policy) -> tuple[list[str | None], dict[str | None, list[str]]]:
+    """Representatives of the architecture classes and the names each stands for."""
+    matchers = []
+    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
+    conditions += [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
+    for condition in conditions:
+        matcher = condition.subjects.get("architecture")
+        if matcher is not None:
+            matchers.append(matcher.values)
+    tables = []
+    for decision in policy.decisions.values():
+        if decision.preference is None:
+            continue
+        table: dict[str, list[tuple[str | None, str]]] = {}
+        for row in decision.preference.rows:
+            entry = table.setdefault(row.architecture, [])
+            # The first plain row and the first row per model_type are the ones the resolver uses.
+            if all(m != row.model_type for m, _ in entry):
+                entry.append((row.model_type, row.value))
+        tables.append(table)
+
+    def signature(name: str | None) -> tuple[Any, ...]:
+        return (
+            tuple(name in m for m in matchers),
+            tuple(tuple(sorted(t.get(name, []), key=lambda e: (e[0] or "", e[1]))) if name else () for t in tables),
+        )
+
+    classes: dict[tuple[Any, ...], list[str | None]] = {}
+    for name in [None, *policy.architectures()]:
+        classes.setdefault(signature(name), []).append(name)
+    representatives: list[str | None] = []
+    members: dict[str | None, list[str]] = {}
+    for names in classes.values():
+        rep = names[0] if names[0] is None else min(n for n in names if n is not None)
+        representatives.append(rep)
+        members[rep] = [n for n in names if n is not None]
+    return representatives, members
+
+
+def _env_options(named: set[str]) -> tuple[str, ...]:
+    other = (_OTHER_ENV_VALUE,) if "" in named else ()
+    return ("", *sorted(v for v in named if v != ""), *other)
+
+
+def analyse(policy: Policy) -> Analysis:
+    """Analyse every rule, row and constraint of ``policy`` over all its contexts."""
+    names = frozenset(policy.decisions)
+    result = Analysis(policy)
+    order = _order(policy)
+    steps = [_Step(policy.decisions[n], names) for n in order]
+    representatives, members = _architecture_classes(policy)
+
+    # The alphabet of every input dimension.
+    model_types = sorted({r.model_type for r in policy.rows() if r.model_type} | _named(policy, "model_type"))
+    env_named: dict[str, set[str]] = {}
+    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
+    conditions += [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
+    for condition in conditions:
+        for variable, matcher in condition.env.items():
+            env_named.setdefault(variable, set()).update(matcher.values)
+    alphabet: dict[str, tuple[Any, ...]] = {
+        "architecture": tuple(representatives),
+        "model_type": (None, *model_types),
+        "kv_transfer_timeout_ms": (_FINITE_TIMEOUT, None),
+    }
+    for feature in policy.features:
+        alphabet[f"feature:{feature}"] = (False, True)
+    for variable, named in env_named.items():
+        alphabet[f"env:{variable}"] = _env_options(named)
+    for name, decision in policy.decisions.items():
+        alphabet[f"request:{name}"] = (decision.auto, *decision.values)
+
+    # What each step reads, and what is read after it.
+    reads: list[tuple[set[str], set[str]]] = []
+    for step in steps:
+        dims, values = {f"request:{step.name}"}, set()
+        decision = step.decision
+        parts = [r.when for r in (*decision.requirements, *decision.conditionals)]
+        if decision.preference is not None:
+            parts.append(decision.preference.adopt_when)
+            if decision.preference.rows:
+                dims.add("architecture")
+                if any(r.model_type for r in decision.preference.rows):
+                    dims.add("model_type")
+        for condition in parts:
+            d, v = _condition_dims(condition, names)
+            dims |= d
+            values |= v
+        reads.append((dims, values))
+    constraint_tests = []
+    final_dims: set[str] = set()
+    for constraint in sorted(policy.constraints, key=lambda c: c.id):
+        d, v = _condition_dims(constraint.when, names)
+        final_dims |= d
+        constraint_tests.append((constraint, compile_condition(constraint.when, names), v))
+    later: list[set[str]] = []
+    needed = set(final_dims)
+    for dims, _ in reversed(reads):
+        later.append(set(needed))
+        needed |= dims
+    later.reverse()
+
+    row_classes: dict[str, list[Row]] = {}
+    # state key -> witness; key = (kept dims, values, decided_by)
+    states: dict[Any, dict[str, Any]] = {((), (), ()): {}}
+    for index, step in enumerate(steps):
+        dims, _ = reads[index]
+        keep = later[index]
+        new_states: dict[Any, dict[str, Any]] = {}
+        for key, witness in states.items():
+            _, values_t, by_t = key
+            values = dict(values_t)
+            by = dict(by_t)
+            fresh = sorted(d for d in dims if d not in witness)
+            for combo in itertools.product(*(alphabet[d] for d in fresh)):
+                w = {**witness, **dict(zip(fresh, combo))}
+                w["#size"] = _size(witness) + sum(_weight(d, v, alphabet[d][0]) for d, v in zip(fresh, combo))
+                ctx = context_of(w, policy)
+                value, rule_id = _decide(step, ctx, values, w, result, row_classes, members)
+                vals = {**values, step.name: value}
+                decided = {**by, step.name: rule_id}
+                kept = tuple(sorted((d, w[d]) for d in keep if d in w))
+                new_key = (kept, tuple(sorted(vals.items())), tuple(sorted(decided.items())))
+                previous = new_states.get(new_key)
+                if previous is None or _size(w) < _size(previous):
+                    new_states[new_key] = w
+        states = new_states
+        result.states += len(states)
+
+    for key, witness in states.items():
+        _, values_t, by_t = key
+        values = dict(values_t)
+        by = dict(by_t)
+        ctx = context_of(witness, policy)
+        for constraint, test, reads_values in constraint_tests:
+            if not test(ctx, values):
+                continue
+            seen = result.constraints.get(constraint.id)
+            if seen is None or _size(witness) < _size(seen):
+                result.constraints[constraint.id] = witness
+            if constraint.severity != "error":
+                continue
+            for decision in sorted(reads_values):
+                if by.get(decision, "explicit") == "explicit":
+                    continue
+                others = tuple((d, values[d]) for d in sorted(reads_values) if d != decision)
+                family = (constraint.id, decision, by[decision], others)
+                result.rejected.setdefault(family, []).append(witness)
+    result.row_classes = row_classes
+    return result
+
+
+def _named(policy: Policy, subject: str) -> set[str]:
+    found: set[str] = set()
+    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
+    conditions += [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
+    for condition in conditions:
+        matcher = condition.subjects.get(subject)
+        if matcher is not None:
+            found |= matcher.values
+    return found
+
+
+def _order(policy: Policy) -> list[str]:
+    import graphlib
+
+    sorter = graphlib.TopologicalSorter({n: set(d.inputs) for n, d in policy.decisions.items()})
+    sorter.prepare()
+    order: list[str] = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready())
+        order += ready
+        sorter.done(*ready)
+    return order
+
+
+def _note(stats: dict[str, RuleStats], rule_id: str, witness: dict[str, Any], *, decided: bool) -> None:
+    entry = stats.get(rule_id)
+    if entry is None:
+        entry = stats[rule_id] = RuleStats()
+    if entry.held is None or _size(witness) < _size(entry.held):
+        entry.held = witness
+    if decided and (entry.decided is None or _size(witness) < _size(entry.decided)):
+        entry.decided = witness
+
+
+def _decide(
+    step: _Step,
+    ctx: dict[str, Any],
+    values: dict[str, Any],
+    witness: dict[str, Any],
+    result: Analysis,
+    row_classes: dict[str, list[Row]],
+    members: dict[str | None, list[str]],
+) -> tuple[str | None, str]:
+    """Decide one decision as the resolver does, noting which rules held and which decided."""
+    stats = result.rules
+    requested = ctx[step.name]
+    auto = requested == step.auto
+    value: str | None = None
+    rule_id = ""
+    held = [r for r, test in step.requirements if test(ctx, values)]
+    for first, second in itertools.combinations(held, 2):
+        if first.value != second.value:
+            pair = tuple(sorted((first.id, second.id)))
+            seen = result.conflicts.get(pair)  # type: ignore[arg-type]
+            if seen is None or _size(witness) < _size(seen):
+                result.conflicts[pair] = witness  # type: ignore[index]
+    if not auto:
+        value, rule_id = requested, "explicit"
+        for r in held:
+            _note(stats, r.id, witness, decided=False)
+    elif held:
+        if len({r.value for r in held}) == 1:
+            value, rule_id = held[0].value, held[0].id
+        for r in held:
+            _note(stats, r.id, witness, decided=r.id == rule_id)
+    if not auto:
+        return value, rule_id
+    row = step.row_for(ctx["architecture"], ctx["model_type"]) if step.rows else None
+    if row is not None:
+        if row.id not in row_classes:
+            rows = [step.row_for(m, ctx["model_type"]) for m in members.get(ctx["architecture"], [])]
+            row_classes[row.id] = [r for r in rows if r is not None and r.value == row.value]
+        assert step.adopt is not None
+        if step.adopt(ctx, values):
+            if value is None:
+                value, rule_id = row.value, row.id
+            _note(stats, row.id, witness, decided=rule_id == row.id)
+    for r, test in step.conditionals:
+        if test(ctx, values):
+            if value is None:
+                value, rule_id = r.value, r.id
+            _note(stats, r.id, witness, decided=rule_id == r.id)
+    if value is None:
+        value, rule_id = step.default.value, step.default.id
+    _note(stats, step.default.id, witness, decided=rule_id == step.default.id)
+    return value, rule_id

@@ -1,0 +1,130 @@
+"""The CLI: golden text output, stable JSON, exit codes, and a start-up that never loads torch.
+
+Golden files live in tests/engine/golden/; after an intended change of output, regenerate them
+with ``KVPOLICY_UPDATE_GOLDEN=1 pytest tests/engine/test_cli.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpolicy.cli import main
+
+GOLDEN = Path(__file__).parent / "golden"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("KVPOLICY_UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"missing golden file {path}; run with KVPOLICY_UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    # Locations print relative to the working directory; pin it so golden files are stable.
+    monkeypatch.chdir(REPO)
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "code"),
+    [
+        ("resolve_llama_nixl.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL"], 0),
+        ("resolve_llama_ucx.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "UCX"], 1),
+        ("resolve_off.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "null"], 0),
+        ("resolve_env.txt", ["resolve", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--version", "2026.07.09"], 0),
+        ("explain_kimi_cpp.txt", ["explain", "--arch", "KimiK3ForCausalLM", "--runtime", "CPP"], 1),
+        ("versions.txt", ["versions"], 0),
+        ("table_2026.08.11.txt", ["table", "--version", "2026.08.11"], 0),
+    ],
+)
+def test_text_output(capsys, name, argv, code):
+    exit_code, out, err = run(capsys, *argv)
+    assert exit_code == code, err
+    check_golden(name, out)
+
+
+def test_model_config_json(capsys, tmp_path):
+    checkpoint = tmp_path / "gemma"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}))
+    code, out, _ = run(capsys, "resolve", "--model", str(checkpoint), "--backend", "NIXL", "--format", "json", "--version", "2026.08.11")
+    data = json.loads(out)
+    assert code == 0
+    assert data["values"]["transceiver_runtime"] == "PYTHON"
+    assert data["decided_by"]["transceiver_runtime"] == "runtime-preference[Gemma3ForCausalLM]"
+    assert data["context"]["model_type"] == "gemma3_text"
+    assert data["policy_version"] == "2026.08.11"
+
+
+def test_json_is_stable_for_scripts(capsys):
+    code, out, _ = run(capsys, "explain", "--arch", "GptOssForCausalLM", "--backend", "UCX", "--format", "json")
+    data = json.loads(out)
+    assert code == 1
+    assert set(data) == {"policy_version", "policy_digest", "enabled", "ok", "values", "decided_by", "diagnostics", "context", "trace"}
+    assert data["diagnostics"][0]["id"] == "python-requires-nixl"
+    assert {"decision", "stage", "rule", "outcome", "detail"} == set(data["trace"][0])
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["resolve", "--backend", "nixl"], "did you mean 'NIXL'"),
+        (["resolve", "--timeout-ms", "soon"], "--timeout-ms"),
+        (["resolve", "--env", "NOEQUALS"], "KEY=VALUE"),
+        (["resolve", "--feature", "cancel"], "unknown feature"),
+        (["resolve", "--model", "/nonexistent/config.json"], "cannot read"),
+        (["resolve", "--policy", "/nonexistent"], "no such policy file or folder"),
+        (["resolve", "--version", "1999.01.01"], "no policy version 1999.01.01"),
+        (["bogus"], "invalid choice"),
+    ],
+)
+def test_usage_errors_exit_2(capsys, argv, fragment):
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(argv))
+    out, err = capsys.readouterr()
+    assert info.value.code == 2
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_broken_policy_exits_2_with_location(capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema = 1\nversion = "2026.01.01"\nsummary = "x"\nsource = "y"\nfeatures = {}\ndecisions = { backend = 3 }\n')
+    code, _, err = run(capsys, "resolve", "--policy", str(bad))
+    assert code == 2
+    assert f"{bad}:6:" in err and "expected object" in err
+
+
+def test_cold_start_never_imports_torch_or_nixl():
+    probe = (
+        "import sys; from kvpolicy.cli import main; code = main(['resolve', '--arch', 'LlamaForCausalLM']); "
+        "heavy = [m for m in ('torch', 'nixl', 'zmq', 'numpy') if m in sys.modules]; "
+        "print(heavy); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_python_dash_m(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpolicy", "resolve", "--arch", "KimiK3ForCausalLM", "--runtime", "CPP"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )
+    assert done.returncode == 1
+    assert "kimi-k3-requires-python" in done.stdout

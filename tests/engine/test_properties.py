@@ -1,0 +1,149 @@
+"""Invariants of resolution, checked with hypothesis on the shipped and on random policies."""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+import tomlkit
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvpolicy
+from kvpolicy.loader import parse_policy
+from kvpolicy.policyset import PolicySet
+
+from .conftest import VERSIONS
+from .strategies import BACKEND_ENV, contexts, policies, random_contexts
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SHIPPED = {v: kvpolicy.load(version=v) for v in VERSIONS}
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def comparable(resolution: kvpolicy.Resolution) -> tuple[Any, ...]:
+    """Everything a resolution says except where in the file each rule stands."""
+    return (
+        dict(resolution.values),
+        dict(resolution.decided_by),
+        [(d.id, d.severity, d.message, d.decision) for d in resolution.diagnostics],
+    )
+
+
+@FAST
+@given(version=st.sampled_from(VERSIONS), fields=contexts())
+def test_explicit_value_is_never_rewritten(version, fields):
+    resolution = SHIPPED[version].resolve(**fields)
+    requested = resolution.context
+    policy = SHIPPED[version].policy
+    for name, decision in policy.decisions.items():
+        if requested[name] != decision.auto:
+            assert resolution.values[name] == requested[name]
+            assert resolution.decided_by[name] == "explicit"
+
+
+@FAST
+@given(version=st.sampled_from(VERSIONS), fields=contexts())
+def test_generated_evaluator_agrees_with_the_interpreter(version, fields):
+    program = SHIPPED[version]._program
+    ctx = program.normalise(None, dict(fields))
+    assert program.evaluate(ctx, None) == program.interpret(ctx, None)
+    # The trace is produced by the interpreter: it must name the same winners.
+    decided = {s.decision: s.rule for s in SHIPPED[version].trace(ctx) if s.outcome == "decided"}
+    values, decided_by, _ = program.evaluate(ctx, None)
+    assert decided == decided_by
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=policies(), samples=st.lists(random_contexts(), min_size=1, max_size=8))
+def test_random_policies_fast_path_equals_interpreter_and_keeps_explicit(text, samples):
+    policy_set = PolicySet(parse_policy(text.encode(), "random.toml"))
+    program = policy_set._program
+    for fields in samples:
+        ctx = program.normalise(None, dict(fields))
+        fast = program.evaluate(ctx, None)
+        assert fast == program.interpret(ctx, None)
+        for name in policy_set.decisions:
+            if ctx[name] != program.policy.decisions[name].auto:
+                assert fast[0][name] == ctx[name]
+
+
+@FAST
+@given(version=st.sampled_from(VERSIONS), fields=contexts())
+def test_resolution_is_deterministic(version, fields):
+    first = SHIPPED[version].resolve(**fields)
+    again = kvpolicy.load(version=version).resolve(**dict(fields))
+    assert comparable(first) == comparable(again)
+    assert first == again
+
+
+def _shuffled(text: str, rng: random.Random) -> str:
+    """The same policy with every order-free list and table shuffled (conditionals stay ordered)."""
+    data = tomllib.loads(text)
+
+    def shuffle_table(table: dict[str, Any]) -> dict[str, Any]:
+        items = list(table.items())
+        rng.shuffle(items)
+        return dict(items)
+
+    for decision in data["decisions"].values():
+        rng.shuffle(decision.get("requirement", []))
+        if "preference" in decision:
+            rng.shuffle(decision["preference"]["rows"])
+        for rule in [*decision.get("requirement", []), *decision.get("conditional", [])]:
+            if "when" in rule:
+                rule["when"] = shuffle_table(rule["when"])
+    rng.shuffle(data.get("constraints", []))
+    data["features"] = shuffle_table(data["features"])
+    data["decisions"] = shuffle_table(data["decisions"])
+    return tomlkit.dumps(shuffle_table(data))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from(VERSIONS), seed=st.integers(0, 2**32 - 1), samples=st.lists(contexts(), min_size=5, max_size=20))
+def test_resolution_is_independent_of_rule_and_file_order(version, seed, samples):
+    original = SHIPPED[version]
+    text = original.policy.path and open(original.policy.path, encoding="utf-8").read()
+    shuffled = PolicySet(parse_policy(_shuffled(text, random.Random(seed)).encode(), "shuffled.toml"))
+    for fields in samples:
+        assert comparable(original.resolve(**dict(fields))) == comparable(shuffled.resolve(**dict(fields)))
+
+
+def test_file_order_in_a_folder_does_not_matter(tmp_path):
+    # Versions are picked by their content, not by file names or directory order.
+    for index, version in enumerate(reversed(VERSIONS)):
+        source = open(SHIPPED[version].policy.path, encoding="utf-8").read()
+        (tmp_path / f"{index}-policy.toml").write_text(source, encoding="utf-8")
+    assert kvpolicy.load(tmp_path).version == VERSIONS[-1]
+    assert kvpolicy.load(tmp_path, version=VERSIONS[0]).digest == SHIPPED[VERSIONS[0]].digest
+
+
+@FAST
+@given(
+    version=st.sampled_from(VERSIONS),
+    env=st.dictionaries(st.sampled_from(BACKEND_ENV), st.sampled_from(("1", "0", "", "yes", " 1")), max_size=4),
+)
+def test_default_backend_follows_the_env_priority(version, env):
+    resolution = SHIPPED[version].resolve(backend="DEFAULT", env=env)
+    expected = next((name.split("_")[2] for name in BACKEND_ENV if env.get(name) == "1"), "NIXL")
+    assert resolution.backend == expected
+    assert any(d.id.startswith("backend-env-") for d in resolution.warnings) == (expected != "NIXL" or env.get(BACKEND_ENV[0]) == "1")
+
+
+@FAST
+@given(version=st.sampled_from(VERSIONS), fields=contexts())
+def test_dependent_decision_never_contradicts_its_inputs(version, fields):
+    resolution = SHIPPED[version].resolve(**fields)
+    if resolution.context["kv_cache_manager"] == "auto" and resolution.kv_cache_manager == "V2":
+        assert resolution.runtime == "PYTHON" and resolution.backend == "NIXL"
+    if resolution.context["transceiver_runtime"] == "auto" and resolution.context["kv_transfer_timeout_ms"] is None:
+        # Under auto a null timeout never yields PYTHON unless a model preference or requirement insists.
+        if resolution.runtime == "PYTHON":
+            assert resolution.decided_by["transceiver_runtime"] != SHIPPED[version].policy.decisions[
+                "transceiver_runtime"
+            ].default.id

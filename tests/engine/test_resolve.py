@@ -1,0 +1,313 @@
+"""Resolution: each precedence step, each shipped version's history, the start-up errors, the API."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import kvpolicy
+from kvpolicy import ContextError, ResolutionError
+
+from .conftest import VERSIONS, write
+
+# -- the history in background.md, version by version -------------------------------------------
+
+HISTORY = [
+    # (version, architecture, backend, expected runtime, expected deciding rule)
+    ("2026.07.09", "GptOssForCausalLM", "NIXL", "PYTHON", "runtime-preference[GptOssForCausalLM]"),
+    ("2026.07.09", "GptOssForCausalLM", "UCX", "CPP", "runtime-default-cpp"),
+    ("2026.07.09", "GlmMoeDsaForCausalLM", "DEFAULT", "PYTHON", "runtime-preference[GlmMoeDsaForCausalLM]"),
+    ("2026.07.09", "LlamaForCausalLM", "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.07.09", None, "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.08.11", "LlamaForCausalLM", "NIXL", "PYTHON", "runtime-preference[LlamaForCausalLM]"),
+    ("2026.08.11", "Gemma3ForCausalLM", "DEFAULT", "PYTHON", "runtime-preference[Gemma3ForCausalLM]"),
+    ("2026.08.11", "LlamaForCausalLM", "UCX", "CPP", "runtime-default-cpp"),
+    ("2026.08.11", "Llama4ForConditionalGeneration", "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.08.11", "MistralForCausalLM", "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.08.11", "Gemma3ForConditionalGeneration", "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.08.24", "MistralForCausalLM", "NIXL", "PYTHON", "runtime-default-python"),
+    ("2026.08.24", "MistralForCausalLM", "UCX", "CPP", "auto-cpp-off-nixl"),
+    ("2026.08.24", "LlamaForCausalLM", "UCX", "PYTHON", "runtime-preference[LlamaForCausalLM]"),
+    ("2026.09.10", "DeepseekV3ForCausalLM", "NIXL", "PYTHON", "runtime-preference[DeepseekV3ForCausalLM]"),
+    ("2026.09.10", "KimiK3ForCausalLM", "NIXL", "PYTHON", "kimi-k3-requires-python"),
+    ("2026.09.10", "Qwen3_5VLModel", "NIXL", "PYTHON", "runtime-preference[Qwen3_5VLModel]"),
+    ("2026.09.10", None, "MOONCAKE", "CPP", "auto-cpp-off-nixl"),
+]
+
+
+@pytest.mark.parametrize(("version", "architecture", "backend", "runtime", "rule"), HISTORY)
+def test_history(shipped, version, architecture, backend, runtime, rule):
+    resolution = shipped[version].resolve(architecture=architecture, backend=backend)
+    assert resolution.runtime == runtime
+    assert resolution.decided_by["transceiver_runtime"] == rule
+    assert resolution.policy_version == version
+
+
+def test_python_preference_on_ucx_fails_from_2026_08_24(shipped):
+    for version in ("2026.08.24", "2026.09.10"):
+        resolution = shipped[version].resolve(architecture="LlamaForCausalLM", backend="UCX")
+        assert not resolution.ok
+        (error,) = resolution.errors
+        assert error.id == "python-requires-nixl"
+        assert "set cache_transceiver_config.transceiver_runtime to CPP" in error.message
+        assert error.location.startswith("policies/") or error.location.startswith("/")
+        fixed = shipped[version].resolve(architecture="LlamaForCausalLM", backend="UCX", transceiver_runtime="CPP")
+        assert fixed.ok and fixed.runtime == "CPP" and fixed.decided_by["transceiver_runtime"] == "explicit"
+
+
+def test_glm_checkpoint_through_deepseek_class(shipped):
+    glm = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "glm_moe_dsa"}
+    deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    old = shipped["2026.07.09"]
+    assert old.resolve(pretrained_config=glm, backend="NIXL").runtime == "PYTHON"
+    assert old.resolve(pretrained_config=deepseek, backend="NIXL").runtime == "CPP"
+    new = shipped["2026.09.10"]
+    assert new.resolve(pretrained_config=deepseek, backend="NIXL").decided_by["transceiver_runtime"] == (
+        "runtime-preference[DeepseekV3ForCausalLM]"
+    )
+
+
+def test_architecture_is_architectures_0_not_the_execution_class(newest):
+    # A loader may swap in a draft class; the checkpoint's first architecture keeps its preference.
+    config = SimpleNamespace(architectures=["LlamaForCausalLM", "EagleDraftForCausalLM"], model_type="llama")
+    resolution = newest.resolve(pretrained_config=config, backend="NIXL")
+    assert resolution.context["architecture"] == "LlamaForCausalLM"
+    assert resolution.decided_by["transceiver_runtime"] == "runtime-preference[LlamaForCausalLM]"
+
+
+# -- precedence ---------------------------------------------------------------------------------
+
+
+def test_explicit_beats_everything_and_is_checked(newest):
+    resolution = newest.resolve(architecture="GptOssForCausalLM", backend="NIXL", transceiver_runtime="CPP")
+    assert resolution.runtime == "CPP"
+    assert resolution.decided_by["transceiver_runtime"] == "explicit"
+    assert resolution.ok
+    steps = [s for s in resolution.trace if s.decision == "transceiver_runtime" and s.stage == "preference"]
+    assert steps[0].outcome == "lost"
+
+
+def test_null_runtime_means_explicit_cpp(newest):
+    resolution = newest.resolve(architecture="LlamaForCausalLM", backend="NIXL", transceiver_runtime=None)
+    assert resolution.runtime == "CPP" and resolution.decided_by["transceiver_runtime"] == "explicit"
+
+
+def test_requirement_beats_preference(newest):
+    resolution = newest.resolve(architecture="LlamaForCausalLM", backend="NIXL", features={"serialized_state"})
+    assert resolution.runtime == "CPP"
+    assert resolution.decided_by["transceiver_runtime"] == "serialized-state-requires-cpp"
+    assert [d.id for d in resolution.notes] == ["serialized-state-requires-cpp"]
+
+
+def test_requirement_against_explicit_is_an_error(newest):
+    resolution = newest.resolve(architecture="KimiK3ForCausalLM", backend="NIXL", transceiver_runtime="CPP")
+    assert resolution.runtime == "CPP"  # never rewritten
+    (error,) = resolution.errors
+    assert error.id == "kimi-k3-requires-python"
+    assert "explicitly CPP" in error.message and "set transceiver_runtime to PYTHON or auto" in error.message
+
+
+def test_two_requirements_disagreeing_name_both(newest):
+    resolution = newest.resolve(
+        architecture="MistralForCausalLM", backend="NIXL", features={"inflight_cancel"}, enable_pipelined_transfer=True
+    )
+    conflict = [d for d in resolution.errors if d.id == "requirements-conflict"]
+    assert conflict
+    assert "inflight-cancel-requires-cpp" in conflict[0].message
+    assert "pipelined-transfer-requires-python" in conflict[0].message
+
+
+def test_ordered_conditionals_first_match_wins(shipped):
+    policy_set = shipped["2026.08.24"]
+    both = policy_set.resolve(architecture=None, backend="UCX", kv_transfer_timeout_ms=None)
+    assert both.decided_by["transceiver_runtime"] == "auto-cpp-off-nixl"
+    timeout_only = policy_set.resolve(backend="NIXL", kv_transfer_timeout_ms=None)
+    assert timeout_only.decided_by["transceiver_runtime"] == "auto-cpp-null-timeout"
+    assert [d.severity for d in timeout_only.diagnostics] == ["info"]
+
+
+def test_preference_adoption_is_policy_data(shipped, tmp_path, policy_text):
+    # The same preference table adopted only on NIXL once `adopt_when` is added: no engine change.
+    text = policy_text.replace(
+        'id = "runtime-preference"\n', 'id = "runtime-preference"\nadopt_when = { backend = "NIXL" }\n', 1
+    )
+    edited = kvpolicy.load(write(tmp_path, text))
+    assert edited.resolve(architecture="LlamaForCausalLM", backend="UCX").runtime == "CPP"
+    assert shipped["2026.09.10"].resolve(architecture="LlamaForCausalLM", backend="UCX").runtime == "PYTHON"
+
+
+def test_kv_cache_manager_depends_on_runtime_and_backend(newest):
+    adopted = newest.resolve(architecture="Gemma4ForCausalLM", backend="NIXL")
+    assert adopted.kv_cache_manager == "V2"
+    demoted = newest.resolve(architecture="Gemma4ForCausalLM", backend="NIXL", transceiver_runtime="CPP")
+    assert demoted.kv_cache_manager == "V1"
+    assert demoted.ok
+    assert [d.id for d in demoted.notes] == ["kv-cache-manager-preference"]
+    explicit = newest.resolve(architecture="Gemma4ForCausalLM", transceiver_runtime="CPP", kv_cache_manager="V2")
+    assert [d.id for d in explicit.errors] == ["kv-cache-manager-v2-requires-python"]
+
+
+# -- DEFAULT backend and the environment ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "backend"),
+    [
+        ({}, "NIXL"),
+        ({"TRTLLM_USE_UCX_KVCACHE": "1"}, "UCX"),
+        ({"TRTLLM_USE_UCX_KVCACHE": "1", "TRTLLM_USE_NIXL_KVCACHE": "1"}, "NIXL"),
+        ({"TRTLLM_USE_MPI_KVCACHE": "1", "TRTLLM_USE_MOONCAKE_KVCACHE": "1"}, "MOONCAKE"),
+        ({"TRTLLM_USE_MPI_KVCACHE": "1"}, "MPI"),
+        ({"TRTLLM_USE_UCX_KVCACHE": "true"}, "NIXL"),  # exactly "1" counts
+    ],
+)
+def test_default_backend_env_priority(newest, env, backend):
+    resolution = newest.resolve(backend="DEFAULT", env=env)
+    assert resolution.backend == backend
+    env_decided = any(v == "1" for v in env.values())
+    assert bool(resolution.warnings) == env_decided or backend == "MPI"
+    if env_decided:
+        assert "instead of the environment variable" in resolution.warnings[0].message
+
+
+def test_explicit_backend_ignores_env(newest):
+    resolution = newest.resolve(backend="NIXL", env={"TRTLLM_USE_UCX_KVCACHE": "1"})
+    assert resolution.backend == "NIXL" and not resolution.diagnostics
+
+
+def test_env_turns_on_inflight_cancel(newest):
+    resolution = newest.resolve(
+        architecture="LlamaForCausalLM", backend="NIXL", env={"TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL": "1"}
+    )
+    assert "inflight_cancel" in resolution.context["features"]
+    assert resolution.runtime == "CPP"
+
+
+def test_process_environment_is_never_read(newest, monkeypatch):
+    monkeypatch.setenv("TRTLLM_USE_UCX_KVCACHE", "1")
+    assert newest.resolve(backend="DEFAULT").backend == "NIXL"
+
+
+# -- the start-up errors of background.md ---------------------------------------------------------
+
+STARTUP_ERRORS = [
+    (dict(transceiver_runtime="PYTHON", backend="UCX"), "python-requires-nixl"),
+    (dict(transceiver_runtime="PYTHON", backend="NIXL", kv_transfer_timeout_ms=None), "python-requires-finite-timeout"),
+    (dict(transceiver_runtime="CPP", backend="NIXL", enable_pipelined_transfer=True), "pipelined-transfer-requires-python"),
+    (dict(backend="UCX", enable_pipelined_transfer=True), "pipelined-transfer-requires-nixl"),
+    (dict(transceiver_runtime="PYTHON", backend="NIXL", features={"inflight_cancel"}), "inflight-cancel-requires-cpp"),
+    (dict(backend="MOONCAKE", features={"inflight_cancel"}), "inflight-cancel-requires-nixl"),
+    (dict(backend="NIXL", features={"inflight_cancel"}, kv_transfer_timeout_ms=None), "inflight-cancel-requires-finite-timeout"),
+    (dict(backend="NIXL", transceiver_runtime="CPP", kv_cache_manager="V2"), "kv-cache-manager-v2-requires-python"),
+    (dict(architecture="KimiK3ForCausalLM", backend="NIXL", transceiver_runtime="CPP"), "kimi-k3-requires-python"),
+]
+
+
+@pytest.mark.parametrize(("fields", "error_id"), STARTUP_ERRORS)
+def test_startup_errors(newest, fields, error_id):
+    resolution = newest.resolve(**fields)
+    assert error_id in [d.id for d in resolution.errors]
+    assert not resolution.ok
+    with pytest.raises(ResolutionError, match=error_id):
+        resolution.raise_for_errors()
+    for error in resolution.errors:
+        assert "To fix:" in error.message and error.fix
+        path, line, column = error.location.rsplit(":", 2)
+        assert path.endswith("2026.09.10.toml") and int(line) > 1 and int(column) >= 1
+
+
+def test_sync_timing_output_requires_cpp(newest):
+    resolution = newest.resolve(architecture="LlamaForCausalLM", backend="NIXL", features={"sync_timing_output"})
+    assert resolution.runtime == "CPP" and resolution.ok
+
+
+def test_mpi_is_deprecated(newest):
+    resolution = newest.resolve(backend="MPI")
+    assert [d.id for d in resolution.warnings] == ["mpi-backend-deprecated"] and resolution.ok
+
+
+# -- disaggregation off, contexts, API ------------------------------------------------------------
+
+
+def test_disaggregation_off_resolves_and_reports_nothing(newest):
+    resolution = newest.resolve(architecture="KimiK3ForCausalLM", backend=None, transceiver_runtime="CPP")
+    assert not resolution.enabled
+    assert dict(resolution.values) == {} and dict(resolution.decided_by) == {}
+    assert resolution.runtime is None and resolution.backend is None
+    assert resolution.diagnostics == () and resolution.ok
+
+
+def test_whole_config_mapping_and_field_override(newest):
+    config = {"backend": "NIXL", "transceiver_runtime": "auto", "kv_transfer_timeout_ms": 5000, "kv_cache_bounce_size_mb": 0}
+    assert newest.resolve(config, architecture="LlamaForCausalLM").runtime == "PYTHON"
+    assert newest.resolve(config, architecture="LlamaForCausalLM", transceiver_runtime="CPP").runtime == "CPP"
+
+
+def test_defaults(newest):
+    resolution = newest.resolve()
+    assert resolution.context["transceiver_runtime"] == "auto"
+    assert resolution.context["kv_transfer_timeout_ms"] == 60000
+    assert resolution.context["features"] == frozenset()
+    assert resolution.values == {"backend": "NIXL", "transceiver_runtime": "PYTHON", "kv_cache_manager": "V1"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "fragment"),
+    [
+        (dict(backnd="NIXL"), "backnd", "did you mean 'backend'"),
+        (dict(backend="nixl"), "backend", "did you mean 'NIXL'"),
+        (dict(transceiver_runtime="python"), "transceiver_runtime", "did you mean 'PYTHON'"),
+        (dict(kv_transfer_timeout_ms=0), "kv_transfer_timeout_ms", "positive number"),
+        (dict(kv_transfer_timeout_ms=True), "kv_transfer_timeout_ms", "positive number"),
+        (dict(features={"inflight_cancle"}), "features", "did you mean 'inflight_cancel'"),
+        (dict(features="inflight_cancel"), "features", "set of feature names"),
+        (dict(env={"A": 1}), "env", "must be strings"),
+        (dict(architecture=""), "architecture", "architecture name"),
+        (dict(kv_cache_manager=None), "kv_cache_manager", "use 'auto'"),
+        (dict(enable_pipelined_transfer="yes"), "enable_pipelined_transfer", "true or false"),
+        (dict(pretrained_config={"architectures": "LlamaForCausalLM"}), "pretrained_config", "list of names"),
+        (dict(architecture="A", pretrained_config={"architectures": ["B"]}), "architecture", "contradicts"),
+    ],
+)
+def test_context_errors(newest, fields, field, fragment):
+    with pytest.raises(ContextError) as info:
+        newest.resolve(**fields)
+    assert info.value.field == field
+    assert fragment in str(info.value)
+
+
+def test_config_must_be_a_mapping(newest):
+    with pytest.raises(ContextError, match="mapping"):
+        newest.resolve(["backend", "NIXL"])
+
+
+def test_module_level_resolve_uses_newest():
+    resolution = kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL")
+    assert resolution.policy_version == VERSIONS[-1]
+    assert resolution.runtime == "PYTHON"
+
+
+def test_resolution_is_immutable_and_serialisable(newest):
+    resolution = newest.resolve(architecture="LlamaForCausalLM", backend="UCX")
+    with pytest.raises(AttributeError):
+        resolution.runtime = "CPP"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        resolution.values["transceiver_runtime"] = "CPP"  # type: ignore[index]
+    data = resolution.to_dict()
+    assert data["values"]["transceiver_runtime"] == "PYTHON"
+    assert data["diagnostics"][0]["id"] == "python-requires-nixl"
+    assert data["policy_digest"] == newest.digest
+    assert "error" in repr(resolution) or "ok=False" in repr(resolution)
+
+
+def test_trace_names_winner_and_losers(newest):
+    resolution = newest.resolve(architecture="LlamaForCausalLM", backend="UCX", transceiver_runtime="auto")
+    steps = [s for s in resolution.trace if s.decision == "transceiver_runtime"]
+    outcomes = {s.rule: s.outcome for s in steps}
+    assert outcomes["runtime-preference[LlamaForCausalLM]"] == "decided"
+    assert outcomes["auto-cpp-off-nixl"] == "lost"
+    assert outcomes["runtime-default-python"] == "lost"
+    assert outcomes["kimi-k3-requires-python"] == "skipped"
+    text = str(resolution.trace)
+    assert "transceiver_runtime:" in text and "adopted verbatim" in text
