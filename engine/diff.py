@@ -56,11 +56,14 @@ class Outcome:
     diagnostics: tuple[DiagnosticKey, ...]
 
     @classmethod
-    def of(cls, values: dict[str, Any], decided_by: dict[str, str], diagnostics: Iterable[Any]) -> Outcome:
-        """From what :meth:`kvpolicy.PolicySet.outcome` returns (diagnostics compared as a multiset)."""
+    def of(
+        cls, values: dict[str, Any], decided_by: dict[str, str], diagnostics: Iterable[Any], architecture: str | None = None
+    ) -> Outcome:
+        """From what :meth:`kvpolicy.PolicySet.outcome` returns for a context of ``architecture``
+        (rule ids canonical as :func:`canonical_rule` makes them; diagnostics compared as a multiset)."""
         return cls(
             tuple(sorted(values.items())),
-            tuple(sorted(decided_by.items())),
+            tuple(sorted((k, canonical_rule(v, architecture)) for k, v in decided_by.items())),
             tuple(sorted(((d[0], d[1], d[3]) for d in diagnostics), key=_diagnostic_sort)),
         )
 
@@ -154,13 +157,26 @@ def _multiset_minus(a: tuple[DiagnosticKey, ...], b: tuple[DiagnosticKey, ...]) 
 
 
 @dataclass(frozen=True)
+class Clause:
+    """Alternatives over some dimensions: a context satisfies the clause when its values on
+    ``dims`` lie in one of the sub-cubes (one set of values per dimension of ``dims``)."""
+
+    dims: tuple[int, ...]
+    alternatives: tuple[Cube, ...]
+
+
+@dataclass(frozen=True)
 class Group:
-    """Contexts that change the same way: the union of disjoint cubes."""
+    """Contexts that change the same way: the union of disjoint cubes.
+
+    ``clauses`` describe the same set as a product: a context is in the group exactly when it
+    satisfies every clause (the dimensions of the clauses partition all dimensions)."""
 
     change: Change
     cubes: tuple[Cube, ...]
     count: int
     """How many points of the full product the cubes hold."""
+    clauses: tuple[Clause, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,31 +225,47 @@ class _Split(Exception):
         self.inside = inside
 
 
+_Compiled = tuple  # (decided-value tests, dimension tests) of one condition
+
+
 class _Evaluator:
-    """One policy, evaluated on cubes of a given list of dimensions."""
+    """One policy, evaluated on cubes of a given list of dimensions.
+
+    A preference row decides with the rule id ``PREF[ARCH]``; on cubes it is the *template*
+    ``PREF[{architecture}]`` (see :func:`canonical_rule`), so every architecture whose row gives
+    the same value stays in one cube instead of one cube per architecture."""
 
     def __init__(self, policy: Policy, order: tuple[str, ...], dimensions: tuple[Dimension, ...]) -> None:
         self.policy = policy
         self.index = {d.name: i for i, d in enumerate(dimensions)}
         self.models = dimensions[0].values
         self.dimensions = dimensions
-        self.decisions = [policy.decisions[name] for name in order]
-        self.requirements = {
-            d.name: sorted(d.requirements, key=lambda r: r.id) for d in self.decisions
-        }
-        self.constraints = sorted(policy.constraints, key=lambda c: c.id)
-        self._conditions: dict[int, tuple[list[tuple[str, Any]], list[tuple[int, frozenset]]]] = {}
-        self._rows: dict[str, dict[Any, Row | None]] = {}
-        for decision in self.decisions:
+        self.plan = []
+        for name in order:
+            decision = policy.decisions[name]
+            requirements = tuple(
+                (self._compile(r.when), r.value, r.id, _notice_key(r.notice, name))
+                for r in sorted(decision.requirements, key=lambda r: r.id)
+            )
+            rows = None
+            adopt = not_adopted = None
             if decision.preference is not None and decision.preference.rows:
-                self._rows[decision.name] = {m: _row_for(decision, *m) for m in self.models}
+                rows = {m: _row_key(decision, *m) for m in self.models}
+                adopt = self._compile(decision.preference.adopt_when)
+                not_adopted = _notice_key(decision.preference.on_not_adopted, name)
+            conditionals = tuple(
+                (self._compile(r.when), r.value, r.id, _notice_key(r.notice, name)) for r in decision.conditionals
+            )
+            default = (decision.default.value, decision.default.id, _notice_key(decision.default.notice, name))
+            self.plan.append(
+                (name, self.index[name], frozenset([decision.auto]), requirements, rows, adopt, not_adopted, conditionals, default)
+            )
+        self.constraints = tuple(
+            (self._compile(c.when), (c.id, c.severity, c.decision)) for c in sorted(policy.constraints, key=lambda c: c.id)
+        )
 
-    # A condition becomes tests of decided values (never split) and tests of dimensions.
-    def _compiled(self, condition: Condition) -> tuple[list[tuple[str, Any]], list[tuple[int, frozenset]]]:
-        key = id(condition)
-        found = self._conditions.get(key)
-        if found is not None:
-            return found
+    def _compile(self, condition: Condition) -> _Compiled:
+        """A condition as tests of decided values (never split) and tests of dimensions."""
         decided: list[tuple[str, Any]] = []
         tests: list[tuple[int, frozenset]] = []
         for subject, matcher in sorted(condition.subjects.items()):
@@ -243,83 +275,110 @@ class _Evaluator:
                 position = 0 if subject == "architecture" else 1
                 tests.append((0, frozenset(m for m in self.models if matcher.matches(m[position]))))
         if condition.timeout is not None:
-            tests.append((self.index["kv_transfer_timeout_ms"], frozenset([None] if condition.timeout == "null" else [
-                v for v in self.dimensions[self.index["kv_transfer_timeout_ms"]].values if v is not None
-            ])))
+            i = self.index["kv_transfer_timeout_ms"]
+            want_null = condition.timeout == "null"
+            tests.append((i, frozenset(v for v in self.dimensions[i].values if (v is None) is want_null)))
         for feature, on in sorted(condition.features.items()):
             tests.append((self.index[f"feature:{feature}"], frozenset([on])))
         for variable, matcher in sorted(condition.env.items()):
             i = self.index[f"env:{variable}"]
             tests.append((i, frozenset(v for v in self.dimensions[i].values if matcher.matches(v))))
-        found = (decided, tests)
-        self._conditions[key] = found
-        return found
+        return (tuple(decided), tuple(tests))
 
-    def holds(self, condition: Condition, cube: Cube, values: dict[str, Any]) -> bool:
-        decided, tests = self._compiled(condition)
+    @staticmethod
+    def holds(compiled: _Compiled, cube: Cube, values: dict[str, Any]) -> bool:
+        decided, tests = compiled
         for subject, matcher in decided:
             if not matcher.matches(values[subject]):
                 return False
         for index, accepted in tests:
-            if not _member(cube, index, accepted):
-                return False
+            current = cube[index]
+            inside = current & accepted
+            if len(inside) != len(current):
+                if not inside:
+                    return False
+                raise _Split(index, inside)
         return True
 
     def evaluate(self, cube: Cube) -> Outcome:
         """The outcome on ``cube``; raises :class:`_Split` when it is not constant there."""
+        holds = self.holds
         values: dict[str, Any] = {}
         by: dict[str, str] = {}
         diags: list[DiagnosticKey] = []
-        for decision in self.decisions:
-            name = decision.name
-            index = self.index[name]
+        for name, index, auto, requirements, rows, adopt, not_adopted, conditionals, default in self.plan:
             requested = cube[index]
             value: Any = None
             rule = ""
-            if _member(cube, index, frozenset([decision.auto])):
-                held = [r for r in self.requirements[name] if self.holds(r.when, cube, values)]
+            if _member(cube, index, auto):
+                held = [r for r in requirements if holds(r[0], cube, values)]
                 if held:
-                    if len({r.value for r in held}) > 1:
+                    if len({r[1] for r in held}) > 1:
                         diags.append(("requirements-conflict", "error", name))
                     else:
-                        winner = held[0]
-                        value, rule = winner.value, winner.id
-                        if winner.notice is not None:
-                            diags.append((winner.notice.id, winner.notice.severity, name))
-                if value is None and name in self._rows:
-                    rows = self._rows[name]
+                        _, value, rule, notice = held[0]
+                        if notice is not None:
+                            diags.append(notice)
+                if value is None and rows is not None:
                     row = _uniform(cube, 0, rows)
                     if row is not None:
-                        preference = decision.preference
-                        assert preference is not None
-                        if self.holds(preference.adopt_when, cube, values):
-                            value, rule = row.value, row.id
-                        elif preference.on_not_adopted is not None:
-                            notice = preference.on_not_adopted
-                            diags.append((notice.id, notice.severity, name))
+                        if holds(adopt, cube, values):
+                            value, rule = row
+                        elif not_adopted is not None:
+                            diags.append(not_adopted)
                 if value is None:
-                    chosen = decision.default
-                    for candidate in decision.conditionals:
-                        if self.holds(candidate.when, cube, values):
-                            chosen = candidate
+                    value, rule, notice = default
+                    for condition, candidate, candidate_id, candidate_notice in conditionals:
+                        if holds(condition, cube, values):
+                            value, rule, notice = candidate, candidate_id, candidate_notice
                             break
-                    value, rule = chosen.value, chosen.id
-                    if chosen.notice is not None:
-                        diags.append((chosen.notice.id, chosen.notice.severity, name))
+                    if notice is not None:
+                        diags.append(notice)
             else:
                 if len(requested) > 1:
-                    raise _Split(index, frozenset([next(iter(sorted(requested, key=str)))]))
+                    raise _Split(index, frozenset([min(requested, key=str)]))
                 (value,) = requested
                 rule = "explicit"
-                for r in self.requirements[name]:
-                    if r.value != value and self.holds(r.when, cube, values):
-                        diags.append((r.id, "error", name))
+                for condition, required, rule_id, _ in requirements:
+                    if required != value and holds(condition, cube, values):
+                        diags.append((rule_id, "error", name))
             values[name] = value
             by[name] = rule
-        for constraint in self.constraints:
-            if self.holds(constraint.when, cube, values):
-                diags.append((constraint.id, constraint.severity, constraint.decision))
+        for condition, key in self.constraints:
+            if holds(condition, cube, values):
+                diags.append(key)
         return Outcome(tuple(sorted(values.items())), tuple(sorted(by.items())), tuple(sorted(diags, key=_diagnostic_sort)))
+
+
+def _notice_key(notice: Any, decision: str) -> DiagnosticKey | None:
+    return None if notice is None else (notice.id, notice.severity, decision)
+
+
+#: Where a preference row's id names its architecture (see :func:`canonical_rule`).
+ARCHITECTURE_SLOT = "{architecture}"
+
+
+def canonical_rule(rule: str, architecture: str | None) -> str:
+    """A deciding rule id with the context's architecture replaced by ``{architecture}``.
+
+    Preference rows are named ``PREF[ARCH]`` / ``PREF[ARCH,model_type=T]``; rule ids cannot hold
+    brackets, so the replacement is exact: two canonical ids are equal for a context exactly when
+    the real ids are."""
+    if architecture is not None and rule.endswith("]"):
+        head, bracket, rest = rule.partition("[")
+        if bracket and (rest == architecture + "]" or rest.startswith(architecture + ",model_type=")):
+            return f"{head}[{ARCHITECTURE_SLOT}{rest[len(architecture):]}"
+    return rule
+
+
+def concrete_rule(rule: str, architecture: str | None) -> str:
+    """The inverse of :func:`canonical_rule` for one architecture."""
+    return rule.replace(ARCHITECTURE_SLOT, architecture or "?") if ARCHITECTURE_SLOT in rule else rule
+
+
+def _row_key(decision: Decision, architecture: str | None, model_type: str | None) -> tuple[str, str] | None:
+    row = _row_for(decision, architecture, model_type)
+    return None if row is None else (row.value, canonical_rule(row.id, architecture))
 
 
 def _member(cube: Cube, index: int, accepted: frozenset) -> bool:
@@ -337,7 +396,7 @@ def _uniform(cube: Cube, index: int, mapping: dict[Any, Any]) -> Any:
     current = cube[index]
     first = mapping[next(iter(current))]
     if len(current) > 1:
-        same = frozenset(v for v in current if mapping[v] is first)
+        same = frozenset(v for v in current if mapping[v] == first)
         if len(same) != len(current):
             raise _Split(index, same)
     return first
@@ -412,6 +471,41 @@ def _merge(cubes: list[Cube]) -> list[Cube]:
     return sorted(current, key=_cube_order)
 
 
+def _blocks(dimensions: tuple[Dimension, ...]) -> list[tuple[int, ...]]:
+    """Dimensions that read well as one clause: the features, and the backend with its variables."""
+    features = tuple(i for i, d in enumerate(dimensions) if d.name.startswith("feature:"))
+    backend = tuple(i for i, d in enumerate(dimensions) if d.name == "backend" or d.name.startswith("env:"))
+    return [b for b in (features, backend) if b]
+
+
+def _factor(cubes: list[Cube], blocks: list[tuple[int, ...]]) -> tuple[Clause, ...]:
+    """Write a union of disjoint cubes as a product of clauses where it is one.
+
+    A block factors out when every cube's projection on the other dimensions comes with the same
+    alternatives on the block; then the union is exactly (those projections) x (alternatives).
+    Where it does not, the block stays with the other dimensions."""
+    rest: tuple[int, ...] = tuple(range(len(cubes[0])))
+    current: list[tuple] = list(cubes)  # aligned with ``rest``
+    clauses: list[Clause] = []
+    for block in blocks:
+        inside = [p for p, d in enumerate(rest) if d in block]
+        outside = [p for p, d in enumerate(rest) if d not in block]
+        if not inside or not outside:
+            continue
+        table: dict[tuple, list[tuple]] = {}
+        for cube in current:
+            table.setdefault(tuple(cube[p] for p in outside), []).append(tuple(cube[p] for p in inside))
+        shapes = {frozenset(_merge(alternatives)) for alternatives in table.values()}
+        if len(shapes) != 1:
+            continue
+        (shape,) = shapes
+        clauses.append(Clause(tuple(rest[p] for p in inside), tuple(sorted(shape, key=_cube_order))))
+        current = _merge(list(table))
+        rest = tuple(rest[p] for p in outside)
+    clauses.insert(0, Clause(rest, tuple(current)))
+    return tuple(clauses)
+
+
 def _cube_order(cube: Cube) -> tuple:
     return tuple(sorted(map(repr, values)) for values in cube)
 
@@ -440,9 +534,10 @@ def diff_policies(old: Any, new: Any) -> Diff:
         if change is not None:
             by_change.setdefault(change, []).append(cube)  # type: ignore[arg-type]
     groups = []
+    blocks = _blocks(dimensions)
     for change, cubes in by_change.items():
         merged = _merge(cubes)
-        groups.append(Group(change, tuple(merged), sum(_size(c) for c in merged)))
+        groups.append(Group(change, tuple(merged), sum(_size(c) for c in merged), _factor(merged, blocks)))
     groups.sort(key=lambda g: (not g.change.values_change, not g.change.starts_failing, -g.count, g.change.summary()))
     total = _size(tuple(frozenset(d.values) for d in dimensions))
     return Diff(old_policy, new_policy, domain, dimensions, tuple(groups), total)
@@ -470,3 +565,117 @@ def _order(policy: Policy) -> tuple[str, ...]:
 def points(dimensions: tuple[Dimension, ...]) -> Iterator[tuple[Any, ...]]:
     """Every point of the full product (for tests and small domains)."""
     return itertools.product(*(d.values for d in dimensions))
+
+
+# -- descriptions ----------------------------------------------------------------------------------
+
+_REQUEST_LABELS = {"transceiver_runtime": "runtime"}
+
+
+def describe_cube(cube: Cube, dimensions: tuple[Dimension, ...]) -> str:
+    """A cube (one set of values per dimension, aligned with ``dimensions``) in words; every
+    context it names lies in the cube and no other does. Dimensions on which the cube holds every
+    value are left out: any value will do."""
+    parts: list[str] = []
+    env_parts: dict[str, list[str]] = {}
+    features_on: list[str] = []
+    features_off: list[str] = []
+    for dimension, values in zip(dimensions, cube):
+        if len(values) == len(dimension.values):
+            continue
+        name = dimension.name
+        if name == "model":
+            parts.append(_describe_models(values, dimension.values))
+        elif name == "kv_transfer_timeout_ms":
+            parts.append("null timeout" if values == frozenset([None]) else "finite timeout")
+        elif name.startswith("feature:"):
+            (features_on if True in values else features_off).append(name[8:])
+        elif name.startswith("env:"):
+            text = _describe_env(values, dimension.values)
+            env_parts.setdefault(text, []).append(name[4:])
+        else:
+            label = _REQUEST_LABELS.get(name, name)
+            ordered = [v for v in dimension.values if v in values]
+            parts.append(f"{label} {_or(ordered)}")
+    for text, variables in env_parts.items():
+        parts.append(f"{_and(variables)}{text}")
+    if features_on:
+        parts.append(f"with {_and(features_on)}")
+    if features_off:
+        parts.append(f"without {_or(features_off)}")
+    return ", ".join(parts) if parts else "any"
+
+
+def describe_group(group: Group, dimensions: tuple[Dimension, ...]) -> list[list[str]]:
+    """The group as clauses, each a list of alternatives in words (a context is in the group
+    when it matches one alternative of every clause)."""
+    described = []
+    for clause in group.clauses:
+        dims = tuple(dimensions[i] for i in clause.dims)
+        texts = [describe_cube(alternative, dims) for alternative in clause.alternatives]
+        if texts != ["any"]:
+            described.append(texts)
+    return described or [["any context"]]
+
+
+def architectures_of(group: Group, dimensions: tuple[Dimension, ...]) -> list[str | None]:
+    """The architectures a group's contexts may have."""
+    index = [d.name for d in dimensions].index("model")
+    return sorted({model[0] for cube in group.cubes for model in cube[index]}, key=lambda a: (a is None, a or ""))
+
+
+def _or(items: list[Any]) -> str:
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _and(items: list[Any]) -> str:
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _describe_env(values: frozenset, options: tuple[str, ...]) -> str:
+    named = [o for o in options if o not in ("", _OTHER)]
+    shown = [("unset" if v == "" else "another value" if v == _OTHER else repr(v)) for v in options if v in values]
+    missing = [o for o in options if o not in values]
+    if "" in options and _OTHER not in options and "" in values and len(missing) == 1 and missing[0] != "":
+        return f" not {missing[0]}"  # '' stands for unset and every unnamed value
+    if "" in values and _OTHER not in options and named:
+        shown[shown.index("unset")] = f"not {_or(named)}"
+    only = [v for v in options if v in values]
+    if len(only) == 1 and only[0] not in ("", _OTHER):
+        return f"={only[0]}"
+    return " is " + _or(shown)
+
+
+def _describe_models(values: frozenset, models: tuple[tuple[str | None, str | None], ...]) -> str:
+    """Architectures by name; a qualified architecture says which model_type it covers."""
+    by_architecture: dict[str | None, list[str | None]] = {}
+    for architecture, model_type in models:
+        by_architecture.setdefault(architecture, []).append(model_type)
+
+    def name(architecture: str | None, model_types: list[str | None]) -> str:
+        all_types = by_architecture[architecture]
+        label = architecture or "every architecture no policy names"
+        if len(model_types) == len(all_types):
+            return label
+        named = [t for t in all_types if t is not None]
+        if model_types == [None]:
+            return f"{label} (model_type not {_or(named)})"
+        return f"{label} (model_type {_or([t or 'another' for t in model_types])})"
+
+    inside: list[str] = []
+    outside: list[str] = []
+    for architecture, all_types in by_architecture.items():
+        kept = [t for t in all_types if (architecture, t) in values]
+        dropped = [t for t in all_types if (architecture, t) not in values]
+        if kept:
+            inside.append(name(architecture, kept))
+        if dropped:
+            outside.append(name(architecture, dropped))
+    if (None, None) in values and len(outside) < len(inside):
+        return f"every architecture except {_or(outside)}"
+    return _or(inside)
+
+
+_OTHER = "\x00other"

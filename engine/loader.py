@@ -200,7 +200,7 @@ class _Builder:
     def build(self) -> Policy:
         data = self.data
         features = {
-            name: Feature(
+            name: Feature.model_construct(
                 name=name,
                 description=spec.get("description", ""),
                 env=spec.get("env"),
@@ -227,7 +227,7 @@ class _Builder:
         constraints = tuple(
             self._constraint(index, spec) for index, spec in enumerate(data.get("constraints", []))
         )
-        return Policy(
+        return Policy.model_construct(
             schema_version=data["schema"],
             version=data["version"],
             summary=data["summary"],
@@ -287,7 +287,7 @@ class _Builder:
         preference = None
         if "preference" in spec:
             preference = self._preference(name, spec["preference"], values, scope)
-        return Decision(
+        return Decision.model_construct(
             name=name,
             description=spec.get("description", ""),
             values=values,
@@ -314,7 +314,7 @@ class _Builder:
         self._claim(spec["id"], path + ("id",))
         self._check_value(spec["value"], values, path + ("value",), decision)
         when = self._condition(spec.get("when", {}), path + ("when",), scope)
-        return Rule(
+        return Rule.model_construct(
             id=spec["id"],
             decision=decision,
             stage=stage,  # type: ignore[arg-type]
@@ -337,7 +337,7 @@ class _Builder:
             row_path = path + ("rows", index)
             self._check_value(row_spec["value"], values, row_path + ("value",), decision)
             qualifier = f",model_type={row_spec['model_type']}" if "model_type" in row_spec else ""
-            row = Row(
+            row = Row.model_construct(
                 id=f"{spec['id']}[{row_spec['architecture']}{qualifier}]",
                 architecture=row_spec["architecture"],
                 model_type=row_spec.get("model_type"),
@@ -358,7 +358,7 @@ class _Builder:
                 )
             seen.setdefault(key, row)
             rows.append(row)
-        return Preference(
+        return Preference.model_construct(
             id=spec["id"],
             decision=decision,
             adopt_when=self._condition(spec.get("adopt_when", {}), path + ("adopt_when",), scope),
@@ -381,7 +381,7 @@ class _Builder:
             )
         for key in ("message", "fix"):
             self._check_placeholders(spec[key], path + (key,))
-        return Constraint(
+        return Constraint.model_construct(
             id=spec["id"],
             decision=decision,
             severity=spec["severity"],
@@ -398,7 +398,7 @@ class _Builder:
         if spec is None:
             return None
         self._check_placeholders(spec["message"], path + ("message",))
-        return Notice(
+        return Notice.model_construct(
             id=spec.get("id", rule_id),
             severity=spec["severity"],
             message=spec["message"],
@@ -429,7 +429,7 @@ class _Builder:
                     "unknown-name",
                     f"feature {feature!r} is not declared in [features]{suggest(feature, self.features)}",
                 )
-        return Condition(
+        return Condition.model_construct(
             subjects=subjects,
             timeout=spec.get("kv_transfer_timeout_ms"),
             features=dict(spec.get("features", {})),
@@ -486,5 +486,5 @@ class _Builder:
 def _matcher(raw: Any) -> Matcher:
     if isinstance(raw, dict):
         inner = raw["not"]
-        return Matcher(values=frozenset([inner] if isinstance(inner, str) else inner), negate=True)
-    return Matcher(values=frozenset([raw] if isinstance(raw, str) else raw))
+        return Matcher.model_construct(values=frozenset([inner] if isinstance(inner, str) else inner), negate=True)
+    return Matcher.model_construct(values=frozenset([raw] if isinstance(raw, str) else raw))

@@ -38,7 +38,10 @@ Severity = Literal["info", "warning", "error"]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
+    # The loader builds these from data the JSON Schema and its semantic checks have accepted,
+    # with ``model_construct``; deferring pydantic's schema build keeps `kvpolicy resolve`'s cold
+    # start short (building it eagerly for every model cost ~150 ms here).
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid", defer_build=True)
 
 
 class Matcher(_Frozen):
@@ -93,7 +96,7 @@ class Rule(_Frozen):
     id: str
     decision: str
     stage: Literal["requirement", "conditional", "default"]
-    when: Condition = Condition()
+    when: Condition = Condition.model_construct()
     value: str
     notice: Notice | None = None
     reason: str | None = None
@@ -121,7 +124,7 @@ class Preference(_Frozen):
 
     id: str
     decision: str
-    adopt_when: Condition = Condition()
+    adopt_when: Condition = Condition.model_construct()
     on_not_adopted: Notice | None = None
     rows: tuple[Row, ...] = ()
     reason: str | None = None

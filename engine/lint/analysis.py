@@ -270,53 +270,88 @@ def analyse(policy: Policy) -> Analysis:
     later.reverse()
 
     row_classes: dict[str, list[Row]] = {}
-    # state key -> witness; key = (kept dims, values, decided_by)
-    states: dict[Any, dict[str, Any]] = {((), (), ()): {}}
+    by_conditions = bool(_named(policy, "model_type"))
+    types_of: dict[str | None, tuple[str | None, ...]] = {}
+    for rep in representatives:
+        types_of[rep] = (None, *sorted({r.model_type for r in policy.rows() if r.architecture == rep and r.model_type}))
+
+    def expand(witness: dict[str, Any], ctx: dict[str, Any], dims: set[str]) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
+        fresh = sorted(d for d in dims if d not in witness and d != "model_type")
+        lazy_type = "model_type" in dims and "model_type" not in witness
+        for combo in itertools.product(*(alphabet[d] for d in fresh)):
+            w = dict(witness)
+            c = dict(ctx)
+            size = w.get("#size", 0)
+            for d, v in zip(fresh, combo):
+                w[d] = v
+                size += _weight(d, v, alphabet[d][0])
+                _set(c, d, v)
+            w["#size"] = size
+            if not lazy_type:
+                yield w, c
+                continue
+            options = alphabet["model_type"] if by_conditions else types_of.get(c["architecture"], (None,))
+            for model_type in options:
+                w2 = {**w, "model_type": model_type}
+                c2 = {**c, "model_type": model_type}
+                yield w2, c2
+
+    base = context_of({}, policy)
+    # state key -> (witness, context); key = (kept dims, values, decided_by)
+    states: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = {((), (), ()): ({}, base)}
     for index, step in enumerate(steps):
         dims, _ = reads[index]
         keep = later[index]
-        new_states: dict[Any, dict[str, Any]] = {}
-        for key, witness in states.items():
+        new_states: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for key, (witness, ctx0) in states.items():
             _, values_t, by_t = key
             values = dict(values_t)
-            by = dict(by_t)
-            fresh = sorted(d for d in dims if d not in witness)
-            for combo in itertools.product(*(alphabet[d] for d in fresh)):
-                w = {**witness, **dict(zip(fresh, combo))}
-                w["#size"] = _size(witness) + sum(_weight(d, v, alphabet[d][0]) for d, v in zip(fresh, combo))
-                ctx = context_of(w, policy)
+            for w, ctx in expand(witness, ctx0, dims):
                 value, rule_id = _decide(step, ctx, values, w, result, row_classes, members)
-                vals = {**values, step.name: value}
-                decided = {**by, step.name: rule_id}
                 kept = tuple(sorted((d, w[d]) for d in keep if d in w))
-                new_key = (kept, tuple(sorted(vals.items())), tuple(sorted(decided.items())))
+                new_key = (kept, tuple(sorted({**values, step.name: value}.items())), by_t + ((step.name, rule_id),))
                 previous = new_states.get(new_key)
-                if previous is None or _size(w) < _size(previous):
-                    new_states[new_key] = w
+                if previous is None or _size(w) < _size(previous[0]):
+                    new_states[new_key] = (w, ctx)
         states = new_states
         result.states += len(states)
 
-    for key, witness in states.items():
+    for key, (witness0, ctx0) in states.items():
         _, values_t, by_t = key
         values = dict(values_t)
         by = dict(by_t)
-        ctx = context_of(witness, policy)
-        for constraint, test, reads_values in constraint_tests:
-            if not test(ctx, values):
-                continue
-            seen = result.constraints.get(constraint.id)
-            if seen is None or _size(witness) < _size(seen):
-                result.constraints[constraint.id] = witness
-            if constraint.severity != "error":
-                continue
-            for decision in sorted(reads_values):
-                if by.get(decision, "explicit") == "explicit":
+        for witness, ctx in expand(witness0, ctx0, final_dims):
+            for constraint, test, reads_values in constraint_tests:
+                if not test(ctx, values):
                     continue
-                others = tuple((d, values[d]) for d in sorted(reads_values) if d != decision)
-                family = (constraint.id, decision, by[decision], others)
-                result.rejected.setdefault(family, []).append(witness)
+                seen = result.constraints.get(constraint.id)
+                if seen is None or _size(witness) < _size(seen):
+                    result.constraints[constraint.id] = witness
+                if constraint.severity != "error":
+                    continue
+                judged = [constraint.decision] if constraint.decision in reads_values else sorted(reads_values)
+                for decision in judged:
+                    if by.get(decision, "explicit") == "explicit":
+                        continue
+                    others = tuple((d, values[d]) for d in sorted(reads_values) if d != decision)
+                    family = (constraint.id, decision, by[decision], others)
+                    result.rejected.setdefault(family, []).append(witness)
     result.row_classes = row_classes
     return result
+
+
+def _set(ctx: dict[str, Any], dim: str, value: Any) -> None:
+    """Assign one input dimension in a context (copy-on-write for features and env)."""
+    if dim.startswith("feature:"):
+        if value:
+            ctx["features"] = ctx["features"] | {dim[8:]}
+    elif dim.startswith("env:"):
+        if value != "":
+            ctx["env"] = {**ctx["env"], dim[4:]: value}
+    elif dim.startswith("request:"):
+        ctx[dim[8:]] = value
+    else:
+        ctx[dim] = value
 
 
 def _named(policy: Policy, subject: str) -> set[str]:
