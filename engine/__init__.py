@@ -8,18 +8,22 @@
 The engine never imports torch or nixl; the transfer layer lives in :mod:`kvpolicy.transports`.
 """
 
+from .decisionlog import DecisionLog
 from .errors import ContextError, PolicyError, PolicyProblem, ResolutionError
 from .policyset import PolicySet, load, resolve
 from .resolution import Diagnostic, Resolution, Trace, TraceStep
 from .source import Location
+from .watch import PolicyWatcher
 
 __all__ = [
     "ContextError",
+    "DecisionLog",
     "Diagnostic",
     "Location",
     "PolicyError",
     "PolicyProblem",
     "PolicySet",
+    "PolicyWatcher",
     "Resolution",
     "ResolutionError",
     "Trace",

@@ -538,7 +538,10 @@ def diff_policies(old: Any, new: Any) -> Diff:
     for change, cubes in by_change.items():
         merged = _merge(cubes)
         groups.append(Group(change, tuple(merged), sum(_size(c) for c in merged), _factor(merged, blocks)))
-    groups.sort(key=lambda g: (not g.change.values_change, not g.change.starts_failing, -g.count, g.change.summary()))
+    # Value changes first; groups with the same decision change next to each other.
+    groups.sort(
+        key=lambda g: (not g.change.values_change, [str(d) for d in g.change.decisions], not g.change.starts_failing, -g.count, g.change.summary())
+    )
     total = _size(tuple(frozenset(d.values) for d in dimensions))
     return Diff(old_policy, new_policy, domain, dimensions, tuple(groups), total)
 

@@ -37,6 +37,7 @@ from .source import Location, SourceDocument, TomlSyntaxError, parse_document
 __all__ = [
     "CASES_SUFFIX",
     "CONFIG_FLAGS",
+    "MAX_POLICY_BYTES",
     "display_path",
     "PLACEHOLDERS",
     "load_policy_file",
@@ -47,6 +48,9 @@ __all__ = [
     "suggest",
     "version_key",
 ]
+
+#: The largest policy file kvpolicy reads (a 100,000-row policy is about 15 MB).
+MAX_POLICY_BYTES = 32 << 20
 
 #: Files in a policy folder that hold policy test cases, not policies.
 CASES_SUFFIX = ".cases.toml"
@@ -118,7 +122,19 @@ def display_path(path: Path) -> str:
 
 
 def parse_policy(raw: bytes, path: str) -> Policy:
-    """Parse and check policy bytes; ``path`` names the file in messages."""
+    """Parse and check policy bytes; ``path`` names the file in messages.
+
+    Policy files are data only: nothing in them is executed, they include nothing, and their
+    size is bounded (``MAX_POLICY_BYTES`` here, row and rule counts in the schema).
+    """
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(
+            PolicyProblem(
+                Location(path),
+                "size",
+                f"the file is {len(raw):,} bytes; policy files are limited to {MAX_POLICY_BYTES:,} bytes",
+            )
+        )
     try:
         document = parse_document(raw, path)
     except TomlSyntaxError as exc:

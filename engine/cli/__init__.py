@@ -21,6 +21,12 @@ COMMANDS: dict[str, str] = {
     "explain": ".resolve",
     "versions": ".versions",
     "table": ".versions",
+    "lint": ".lint",
+    "rule": ".lint",
+    "rules": ".lint",
+    "test": ".cases",
+    "diff": ".diff",
+    "impact": ".impact",
 }
 
 

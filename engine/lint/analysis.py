@@ -296,6 +296,12 @@ def analyse(policy: Policy) -> Analysis:
                 c2 = {**c, "model_type": model_type}
                 yield w2, c2
 
+    # Which rule decided matters later only for decisions an error constraint judges (KVP030).
+    judged: set[str] = set()
+    for constraint, _, reads_values in constraint_tests:
+        if constraint.severity == "error":
+            judged |= {constraint.decision} & reads_values if constraint.decision else reads_values
+
     base = context_of({}, policy)
     # state key -> (witness, context); key = (kept dims, values, decided_by)
     states: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = {((), (), ()): ({}, base)}
@@ -309,7 +315,8 @@ def analyse(policy: Policy) -> Analysis:
             for w, ctx in expand(witness, ctx0, dims):
                 value, rule_id = _decide(step, ctx, values, w, result, row_classes, members)
                 kept = tuple(sorted((d, w[d]) for d in keep if d in w))
-                new_key = (kept, tuple(sorted({**values, step.name: value}.items())), by_t + ((step.name, rule_id),))
+                decided = by_t + ((step.name, rule_id),) if step.name in judged else by_t
+                new_key = (kept, tuple(sorted({**values, step.name: value}.items())), decided)
                 previous = new_states.get(new_key)
                 if previous is None or _size(w) < _size(previous[0]):
                     new_states[new_key] = (w, ctx)
@@ -329,7 +336,11 @@ def analyse(policy: Policy) -> Analysis:
                     result.constraints[constraint.id] = witness
                 if constraint.severity != "error":
                     continue
-                judged = [constraint.decision] if constraint.decision in reads_values else sorted(reads_values)
+                # A constraint that names its decision judges that decision only.
+                if constraint.decision is not None:
+                    judged = [constraint.decision] if constraint.decision in reads_values else []
+                else:
+                    judged = sorted(reads_values)
                 for decision in judged:
                     if by.get(decision, "explicit") == "explicit":
                         continue

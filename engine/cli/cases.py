@@ -1,0 +1,57 @@
+"""``kvpolicy test``: run policy test cases (TOML beside each policy), optionally with coverage.
+
+Exit codes: 0 every case passed (and coverage reached ``--threshold``), 1 a case failed, a cases
+file is broken or coverage is below the threshold, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import fail
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add ``test``."""
+    parser = sub.add_parser(
+        "test",
+        help="run policy test cases (<policy>.cases.toml) and report rule coverage",
+        description=(
+            "Run the [[case]] tables of each policy's <name>.cases.toml: resolve the context and compare the "
+            "values, the deciding rules and the diagnostic ids. With no PATHS, tests ./policies/."
+        ),
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATHS", help="policy files, cases files or folders (default: ./policies)")
+    parser.add_argument("--coverage", action="store_true", help="report the rules, rows and constraints no case exercised")
+    parser.add_argument("--threshold", type=float, metavar="PCT", help="fail when a policy file's coverage is below PCT (implies --coverage)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="list every case")
+    parser.set_defaults(run=run_test)
+
+
+def run_test(args: Any) -> int:
+    """Run the cases; print failures, coverage and the closing line."""
+    from ..lint.cases import CasesUsageError, render, run_tests
+
+    paths = args.paths
+    if not paths:
+        if not Path("policies").is_dir():
+            return fail("no PATHS given and ./policies/ does not exist; name the policy files or folders to test")
+        paths = ["policies"]
+    if args.threshold is not None and not 0 <= args.threshold <= 100:
+        return fail("--threshold must be a percentage between 0 and 100")
+    try:
+        run = run_tests(paths)
+    except CasesUsageError as exc:
+        return fail(str(exc))
+    coverage = args.coverage or args.threshold is not None
+    sys.stdout.write(render(run, coverage=coverage, verbose=args.verbose))
+    below = []
+    if args.threshold is not None:
+        below = [p for p in run.coverage if run.percent(p) + 1e-9 < args.threshold]
+        for path in below:
+            print(f"kvpolicy test: coverage of {path} is {run.percent(path):.1f}%, below --threshold {args.threshold:g}%", file=sys.stderr)
+    return 1 if run.failed or run.errors or below else 0

@@ -1,0 +1,145 @@
+"""``kvpolicy diff OLD NEW``: every context two policy versions resolve differently, grouped."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from ..diff import ARCHITECTURE_SLOT, Diff, Group, architectures_of, concrete_rule, describe_group, diff_policies
+from .common import fail
+from .policies import load_policy_argument
+
+__all__ = ["register", "render_text", "to_json"]
+
+
+def register(sub: Any) -> None:
+    """Add ``diff``."""
+    summary = "show every context two policy versions resolve differently, grouped by how it changes"
+    parser = sub.add_parser("diff", help=summary, description=summary + ".")
+    parser.add_argument("old", metavar="OLD", help="a policy file, a folder (its newest version) or a shipped version id")
+    parser.add_argument("new", metavar="NEW", help="the same, for the new side")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--exit-code", action="store_true", help="exit 1 when anything changed")
+    parser.set_defaults(run=run)
+
+
+def run(args: Any) -> int:
+    """Load both sides, diff them, print the result."""
+    old = load_policy_argument(args.old)
+    if isinstance(old, str):
+        return fail(f"OLD: {old}")
+    new = load_policy_argument(args.new)
+    if isinstance(new, str):
+        return fail(f"NEW: {new}")
+    result = diff_policies(old, new)
+    if args.format == "json":
+        print(json.dumps(to_json(result), indent=1))
+    else:
+        print(render_text(result))
+    return 1 if args.exit_code and result else 0
+
+
+def _rule(rule: str, group: Group, result: Diff) -> str:
+    if ARCHITECTURE_SLOT not in rule:
+        return rule
+    architectures = architectures_of(group, result.dimensions)
+    return concrete_rule(rule, architectures[0]) if len(architectures) == 1 else rule.replace(ARCHITECTURE_SLOT, "<architecture>")
+
+
+def change_lines(group: Group, result: Diff) -> list[str]:
+    """What changes, one line per decision or diagnostic."""
+    lines = []
+    for d in group.change.decisions:
+        old_rule, new_rule = _rule(d.old_rule, group, result), _rule(d.new_rule, group, result)
+        if d.old != d.new:
+            lines.append(f"{d.decision} {d.old} -> {d.new} (decided by {new_rule} instead of {old_rule})")
+        else:
+            lines.append(f"{d.decision} stays {d.new}, now decided by {new_rule} instead of {old_rule}")
+    for sign, items in (("+", group.change.added), ("-", group.change.removed)):
+        for id_, severity, decision in items:
+            lines.append(f"{sign} {severity} {id_}" + (f" ({decision})" if decision else ""))
+    return lines
+
+
+def render_text(result: Diff) -> str:
+    """The grouped change for a person."""
+    head = f"kvpolicy diff {result.old.version} -> {result.new.version}"
+    if not result:
+        return f"{head}: no change"
+    lines = [
+        f"{head}: {result.changed:,} of {result.total:,} contexts change, in {len(result.groups)} group(s)",
+        "(a context: architecture, backend with its environment, runtime, kv_cache_manager, timeout, features;"
+        " a dimension not named may take any value)",
+    ]
+    for number, group in enumerate(result.groups, 1):
+        changes = change_lines(group, result)
+        lines += ["", f"[{number}] {group.count:,} contexts: {changes[0]}"]
+        lines += [f"    {line}" for line in changes[1:]]
+        for index, clause in enumerate(describe_group(group, result.dimensions)):
+            label = "when" if index == 0 else " and"
+            lines.append(f"  {label} {clause[0]}")
+            lines += [f"    or {text}" for text in clause[1:]]
+    return "\n".join(lines)
+
+
+def _json_value(value: Any) -> Any:
+    return "<another value>" if value == "\x00other" else value
+
+
+def to_json(result: Diff) -> dict[str, Any]:
+    """Every changed context, with its group, for scripts.
+
+    A context lists the value of every field; fields named in ``any`` may take any value (the one
+    shown is the default)."""
+    dimensions = result.dimensions
+    groups = []
+    contexts = []
+    for number, group in enumerate(result.groups, 1):
+        groups.append(
+            {
+                "group": number,
+                "count": group.count,
+                "change": group.change.to_dict(),
+                "summary": change_lines(group, result),
+                "description": describe_group(group, dimensions),
+                "cubes": [
+                    {d.name: [_json_value(v) for v in d.values if v in values] for d, values in zip(dimensions, cube)
+                     if len(values) != len(d.values)}
+                    for cube in group.cubes
+                ],
+            }
+        )
+        for cube in group.cubes:
+            free = [d.name for d, values in zip(dimensions, cube) if len(values) == len(d.values)]
+            axes = [
+                [v for v in d.values if v in values] if len(values) != len(d.values) else [d.values[0]]
+                for d, values in zip(dimensions, cube)
+            ]
+            for point in itertools.product(*axes):
+                contexts.append({**_context(dimensions, point), "any": free, "group": number})
+    return {
+        "old": {"version": result.old.version, "digest": result.old.digest, "path": result.old.path},
+        "new": {"version": result.new.version, "digest": result.new.digest, "path": result.new.path},
+        "total": result.total,
+        "changed": result.changed,
+        "groups": groups,
+        "contexts": contexts,
+    }
+
+
+def _context(dimensions: Any, point: tuple[Any, ...]) -> dict[str, Any]:
+    ctx: dict[str, Any] = {"features": [], "env": {}}
+    for dimension, value in zip(dimensions, point):
+        name = dimension.name
+        if name == "model":
+            ctx["architecture"], ctx["model_type"] = value
+        elif name.startswith("feature:"):
+            if value:
+                ctx["features"].append(name[8:])
+        elif name.startswith("env:"):
+            if value != "":
+                ctx["env"][name[4:]] = _json_value(value)
+        else:
+            ctx[name] = value
+    return ctx

@@ -1,0 +1,133 @@
+"""``kvpolicy lint``, ``kvpolicy rule CODE`` and ``kvpolicy rules``.
+
+Diagnostics go to stdout in the chosen format; logs and usage errors to stderr. Exit codes:
+0 clean, 1 findings at or above the fail level, 2 usage error or a path that cannot be read.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import fail
+
+__all__ = ["register"]
+
+#: What ``kvpolicy lint`` checks when no path is given.
+DEFAULT_PATH = "policies"
+
+
+def register(sub: Any) -> None:
+    """Add ``lint``, ``rule`` and ``rules``."""
+    parser = sub.add_parser(
+        "lint",
+        help="check policy files for mistakes and risky rules (for CI and pre-commit)",
+        description=(
+            "Check policy files: schema, names, precedence (shadowed, unreachable, conflicting rules), "
+            "auto choices that fail at start-up, documentation and version hygiene. With no PATHS, "
+            f"lints ./{DEFAULT_PATH}/. Exit 0 when clean, 1 with findings at or above --fail-level, 2 on a usage error."
+        ),
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATHS", help=f"policy files or folders (default: ./{DEFAULT_PATH})")
+    parser.add_argument("--format", choices=("text", "json", "github", "sarif", "junit"), default="text")
+    parser.add_argument("--fail-level", choices=("warning", "error"), help="lowest severity that fails the run (default: warning)")
+    parser.add_argument("--select", metavar="CODES", help="comma-separated codes, prefixes, names or categories to run")
+    parser.add_argument("--ignore", metavar="CODES", help="comma-separated codes, prefixes, names or categories to skip")
+    parser.add_argument("--base", metavar="GIT_REF", help="also report content changed since GIT_REF without a version bump")
+    parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.kvpolicy] from this file (default: nearest pyproject.toml)")
+    parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    parser.set_defaults(run=run_lint)
+
+    parser = sub.add_parser("rule", help="explain a lint rule", description="Print a lint rule's documentation.")
+    parser.add_argument("code", metavar="CODE", help="a rule code (KVP021) or name (shadowed-rule)")
+    parser.set_defaults(run=run_rule)
+
+    parser = sub.add_parser("rules", help="list the lint rules", description="List every lint rule by category.")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.set_defaults(run=run_rules)
+
+
+def _split(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def run_lint(args: Any) -> int:
+    """Lint, print the report, and return the exit code."""
+    from ..lint.report import render
+    from ..lint.runner import LintConfig, LintUsageError, check_pattern, find_config, lint_paths
+
+    started = time.perf_counter()
+    try:
+        config = find_config(explicit=args.config)
+        select, ignore = _split(args.select), _split(args.ignore)
+        for pattern in (*(select or ()), *(ignore or ())):
+            check_pattern(pattern, "--select/--ignore")
+        config = LintConfig(
+            select if select is not None else config.select,
+            (*config.ignore, *ignore) if ignore else config.ignore,
+            args.fail_level or config.fail_level,
+            config.source,
+        )
+        paths = args.paths
+        if not paths:
+            if not Path(DEFAULT_PATH).is_dir():
+                return fail(f"no PATHS given and ./{DEFAULT_PATH}/ does not exist; name the policy files or folders to lint")
+            paths = [DEFAULT_PATH]
+        result = lint_paths(paths, config, base=args.base)
+    except LintUsageError as exc:
+        return fail(str(exc))
+    report = render(result, args.format)
+    if args.output:
+        try:
+            Path(args.output).write_text(report, encoding="utf-8")
+        except OSError as exc:
+            return fail(f"cannot write {args.output}: {exc.strerror or exc}")
+    else:
+        sys.stdout.write(report)
+    elapsed = time.perf_counter() - started
+    if config.source:
+        print(f"kvpolicy lint: configuration from {config.source}", file=sys.stderr)
+    print(
+        f"kvpolicy lint: {len(result.files)} file(s), {len(result.findings)} finding(s), "
+        f"{len(result.suppressed)} suppressed, in {elapsed:.2f}s",
+        file=sys.stderr,
+    )
+    return 1 if result.failed() else 0
+
+
+def run_rule(args: Any) -> int:
+    """Print one rule's documentation."""
+    from ..lint.report import rule_text
+    from ..lint.rules import RULES
+    from ..loader import suggest
+
+    code = args.code.upper()
+    if code not in RULES:
+        by_name = {rule.name: rule.code for rule in RULES.values()}
+        if args.code in by_name:
+            code = by_name[args.code]
+        else:
+            return fail(f"no lint rule {args.code!r}{suggest(args.code, [*RULES, *by_name])}; `kvpolicy rules` lists them")
+    sys.stdout.write(rule_text(code))
+    return 0
+
+
+def run_rules(args: Any) -> int:
+    """List every rule."""
+    from ..lint.report import rules_table
+    from ..lint.rules import RULES
+
+    if args.format == "json":
+        import json
+
+        print(json.dumps([
+            {"code": r.code, "name": r.name, "category": r.category, "severity": r.severity, "summary": r.summary}
+            for r in RULES.values()
+        ], indent=2))
+        return 0
+    sys.stdout.write(rules_table())
+    return 0

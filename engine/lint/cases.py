@@ -1,0 +1,287 @@
+"""Policy tests as data (``kvpolicy test``): cases in TOML, checked against a policy, with coverage.
+
+A cases file sits beside its policy: ``policies/2026.09.10.cases.toml`` tests
+``policies/2026.09.10.toml`` (a top-level ``policy = "other.toml"`` names another file, relative
+to the cases file). Each case::
+
+    [[case]]
+    name = "Llama on UCX fails at start-up under auto"
+    context = { architecture = "LlamaForCausalLM", backend = "UCX" }   # resolve's field names
+    expect = { transceiver_runtime = "PYTHON" }                        # the values it checks
+    decided_by = { transceiver_runtime = "runtime-preference[LlamaForCausalLM]" }   # optional
+    diagnostics = ["python-requires-nixl"]   # optional: exactly these diagnostic ids, any severity
+
+Like Cedar's ``run-tests``, a case can assert the decision *and* the rule that made it.
+Coverage counts a requirement, conditional, default or preference row as exercised when it
+decided some case (a requirement also when it rejected an explicit value), and a constraint when
+it fired.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ContextError, PolicyError
+from ..loader import CASES_SUFFIX, display_path, load_policy_file, policy_files
+from ..model import Policy
+from ..policyset import PolicySet
+from ..source import Location, TomlSyntaxError, parse_document
+
+__all__ = ["CaseResult", "CoverageItem", "TestRun", "run_tests"]
+
+_CASE_KEYS = {"name", "context", "expect", "decided_by", "diagnostics"}
+
+
+class CasesUsageError(Exception):
+    """The paths or a cases file cannot be used (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One case: where it is, and what went wrong ('' when it passed)."""
+
+    name: str
+    location: Location
+    policy: str
+    failures: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+@dataclass(frozen=True)
+class CoverageItem:
+    """A rule, row or constraint of a policy, and whether some case exercised it."""
+
+    kind: str
+    id: str
+    location: Location
+    exercised: bool
+
+
+@dataclass
+class TestRun:
+    """Every case of a run, the coverage per policy file, and problems that stopped a file."""
+
+    cases: list[CaseResult] = field(default_factory=list)
+    coverage: dict[str, list[CoverageItem]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[CaseResult]:
+        return [c for c in self.cases if not c.passed]
+
+    def percent(self, path: str) -> float:
+        items = self.coverage.get(path, [])
+        return 100.0 if not items else 100.0 * sum(i.exercised for i in items) / len(items)
+
+    def total_percent(self) -> float:
+        items = [i for items in self.coverage.values() for i in items]
+        return 100.0 if not items else 100.0 * sum(i.exercised for i in items) / len(items)
+
+
+def _pairs(paths: Sequence[str]) -> list[tuple[Path, Path | None]]:
+    """(policy file, cases file or None) for every policy the paths name."""
+    pairs: dict[Path, Path | None] = {}
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            for policy in policy_files(path):
+                cases = policy.with_name(policy.name[: -len(".toml")] + CASES_SUFFIX)
+                pairs.setdefault(policy, cases if cases.is_file() else None)
+            for cases in sorted(path.glob("*" + CASES_SUFFIX)):
+                target = _target(cases)
+                if target not in pairs or pairs[target] is None:
+                    pairs[target] = cases
+        elif path.is_file():
+            if path.name.endswith(CASES_SUFFIX):
+                pairs[_target(path)] = path
+            else:
+                cases = path.with_name(path.name[: -len(".toml")] + CASES_SUFFIX) if path.suffix == ".toml" else path
+                pairs.setdefault(path, cases if cases.is_file() and cases != path else None)
+        else:
+            raise CasesUsageError(f"{name}: no such file or folder")
+    return list(pairs.items())
+
+
+def _target(cases: Path) -> Path:
+    """The policy a cases file tests: its ``policy`` key, or the file beside it."""
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(cases.read_text(encoding="utf-8"))
+        named = data.get("policy")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        named = None
+    if isinstance(named, str):
+        return cases.parent / named
+    return cases.with_name(cases.name[: -len(CASES_SUFFIX)] + ".toml")
+
+
+def run_tests(paths: Sequence[str]) -> TestRun:
+    """Run the cases of every policy the paths name."""
+    started = time.perf_counter()
+    run = TestRun()
+    for policy_path, cases_path in _pairs(paths):
+        try:
+            policy = load_policy_file(policy_path)
+        except PolicyError as exc:
+            run.errors.append(f"{display_path(policy_path)}: the policy does not load:\n{exc}")
+            continue
+        policy_set = PolicySet(policy)
+        exercised: set[str] = set()
+        if cases_path is not None:
+            _run_file(run, policy_set, cases_path, exercised)
+        run.coverage[policy.path] = _coverage(policy, exercised)
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def _run_file(run: TestRun, policy_set: PolicySet, cases_path: Path, exercised: set[str]) -> None:
+    shown = display_path(cases_path)
+    try:
+        document = parse_document(cases_path.read_bytes(), shown)
+    except OSError as exc:
+        run.errors.append(f"{shown}: cannot read the file: {exc.strerror or exc}")
+        return
+    except TomlSyntaxError as exc:
+        run.errors.append(f"{exc.location}: {exc.reason}")
+        return
+    data = document.data
+    unknown = sorted(set(data) - {"policy", "case"})
+    if unknown:
+        run.errors.append(f"{document.locate((unknown[0],))}: unknown key(s) {', '.join(unknown)} (known: policy, case)")
+    cases = data.get("case", [])
+    if not isinstance(cases, list):
+        run.errors.append(f"{document.locate(('case',))}: write cases as [[case]] tables")
+        return
+    for index, case in enumerate(cases):
+        location = document.locate(("case", index))
+        run.cases.append(_run_case(policy_set, case, location, exercised))
+
+
+def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: set[str]) -> CaseResult:
+    version = policy_set.version
+    if not isinstance(case, dict):
+        return CaseResult("?", location, version, ("a case must be a table",))
+    name = case.get("name") if isinstance(case.get("name"), str) else f"case at line {location.line}"
+    problems = []
+    unknown = sorted(set(case) - _CASE_KEYS)
+    if unknown:
+        problems.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_CASE_KEYS))})")
+    context = case.get("context", {})
+    expect = case.get("expect", {})
+    decided_by = case.get("decided_by", {})
+    diagnostics = case.get("diagnostics")
+    if not isinstance(context, dict) or not isinstance(expect, dict) or not isinstance(decided_by, dict):
+        problems.append("context, expect and decided_by must be tables")
+    if diagnostics is not None and (not isinstance(diagnostics, list) or not all(isinstance(d, str) for d in diagnostics)):
+        problems.append("diagnostics must be a list of diagnostic ids")
+    if "context" not in case:
+        problems.append("the case has no context")
+    if problems:
+        return CaseResult(name, location, version, tuple(problems))
+    fields = dict(context)
+    if isinstance(fields.get("features"), list):
+        fields["features"] = frozenset(fields["features"])
+    if fields.get("kv_transfer_timeout_ms") == "null":
+        fields["kv_transfer_timeout_ms"] = None
+    for key in ("backend", "transceiver_runtime", "kv_cache_manager"):
+        if fields.get(key) == "null":
+            fields[key] = None
+    try:
+        resolution = policy_set.resolve(**fields)
+    except ContextError as exc:
+        return CaseResult(name, location, version, (f"invalid context: {exc}",))
+    for rule_id in resolution.decided_by.values():
+        exercised.add(rule_id)
+    ids = [d.id for d in resolution.diagnostics]
+    exercised.update(ids)
+    failures = []
+    for key, want in expect.items():
+        got = resolution.values.get(key)
+        if got != want:
+            failures.append(f"{key}: expected {want}, got {got} (decided by {resolution.decided_by.get(key, 'nothing')})")
+    for key, want in decided_by.items():
+        got = resolution.decided_by.get(key)
+        if got != want:
+            failures.append(f"{key} decided by: expected {want}, got {got}")
+    if diagnostics is not None and sorted(set(diagnostics)) != sorted(set(ids)):
+        missing = sorted(set(diagnostics) - set(ids))
+        extra = sorted(set(ids) - set(diagnostics))
+        detail = "; ".join(
+            part for part in (f"missing {', '.join(missing)}" if missing else "", f"unexpected {', '.join(extra)}" if extra else "") if part
+        )
+        failures.append(f"diagnostics: {detail}")
+    return CaseResult(name, location, version, tuple(failures))
+
+
+def _coverage(policy: Policy, exercised: set[str]) -> list[CoverageItem]:
+    items = []
+    for decision in policy.decisions.values():
+        for rule in decision.requirements:
+            items.append(CoverageItem("requirement", rule.id, rule.location, rule.id in exercised))
+        if decision.preference is not None:
+            seen: set[str] = set()
+            for row in decision.preference.rows:
+                if row.id not in seen:
+                    seen.add(row.id)
+                    items.append(CoverageItem("row", row.id, row.location, row.id in exercised))
+        for rule in decision.conditionals:
+            items.append(CoverageItem("conditional", rule.id, rule.location, rule.id in exercised))
+        items.append(CoverageItem("default", decision.default.id, decision.default.location, decision.default.id in exercised))
+    for constraint in policy.constraints:
+        items.append(CoverageItem("constraint", constraint.id, constraint.location, constraint.id in exercised))
+    return items
+
+
+def render(run: TestRun, *, coverage: bool, verbose: bool = False) -> str:
+    """pytest-like output: failures with details, optional coverage, then the closing line."""
+    out: list[str] = []
+    for error in run.errors:
+        out.append(f"ERROR {error}")
+    if run.failed:
+        out.append("=" * 30 + " FAILURES " + "=" * 30)
+        for case in run.failed:
+            out.append(f"_____ {case.name} _____")
+            out.append(f"{case.location} (policy {case.policy})")
+            out += [f"  {failure}" for failure in case.failures]
+            out.append("")
+    if verbose:
+        for case in run.cases:
+            out.append(f"{case.location}: {case.name} {'PASSED' if case.passed else 'FAILED'}")
+    if coverage:
+        out.append("")
+        out.append("coverage: rules, preference rows and constraints exercised by a case")
+        width = max((len(p) for p in run.coverage), default=10)
+        for path, items in run.coverage.items():
+            done = sum(i.exercised for i in items)
+            missed = [i for i in items if not i.exercised]
+            out.append(f"  {path:<{width}}  {done:>3}/{len(items):<3} {run.percent(path):6.1f}%")
+            for item in missed:
+                out.append(f"    {item.location}: {item.kind} {item.id} not exercised")
+        out.append(f"  {'TOTAL':<{width}}  {run.total_percent():6.1f}%")
+    passed = len(run.cases) - len(run.failed)
+    parts = []
+    if run.failed:
+        parts.append(f"{len(run.failed)} failed")
+    parts.append(f"{passed} passed")
+    if run.errors:
+        parts.append(f"{len(run.errors)} error{'s' if len(run.errors) != 1 else ''}")
+    line = f" {', '.join(parts)} in {run.seconds:.2f}s "
+    out.append(line.center(70, "="))
+    return "\n".join(out) + "\n"
+
+
+def _main() -> None:  # pragma: no cover - convenience for `python -m kvpolicy.lint.cases`
+    run = run_tests(sys.argv[1:] or ["policies"])
+    sys.stdout.write(render(run, coverage=True))

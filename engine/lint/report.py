@@ -1,0 +1,258 @@
+"""Lint output formats: text (ruff-like), json, github (workflow annotations), sarif 2.1.0, junit.
+
+Every formatter is a pure function of the result: ``str`` out, nothing printed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePath
+from typing import Any
+from xml.etree import ElementTree
+
+from .. import __version__
+from .rules import CATEGORIES, RULES, Finding
+from .runner import LintResult
+
+__all__ = ["FORMATS", "render"]
+
+_INFORMATION_URI = "https://github.com/kvpolicy/kvpolicy#kvpolicy-lint"
+
+
+def render(result: LintResult, fmt: str) -> str:
+    """The result in one of :data:`FORMATS`."""
+    return FORMATS[fmt](result)
+
+
+def _lines(result: LintResult) -> dict[str, list[str]]:
+    texts: dict[str, list[str]] = {}
+    for file in result.files:
+        try:
+            texts[file.path] = file.raw.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            texts[file.path] = file.raw.decode("utf-8", errors="replace").splitlines()
+    return texts
+
+
+def text(result: LintResult) -> str:
+    """``path:line:col: CODE message``, a source excerpt, then a summary line."""
+    out: list[str] = []
+    sources = _lines(result)
+    for finding in result.findings:
+        location = finding.location
+        out.append(f"{location}: {finding.code} {finding.message}")
+        lines = sources.get(location.path, [])
+        if 0 < location.line <= len(lines):
+            source = lines[location.line - 1].rstrip()
+            gutter = " " * len(str(location.line))
+            out.append(f"{gutter} |")
+            out.append(f"{location.line} | {source}")
+            out.append(f"{gutter} | {' ' * (location.column - 1)}^ {finding.code}")
+            out.append(f"{gutter} |")
+        for related, note in finding.related:
+            out.append(f"  = note: {note} at {related}")
+        out.append("")
+    out.append(_summary(result))
+    return "\n".join(out) + "\n"
+
+
+def _summary(result: LintResult) -> str:
+    counts = result.counts()
+    files = len(result.files)
+    suppressed = len(result.suppressed)
+    tail = f"{files} file{'s' if files != 1 else ''} checked"
+    if suppressed:
+        tail += f", {suppressed} suppressed"
+    total = len(result.findings)
+    if not total:
+        return f"All checks passed! ({tail})"
+    parts = []
+    if counts["error"]:
+        parts.append(f"{counts['error']} error{'s' if counts['error'] != 1 else ''}")
+    if counts["warning"]:
+        parts.append(f"{counts['warning']} warning{'s' if counts['warning'] != 1 else ''}")
+    return f"Found {total} finding{'s' if total != 1 else ''}: {', '.join(parts)} ({tail})"
+
+
+def _finding_json(finding: Finding) -> dict[str, Any]:
+    rule = RULES[finding.code]
+    return {
+        "code": finding.code,
+        "name": rule.name,
+        "category": rule.category,
+        "severity": finding.severity,
+        "message": finding.message,
+        "filename": finding.location.path,
+        "line": finding.location.line,
+        "column": finding.location.column,
+        "related": [
+            {"filename": loc.path, "line": loc.line, "column": loc.column, "message": note}
+            for loc, note in finding.related
+        ],
+        "context": finding.context,
+    }
+
+
+def as_json(result: LintResult) -> str:
+    """Findings, suppressed findings and a summary as one JSON object."""
+    counts = result.counts()
+    document = {
+        "findings": [_finding_json(f) for f in result.findings],
+        "suppressed": [_finding_json(f) for f in result.suppressed],
+        "summary": {
+            "files": len(result.files),
+            "errors": counts["error"],
+            "warnings": counts["warning"],
+            "suppressed": len(result.suppressed),
+        },
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _escape_data(value: str) -> str:
+    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(value: str) -> str:
+    return _escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+
+def github(result: LintResult) -> str:
+    """GitHub Actions workflow commands: one ``::error``/``::warning`` annotation per finding."""
+    out = []
+    for finding in result.findings:
+        loc = finding.location
+        title = f"{finding.code} {RULES[finding.code].name}"
+        properties = ",".join(
+            [
+                f"file={_escape_property(loc.path)}",
+                f"line={loc.line}",
+                f"col={loc.column}",
+                f"title={_escape_property(title)}",
+            ]
+        )
+        out.append(f"::{finding.severity} {properties}::{_escape_data(finding.message)}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def _uri(path: str) -> str:
+    return PurePath(path).as_posix()
+
+
+def _physical(location: Any) -> dict[str, Any]:
+    return {
+        "artifactLocation": {"uri": _uri(location.path)},
+        "region": {"startLine": location.line, "startColumn": location.column},
+    }
+
+
+def sarif(result: LintResult) -> str:
+    """SARIF 2.1.0: one rule per code, results with physical locations; suppressed findings are
+    included with an ``inSource`` suppression, so code scanning shows them as dismissed."""
+    codes = list(RULES)
+    rules = []
+    for code in codes:
+        rule = RULES[code]
+        first = rule.doc.split("\n\n")[1] if rule.doc.count("\n\n") else rule.doc
+        rules.append(
+            {
+                "id": code,
+                "name": rule.name,
+                "shortDescription": {"text": rule.summary},
+                "fullDescription": {"text": first.strip()},
+                "help": {"text": rule.doc, "markdown": rule.doc},
+                "helpUri": f"{_INFORMATION_URI}-{code.lower()}",
+                "defaultConfiguration": {"level": rule.severity},
+                "properties": {"category": rule.category, "tags": [rule.category]},
+            }
+        )
+
+    def one(finding: Finding, suppressed: bool) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "ruleId": finding.code,
+            "ruleIndex": codes.index(finding.code),
+            "level": finding.severity,
+            "message": {"text": finding.message},
+            "locations": [{"physicalLocation": _physical(finding.location)}],
+        }
+        if finding.related:
+            item["relatedLocations"] = [
+                {"id": index, "physicalLocation": _physical(loc), "message": {"text": note}}
+                for index, (loc, note) in enumerate(finding.related)
+            ]
+        if suppressed:
+            item["suppressions"] = [{"kind": "inSource", "justification": "# kvpolicy: ignore comment"}]
+        return item
+
+    document = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "kvpolicy",
+                        "version": __version__,
+                        "informationUri": _INFORMATION_URI,
+                        "rules": rules,
+                    }
+                },
+                "columnKind": "unicodeCodePoints",
+                "results": [one(f, False) for f in result.findings] + [one(f, True) for f in result.suppressed],
+            }
+        ],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def junit(result: LintResult) -> str:
+    """JUnit XML: one test suite per file, one failing test case per finding (a passing one for a
+    clean file), as CI systems render test reports."""
+    root = ElementTree.Element("testsuites", name="kvpolicy lint")
+    by_file: dict[str, list[Finding]] = {file.path: [] for file in result.files}
+    for finding in result.findings:
+        by_file.setdefault(finding.location.path, []).append(finding)
+    total = failures = 0
+    for path, findings in by_file.items():
+        suite = ElementTree.SubElement(root, "testsuite", name=path)
+        cases = 0
+        for finding in findings:
+            cases += 1
+            case = ElementTree.SubElement(
+                suite, "testcase", name=f"{finding.code} {RULES[finding.code].name} at {finding.location}", classname=path
+            )
+            failure = ElementTree.SubElement(case, "failure", message=finding.message, type=finding.code)
+            failure.text = f"{finding.location}: {finding.code} [{finding.severity}] {finding.message}"
+        if not findings:
+            cases = 1
+            ElementTree.SubElement(suite, "testcase", name="kvpolicy lint", classname=path)
+        suite.set("tests", str(cases))
+        suite.set("failures", str(len(findings)))
+        total += cases
+        failures += len(findings)
+    root.set("tests", str(total))
+    root.set("failures", str(failures))
+    ElementTree.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(root, encoding="unicode") + "\n"
+
+
+FORMATS = {"text": text, "json": as_json, "github": github, "sarif": sarif, "junit": junit}
+
+
+def rule_text(code: str) -> str:
+    """What ``kvpolicy rule CODE`` prints."""
+    rule = RULES[code]
+    head = f"# {rule.name} ({rule.code})\n\nCategory: {rule.category} ({CATEGORIES[rule.category]}). Severity: {rule.severity}.\n"
+    return f"{head}\n{rule.summary}.\n\n{rule.doc}\n"
+
+
+def rules_table() -> str:
+    """What ``kvpolicy rules`` prints: every rule, grouped by category."""
+    out = []
+    for category, description in CATEGORIES.items():
+        out.append(f"{category}: {description}")
+        for rule in RULES.values():
+            if rule.category == category:
+                out.append(f"  {rule.code}  {rule.name:<26} {rule.severity:<8} {rule.summary}")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,312 @@
+"""Running the rules over files: selection, suppressions, configuration and version history.
+
+Never raises on bad policy input: a file that does not parse is a finding with its location.
+Only unusable *arguments* (a path that cannot be read, a bad ``--base`` ref, a broken
+``[tool.kvpolicy]`` table) raise :class:`LintUsageError`, which the CLI turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PolicyError
+from ..loader import CASES_SUFFIX, display_path, parse_policy, policy_files
+from ..source import Location, SourceDocument, TomlSyntaxError, parse_document
+from .rules import RULES, Finding, PolicyFile
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["LintConfig", "LintResult", "LintUsageError", "find_config", "lint_paths", "selected_codes"]
+
+FAIL_LEVELS = ("warning", "error")
+_SEVERITY_RANK = {"warning": 1, "error": 2}
+_SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([^\]]*)\]")
+
+
+class LintUsageError(Exception):
+    """The arguments or configuration cannot be used (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class LintConfig:
+    """Which rules run and what fails the run (``[tool.kvpolicy]`` in ``pyproject.toml``)."""
+
+    select: tuple[str, ...] = ("KVP",)
+    ignore: tuple[str, ...] = ()
+    fail_level: str = "warning"
+    source: str | None = None
+    """The file the configuration came from, if any."""
+
+    def enabled(self, code: str) -> bool:
+        """Whether a rule code is selected and not ignored (by code prefix, name or category)."""
+        return _matches(code, self.select) and not _matches(code, self.ignore)
+
+
+def _matches(code: str, patterns: Iterable[str]) -> bool:
+    rule = RULES.get(code)
+    for pattern in patterns:
+        if pattern == "ALL" or code.startswith(pattern.upper()):
+            return True
+        if rule is not None and pattern in (rule.name, rule.category):
+            return True
+    return False
+
+
+def selected_codes(config: LintConfig) -> list[str]:
+    """The codes a configuration runs."""
+    return [code for code in RULES if config.enabled(code)]
+
+
+def find_config(start: Path | None = None, explicit: str | None = None) -> LintConfig:
+    """Read ``[tool.kvpolicy]`` from ``explicit`` or the nearest ``pyproject.toml`` upwards."""
+    if explicit is not None:
+        path: Path | None = Path(explicit)
+        if not path.is_file():  # type: ignore[union-attr]
+            raise LintUsageError(f"config file {explicit} does not exist")
+    else:
+        path = None
+        here = (start or Path.cwd()).resolve()
+        for folder in (here, *here.parents):
+            candidate = folder / "pyproject.toml"
+            if candidate.is_file():
+                path = candidate
+                break
+    if path is None:
+        return LintConfig()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise LintUsageError(f"cannot read {path}: {exc}") from None
+    table = data.get("tool", {}).get("kvpolicy")
+    if table is None:
+        return LintConfig()
+    return config_from_table(table, str(path))
+
+
+def config_from_table(table: Any, source: str) -> LintConfig:
+    """Check and turn a ``[tool.kvpolicy]`` table into a configuration."""
+    if not isinstance(table, dict):
+        raise LintUsageError(f"{source}: [tool.kvpolicy] must be a table")
+    unknown = sorted(set(table) - {"select", "ignore", "fail-level"})
+    if unknown:
+        raise LintUsageError(f"{source}: unknown [tool.kvpolicy] key(s) {', '.join(unknown)} (known: select, ignore, fail-level)")
+    lists = {}
+    for key in ("select", "ignore"):
+        value = table.get(key, ["KVP"] if key == "select" else [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise LintUsageError(f"{source}: [tool.kvpolicy] {key} must be a list of rule codes")
+        for pattern in value:
+            check_pattern(pattern, f"{source}: [tool.kvpolicy] {key}")
+        lists[key] = tuple(value)
+    level = table.get("fail-level", "warning")
+    if level not in FAIL_LEVELS:
+        raise LintUsageError(f"{source}: [tool.kvpolicy] fail-level must be one of {', '.join(FAIL_LEVELS)}, not {level!r}")
+    return LintConfig(lists["select"], lists["ignore"], level, source)
+
+
+def check_pattern(pattern: str, where: str) -> None:
+    """Reject a select/ignore entry that matches no rule."""
+    if not any(_matches(code, [pattern]) for code in RULES):
+        from ..loader import suggest
+
+        names = [*RULES, *(r.name for r in RULES.values())]
+        raise LintUsageError(f"{where}: {pattern!r} matches no rule{suggest(pattern, names)}")
+
+
+@dataclass
+class LintResult:
+    """The findings of one run, what was suppressed, and the files read."""
+
+    findings: list[Finding] = field(default_factory=list)
+    suppressed: list[Finding] = field(default_factory=list)
+    files: list[PolicyFile] = field(default_factory=list)
+    config: LintConfig = field(default_factory=LintConfig)
+
+    def failed(self, fail_level: str | None = None) -> bool:
+        """Whether a finding reaches the fail level."""
+        level = _SEVERITY_RANK[fail_level or self.config.fail_level]
+        return any(_SEVERITY_RANK[f.severity] >= level for f in self.findings)
+
+    def counts(self) -> dict[str, int]:
+        """Findings by severity."""
+        counts = {"error": 0, "warning": 0}
+        for finding in self.findings:
+            counts[finding.severity] += 1
+        return counts
+
+
+def expand_paths(paths: Sequence[str]) -> list[Path]:
+    """Policy files named by ``paths`` (folders: their ``*.toml`` except test-case files)."""
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            found = policy_files(path)
+            files += found
+        elif path.is_file():
+            if path.name.endswith(CASES_SUFFIX):
+                continue  # policy test cases: `kvpolicy test` reads them
+            files.append(path)
+        else:
+            raise LintUsageError(f"{name}: no such file or folder")
+    unique: dict[Path, Path] = {}
+    for file in files:
+        unique.setdefault(file.resolve(), file)
+    return list(unique.values())
+
+
+def read_policy_file(path: Path) -> PolicyFile:
+    """Read and load one file, keeping the loader's problems instead of raising."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise LintUsageError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    return load_policy_bytes(raw, display_path(path))
+
+
+def load_policy_bytes(raw: bytes, shown: str) -> PolicyFile:
+    """Load policy bytes for linting; ``shown`` names the file in findings."""
+    document: SourceDocument | None
+    try:
+        document = parse_document(raw, shown)
+    except TomlSyntaxError:
+        document = None
+    try:
+        policy = parse_policy(raw, shown)
+    except PolicyError as exc:
+        return PolicyFile(shown, raw, document, None, exc.problems)
+    return PolicyFile(shown, raw, document, policy)
+
+
+def git_base(ref: str) -> Callable[[str], dict[str, Any] | None]:
+    """A function giving a file's TOML data at ``ref`` (None where the file did not exist)."""
+    try:
+        subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        raise LintUsageError(f"--base {ref}: not a git revision here") from None
+
+    def at_base(path: str) -> dict[str, Any] | None:
+        folder = Path(path).resolve().parent
+        try:
+            top = subprocess.run(
+                ["git", "-C", str(folder), "rev-parse", "--show-toplevel"], check=True, capture_output=True, text=True
+            ).stdout.strip()
+            relative = Path(path).resolve().relative_to(Path(top).resolve()).as_posix()
+            shown = subprocess.run(
+                ["git", "-C", top, "show", f"{ref}:{relative}"], check=True, capture_output=True
+            ).stdout
+            return tomllib.loads(shown.decode("utf-8"))
+        except (OSError, ValueError, subprocess.CalledProcessError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None
+
+    return at_base
+
+
+def lint_paths(
+    paths: Sequence[str],
+    config: LintConfig | None = None,
+    *,
+    base: str | None = None,
+) -> LintResult:
+    """Lint the policy files that ``paths`` name."""
+    files = [read_policy_file(p) for p in expand_paths(paths)]
+    return lint_files(files, config, base=git_base(base) if base else None)
+
+
+def lint_files(
+    files: list[PolicyFile],
+    config: LintConfig | None = None,
+    *,
+    base: Callable[[str], dict[str, Any] | None] | None = None,
+) -> LintResult:
+    """Run every enabled rule over loaded files and apply suppressions."""
+    config = config or LintConfig()
+    result = LintResult(files=files, config=config)
+    raw: list[Finding] = []
+    for file in files:
+        for rule in RULES.values():
+            if not config.enabled(rule.code):
+                continue
+            # KVP020 also reports the loader's conflicting rows when the file does not load.
+            if rule.kind == "loader" or (rule.kind == "policy" and (file.policy is not None or rule.code == "KVP020")):
+                raw += rule.check(file)
+    for rule in RULES.values():
+        if rule.kind == "set" and config.enabled(rule.code):
+            raw += rule.check(files, base)
+    used: set[tuple[str, int, str]] = set()
+    comments = {file.path: suppressions(file) for file in files}
+    unique = {f.sort_key(): f for f in raw}
+    for finding in sorted(unique.values(), key=Finding.sort_key):
+        codes = comments.get(finding.location.path, {}).get(finding.location.line)
+        if codes is not None and finding.code in codes[0]:
+            used.add((finding.location.path, finding.location.line, finding.code))
+            result.suppressed.append(finding)
+        else:
+            result.findings.append(finding)
+    if config.enabled("KVP090"):
+        for path, lines in comments.items():
+            for line, (codes, column) in lines.items():
+                for code in sorted(codes):
+                    if code not in RULES:
+                        result.findings.append(
+                            Finding("KVP090", f"suppression names unknown rule code {code!r}", Location(path, line, column), "warning")
+                        )
+                    elif config.enabled(code) and (path, line, code) not in used:
+                        result.findings.append(
+                            Finding(
+                                "KVP090",
+                                f"unused suppression of {code}: no {code} finding on this line; delete it",
+                                Location(path, line, column),
+                                "warning",
+                            )
+                        )
+    result.findings.sort(key=Finding.sort_key)
+    return result
+
+
+def suppressions(file: PolicyFile) -> dict[int, tuple[frozenset[str], int]]:
+    """``# kvpolicy: ignore[CODE, ...]`` comments of a file: line -> (codes, column)."""
+    try:
+        text = file.raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {}
+    found: dict[int, tuple[frozenset[str], int]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _SUPPRESSION.search(line)
+        if match and _in_comment(line, match.start()):
+            codes = frozenset(c.strip().upper() for c in match.group(1).split(",") if c.strip())
+            found[number] = (codes, match.start() + 1)
+    return found
+
+
+def _in_comment(line: str, index: int) -> bool:
+    """Whether position ``index`` (a ``#``) starts a comment rather than sitting in a string."""
+    quote: str | None = None
+    i = 0
+    while i < index:
+        char = line[i]
+        if quote:
+            if char == "\\" and quote == '"':
+                i += 2
+                continue
+            if char == quote:
+                quote = None
+        elif char in "\"'":
+            quote = char
+        elif char == "#":
+            return True  # an earlier "#" already opened the comment
+        i += 1
+    return quote is None
