@@ -188,6 +188,10 @@ def _schema_message(error: Any) -> str:
     if error.validator == "pattern":
         description = error.schema.get("description", f"it must match {error.validator_value}")
         return f"{where}: {_short(error.instance)} is not valid: {description}"
+    if error.validator in {"maxItems", "maxProperties", "minItems", "minProperties", "maxLength", "minLength"}:
+        size = len(error.instance) if hasattr(error.instance, "__len__") else "?"
+        bound = "at most" if error.validator.startswith("max") else "at least"
+        return f"{where}: has {size} entries; {bound} {error.validator_value} allowed"
     if error.validator == "type":
         return f"{where}: expected {error.validator_value}, got {_short(error.instance)}"
     return f"{where}: {error.message}"

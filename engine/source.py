@@ -155,7 +155,8 @@ class _Scanner:
                 keys = self._key()
                 self._expect("]")
                 current = self._resolve(keys)
-                self._mark(current, start)
+                for end in range(1, len(current) + 1):  # `[a.b]` also defines where `a` starts
+                    self._mark(current[:end], start)
             else:
                 start = self.i
                 keys = self._key()
