@@ -244,7 +244,7 @@ class Program:
         }
         for name, auto, accepted in self._requests:
             value = pop(name, auto)
-            ctx[name] = value if value in accepted else self._requested(name, value)
+            ctx[name] = value if (value.__class__ is str and value in accepted) else self._requested(name, value)
         architecture = ctx["architecture"]
         if architecture is not None and (type(architecture) is not str or not architecture):
             raise ContextError(
@@ -313,9 +313,12 @@ class Program:
         )
 
     def _features(self, value: Any) -> frozenset[str]:
-        if isinstance(value, str) or not hasattr(value, "__iter__"):
+        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
             raise ContextError("features", f"expected a set of feature names, got {value!r}")
-        features = frozenset(value)
+        try:
+            features = frozenset(value)
+        except TypeError:
+            raise ContextError("features", f"expected a set of feature names, got {value!r}") from None
         unknown = features - self.features
         if unknown:
             name = sorted(map(str, unknown))[0]

@@ -16,6 +16,9 @@ import numpy as np
 
 from .layout import KVLayout
 
+#: Requests up to this many blocks are planned in plain Python (faster than numpy at this size).
+_SMALL_REQUEST = 64
+
 
 @dataclass(frozen=True)
 class Overlap:
@@ -194,13 +197,27 @@ def plan_descriptors(
     Pairs are sorted by source block first, so that runs of adjacent blocks merge whatever order the
     request listed them in.
     """
+    if len(src_blocks) != len(dst_blocks):
+        raise ValueError(f"{len(src_blocks)} source blocks vs {len(dst_blocks)} destination blocks")
+    seg = segments.runs
+    if len(seg) == 1 and len(src_blocks) <= _SMALL_REQUEST:
+        # The common case (same heads on both sides, a short request) in plain Python: numpy's
+        # per-call overhead would dominate the request's latency.
+        src_off, dst_off, length = (int(x) for x in seg[0])
+        merged: list[list[int]] = []
+        for s, d in sorted(zip(map(int, src_blocks), map(int, dst_blocks))):
+            a = src_base + s * src_block_bytes + src_off
+            b = dst_base + d * dst_block_bytes + dst_off
+            if merged and merged[-1][0] + merged[-1][2] == a and merged[-1][1] + merged[-1][2] == b:
+                merged[-1][2] += length
+            else:
+                merged.append([a, b, length])
+        runs_small = np.array(merged, dtype=np.int64).reshape(-1, 3)
+        return DescriptorPlan(runs=runs_small, descriptors_before=len(src_blocks) * segments.unmerged)
     src = np.asarray(src_blocks, dtype=np.int64)
     dst = np.asarray(dst_blocks, dtype=np.int64)
-    if src.shape != dst.shape:
-        raise ValueError(f"{len(src)} source blocks vs {len(dst)} destination blocks")
     order = np.argsort(src, kind="stable")
     src, dst = src[order], dst[order]
-    seg = segments.runs
     k = len(seg)
     runs = np.empty((len(src) * k, 3), dtype=np.int64)
     runs[:, 0] = (src_base + src[:, None] * src_block_bytes + seg[None, :, 0]).reshape(-1)

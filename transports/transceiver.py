@@ -216,6 +216,8 @@ class NixlTransceiver:
 
         # Shared with callers (read-only for them).
         self._peers: dict[str, Peer] = {}
+        self._writers_cache: tuple[str, ...] | None = None
+        self._covered: set[tuple[str, ...]] = set()
         self._handles: dict[tuple[str, str], TransferHandle] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -283,23 +285,42 @@ class NixlTransceiver:
         """
         if not isinstance(skip_blocks, int) or skip_blocks < 0:
             raise ValueError(f"skip_blocks must be a non-negative int, got {skip_blocks!r}")
-        connected = self.peers
         if peers is None:
-            chosen = [p for p in connected.values() if overlap(p.layout, self.layout) is not None]
+            names = self._default_writers()
         else:
-            chosen = []
+            connected = self.peers
+            names = []
             for p in peers:
                 key = p.name if isinstance(p, Peer) else p
                 if key not in connected:
                     raise ValueError(f"not connected to a sender named {key!r}; connect() first")
-                chosen.append(connected[key])
-        if not chosen:
-            raise ValueError(f"no connected sender holds any of this pool's layers/heads ({self.layout})")
-        map_ranks([p.layout for p in chosen], [self.layout])  # raises if the writers do not cover us
+                names.append(key)
+            self._check_coverage(tuple(names))
         handle = self._new_handle(request_id, "receiver", block_ids, timeout_s)
-        receive = _Receive(handle, [p.name for p in chosen], skip_blocks)
+        receive = _Receive(handle, list(names), skip_blocks)
         self._submit(lambda: self._start_receive(receive))
         return handle
+
+    def _default_writers(self) -> tuple[str, ...]:
+        """Every connected sender overlapping this pool; cached until the set of peers changes."""
+        with self._lock:
+            cached = self._writers_cache
+            if cached is None:
+                cached = tuple(p.name for p in self._peers.values() if overlap(p.layout, self.layout) is not None)
+                self._writers_cache = cached
+        if not cached:
+            raise ValueError(f"no connected sender holds any of this pool's layers/heads ({self.layout})")
+        self._check_coverage(cached)
+        return cached
+
+    def _check_coverage(self, names: tuple[str, ...]) -> None:
+        """Raise ``ValueError`` unless these senders cover this pool's layers and heads exactly once."""
+        if names in self._covered:
+            return
+        with self._lock:
+            layouts = [self._peers[n].layout for n in names]
+        map_ranks(layouts, [self.layout])
+        self._covered.add(names)
 
     def cancel(self, request_id: str, *, role: str | None = None) -> bool:
         """Cancel a request on this side.
@@ -384,13 +405,14 @@ class NixlTransceiver:
         idle_sleep = 0.0
         try:
             while True:
-                busy = bool(self._writes) or bool(self._connections_pending())
-                timeout_ms = 0 if self._writes else 5
-                events = dict(self._poller.poll(timeout_ms))
+                # Block in poll unless a write is in flight (NIXL has no wake-up for local
+                # completion). Spinning between frames was measured and lost: on 2 cores it starves
+                # ZMQ's I/O threads.
+                events = dict(self._poller.poll(0 if self._writes else 5))
                 progressed = bool(events)
                 if self._wake_r in events:
                     self._drain_wake()
-                    progressed |= self._run_commands()
+                    self._run_commands()
                 if self._router in events:
                     self._drain(self._router, self._on_router_frame)
                 for conn in list(self._connections.values()):
@@ -399,7 +421,7 @@ class NixlTransceiver:
                 if self._writes:
                     progressed |= self._progress_writes()
                 now = time.monotonic()
-                if now - last_sweep > 0.002 or busy:
+                if now - last_sweep > 0.002:
                     self._sweep_deadlines(now)
                     last_sweep = now
                 if self._closing and not self._writes:
@@ -414,9 +436,6 @@ class NixlTransceiver:
             log.exception("transceiver %s: service thread crashed", self.name)
         finally:
             self._fail_everything("transceiver closed")
-
-    def _connections_pending(self) -> bool:
-        return any(c.peer is None for c in self._connections.values())
 
     def _drain_wake(self) -> None:
         try:
@@ -612,15 +631,10 @@ class NixlTransceiver:
 
     def _complete_write(self, write: _Write, *, ok: bool, reason: str) -> None:
         done = time.perf_counter()
-        if write.xfer is not None:
-            write.offer.writes -= 1
-            try:
-                write.xfer.release()
-            except Exception as exc:  # a failed transfer may refuse release; the agent retries later
-                log.debug("transceiver %s: release of a finished write failed: %s", self.name, exc)
         request = write.ask.request
         queue_s = write.posted - write.ask.arrived
         transfer_s = done - write.posted if write.xfer is not None else 0.0
+        # Report first: the receiver is waiting on this frame; releasing the handle can wait.
         self._reply(
             write.ask.remote,
             control.Result(
@@ -634,6 +648,12 @@ class NixlTransceiver:
                 int(transfer_s * 1e6),
             ),
         )
+        if write.xfer is not None:
+            write.offer.writes -= 1
+            try:
+                write.xfer.release()
+            except Exception as exc:  # a failed transfer may refuse release; the agent retries later
+                log.debug("transceiver %s: release of a finished write failed: %s", self.name, exc)
         metrics = write.offer.handle.metrics
         metrics.nbytes += write.nbytes
         metrics.descriptors_before += write.descriptors_before
@@ -734,6 +754,8 @@ class NixlTransceiver:
         if conn.peer is not None:
             with self._lock:
                 self._peers.pop(conn.peer.name, None)
+                self._writers_cache = None
+                self._covered = {names for names in self._covered if conn.peer.name not in names}
 
     def _on_sender_frame(self, conn: _Connection, frames: list[bytes]) -> None:
         if len(frames) != 1:
@@ -755,6 +777,7 @@ class NixlTransceiver:
                     name = f"{rank.name}@{conn.address}"
                 conn.peer = Peer(name, conn.address, rank.layout, rank.num_blocks)
                 self._peers[name] = conn.peer
+                self._writers_cache = None
             if not conn.future.done():
                 conn.future.set_result(conn.peer)
             return

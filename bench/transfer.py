@@ -1,0 +1,375 @@
+"""KV block transfer, three ways, side by side in one run.
+
+    python bench/transfer.py [--quick] [--format table|json] [--device cpu|cuda]
+
+1. torch: ``copy_`` (contiguous) and a per-block ``copy_`` loop / ``index_copy_`` (scattered) inside one
+   process: the memory-bandwidth limit of this machine.
+2. raw NIXL: two processes, two agents, the payload's descriptor list built once; each repetition
+   re-posts the same transfer handle (WRITE) and polls it to completion.
+3. kvpolicy: two processes with a :class:`NixlTransceiver` each; each repetition is one request,
+   end to end: the decode side's ``receive()`` -> request frame -> coalesced WRITE -> result frame.
+
+Payloads (Llama-3.1-8B cache shape: 32 layers, 8 kv heads, head dim 128, 32 tokens per block, bf16,
+4 MiB per block, 128 KiB per block and layer):
+
+- contiguous: 64 MiB (16 adjacent blocks)
+- scattered-64: 64 randomly scattered blocks (256 MiB)
+- scattered-512: 512 randomly scattered blocks (2 GiB; full run only), and 512 randomly scattered
+  128 KiB block-layers (64 MiB, a layer-split pool) in both runs
+- one-block: a single 4 MiB block, for per-request overhead
+
+Ratios compare figures measured in this run; figures themselves move 15-25% between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# UCX reads these when NIXL loads it; children inherit them. See transports/agent.py for why.
+for _key, _value in (("UCX_NET_DEVICES", "lo"), ("UCX_MODULES", "^ib"), ("UCX_CMA_SEG_SIZE", "8M"), ("NIXL_LOG_LEVEL", "WARN")):
+    os.environ.setdefault(_key, _value)
+
+MIB = 1 << 20
+LLAMA = dict(num_layers=32, kv_heads=8, tokens_per_block=32, head_dim=128, dtype="bfloat16")
+LLAMA_LAYER = dict(LLAMA, num_layers=1)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One payload: which pool (layout) and which blocks move where."""
+
+    name: str
+    layout: str  # "block" (4 MiB blocks) or "layer" (128 KiB block-layers)
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+
+    @property
+    def block_bytes(self) -> int:
+        return 4 * MIB if self.layout == "block" else 128 * 1024
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.src) * self.block_bytes
+
+
+def make_payloads(quick: bool, block_pool: int, layer_pool: int, seed: int = 0) -> list[Payload]:
+    import random
+
+    rng = random.Random(seed)
+    payloads = [
+        Payload("contiguous 64 MiB", "block", tuple(range(16)), tuple(range(16))),
+        Payload("scattered 64 x 4 MiB", "block", tuple(rng.sample(range(block_pool), 64)), tuple(rng.sample(range(block_pool), 64))),
+    ]
+    if not quick:
+        payloads.append(
+            Payload("scattered 512 x 4 MiB", "block", tuple(rng.sample(range(block_pool), 512)), tuple(rng.sample(range(block_pool), 512)))
+        )
+    payloads.append(
+        Payload("scattered 512 x 128 KiB", "layer", tuple(rng.sample(range(layer_pool), 512)), tuple(rng.sample(range(layer_pool), 512)))
+    )
+    payloads.append(Payload("one block (4 MiB)", "block", (7,), (9,)))
+    return payloads
+
+
+# ----------------------------------------------------------------------------- torch, in-process ----
+
+
+def bench_torch(payloads: list[Payload], block_pool: int, layer_pool: int, reps: int, device: str) -> dict[str, dict[str, float]]:
+    import torch
+
+    from kvpolicy.transports import BlockPool, KVLayout
+
+    results: dict[str, dict[str, float]] = {}
+    for kind, layout, blocks in (("block", LLAMA, block_pool), ("layer", LLAMA_LAYER, layer_pool)):
+        src = BlockPool(KVLayout(**layout), blocks, device=device)
+        dst = BlockPool(KVLayout(**layout), blocks, device=device)
+        src.tensor.view(torch.uint8).fill_(1)
+        flat_src = src.tensor.view(blocks, -1)
+        flat_dst = dst.tensor.view(blocks, -1)
+        for payload in [p for p in payloads if p.layout == kind]:
+            adjacent = payload.src == tuple(range(payload.src[0], payload.src[0] + len(payload.src)))
+            sidx = torch.tensor(payload.src, device=flat_src.device)
+            didx = torch.tensor(payload.dst, device=flat_src.device)
+
+            def loop() -> None:
+                if adjacent and len(payload.src) > 1:
+                    flat_dst[payload.dst[0] : payload.dst[0] + len(payload.dst)].copy_(flat_src[payload.src[0] : payload.src[0] + len(payload.src)])
+                else:
+                    for s, d in zip(payload.src, payload.dst):
+                        flat_dst[d].copy_(flat_src[s])
+
+            def index_copy() -> None:
+                flat_dst.index_copy_(0, didx, flat_src.index_select(0, sidx))
+
+            figures = {}
+            for label, fn in (("copy", loop), ("index_copy", index_copy)):
+                fn()
+                times = []
+                for _ in range(reps):
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    fn()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t0)
+                figures[label] = payload.nbytes / statistics.median(times) / 1e9
+            results[payload.name] = {"gbps": max(figures.values()), **{f"{k}_gbps": v for k, v in figures.items()}}
+        del src, dst, flat_src, flat_dst
+    return results
+
+
+# --------------------------------------------------------------------------- the two processes ----
+
+
+def _rank(role: str, conn: Any, block_pool: int, layer_pool: int, device: str, payloads: list[Payload]) -> None:
+    """One process: pools, a transceiver per pool, and a raw NIXL agent over the same memory."""
+    import numpy as np
+    import torch
+
+    from kvpolicy.transports import BlockPool, KVLayout, NixlSettings, NixlTransceiver
+    from kvpolicy.transports.agent import create_agent
+
+    pools = {
+        "block": BlockPool(KVLayout(**LLAMA), block_pool, device=device),
+        "layer": BlockPool(KVLayout(**LLAMA_LAYER), layer_pool, device=device),
+    }
+    if role == "sender":
+        for pool in pools.values():  # cheap, distinct-per-block contents
+            pool.tensor.view(pool.num_blocks, -1).view(torch.int16)[:] = torch.arange(pool.num_blocks, dtype=torch.int16)[:, None]
+    transceivers = {kind: NixlTransceiver(pool, name=f"{role}-{kind}", timeout_s=60) for kind, pool in pools.items()}
+    settings = NixlSettings()
+    raw = create_agent(f"raw-{role}-{os.getpid()}", settings)
+    registrations = [
+        raw.register_memory([(p.base_address, p.nbytes, p.device_id, "")], p.memory_type) for p in pools.values()
+    ]
+    conn.send(
+        {
+            "addresses": {k: t.address for k, t in transceivers.items()},
+            "metadata": raw.get_agent_metadata(),
+            "bases": {k: p.base_address for k, p in pools.items()},
+        }
+    )
+    handles: dict[str, Any] = {}
+    remote = None
+    try:
+        while True:
+            op, args = conn.recv()
+            if op == "peer":  # sender: learn the receiver's raw agent and build each payload's transfer once
+                info = args
+                remote = raw.add_remote_agent(info["metadata"])
+                for payload in payloads:
+                    pool = pools[payload.layout]
+                    src = np.asarray(payload.src, dtype=np.uint64) * pool.block_bytes
+                    dst = np.asarray(payload.dst, dtype=np.uint64) * pool.block_bytes
+                    # a contiguous payload is one descriptor; scattered blocks one each (nothing adjacent)
+                    if len(src) > 1 and payload.src == tuple(range(payload.src[0], payload.src[0] + len(src))) and payload.dst == tuple(range(payload.dst[0], payload.dst[0] + len(dst))):
+                        src, dst, length = src[:1], dst[:1], payload.nbytes
+                    else:
+                        length = pool.block_bytes
+                    local = np.stack([src + pool.base_address, np.full(len(src), length, np.uint64), np.zeros(len(src), np.uint64)], 1)
+                    far = np.stack([dst + np.uint64(info["bases"][payload.layout]), np.full(len(dst), length, np.uint64), np.zeros(len(dst), np.uint64)], 1)
+                    handles[payload.name] = raw.initialize_xfer(
+                        "WRITE", raw.get_xfer_descs(local, pool.memory_type), raw.get_xfer_descs(far, pool.memory_type), remote
+                    )
+                result: Any = None
+            elif op == "connect":
+                for kind, address in args.items():
+                    transceivers[kind].connect(address)
+                result = None
+            elif op == "raw":
+                handle = handles[args]
+                t0 = time.perf_counter()
+                state = raw.transfer(handle)
+                while state == "PROC":
+                    state = raw.check_xfer_state(handle)
+                elapsed = time.perf_counter() - t0
+                if state != "DONE":
+                    raise RuntimeError(f"raw NIXL transfer {state}")
+                result = elapsed
+            elif op == "offer":
+                payload, request_id = args
+                transceivers[payload.layout].send(request_id, payload.src)
+                result = None
+            elif op == "receive":
+                payload, request_id = args
+                metrics = transceivers[payload.layout].receive(request_id, payload.dst).wait()
+                result = metrics.as_dict()
+            elif op == "digests":
+                kind, blocks = args
+                result = pools[kind].digests(blocks)
+            elif op == "exit":
+                break
+            else:
+                raise ValueError(op)
+            conn.send(result)
+    finally:
+        for handle in handles.values():
+            handle.release()
+        for registration in registrations:
+            raw.deregister_memory(registration)
+        if remote is not None:
+            raw.remove_remote_agent(remote)
+        for transceiver in transceivers.values():
+            transceiver.close()
+        conn.send(None)
+
+
+class Rank:
+    """The benchmark's handle on one of the two processes."""
+
+    def __init__(self, role: str, *args: Any) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_rank, args=(role, child, *args), daemon=True)
+        self.process.start()
+        self.info = self._recv()
+
+    def _recv(self, timeout: float = 120.0) -> Any:
+        if not self.conn.poll(timeout):
+            raise TimeoutError("benchmark rank did not answer")
+        return self.conn.recv()
+
+    def __call__(self, op: str, args: Any = None) -> Any:
+        self.conn.send((op, args))
+        return self._recv()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self("exit")
+            except Exception:
+                pass
+            self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+
+
+def bench_nixl(payloads: list[Payload], block_pool: int, layer_pool: int, reps: int, device: str) -> dict[str, dict[str, Any]]:
+    sender = Rank("sender", block_pool, layer_pool, device, payloads)
+    receiver = Rank("receiver", block_pool, layer_pool, device, payloads)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        sender("peer", receiver.info)
+        receiver("connect", sender.info["addresses"])
+        counter = 0
+        for payload in payloads:
+            raw_times, tx_metrics = [], []
+            # one warm-up each, then alternate so that both see the same machine state
+            for rep in range(reps + 1):
+                raw_t = sender("raw", payload.name)
+                counter += 1
+                request_id = f"bench-{counter}"
+                sender("offer", (payload, request_id))
+                metrics = receiver("receive", (payload, request_id))
+                if rep:
+                    raw_times.append(raw_t)
+                    tx_metrics.append(metrics)
+            identical = receiver("digests", (payload.layout, list(payload.dst))) == sender("digests", (payload.layout, list(payload.src)))
+            total = statistics.median(m["total_us"] for m in tx_metrics) / 1e6
+            raw_s = statistics.median(raw_times)
+            results[payload.name] = {
+                "nixl_gbps": payload.nbytes / raw_s / 1e9,
+                "nixl_us": raw_s * 1e6,
+                "transceiver_gbps": payload.nbytes / total / 1e9,
+                "transceiver_us": total * 1e6,
+                "transfer_us": statistics.median(m["transfer_us"] for m in tx_metrics),
+                "queue_us": statistics.median(m["queue_us"] for m in tx_metrics),
+                "descriptors_before": tx_metrics[-1]["descriptors_before"],
+                "descriptors": tx_metrics[-1]["descriptors"],
+                "bit_identical": identical,
+            }
+    finally:
+        receiver.stop()
+        sender.stop()
+    return results
+
+
+# ------------------------------------------------------------------------------------- report ----
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and payloads (< 1 minute)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the pools live")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions per payload (default 5 quick, 15 full)")
+    args = parser.parse_args(argv)
+    reps = args.reps or (5 if args.quick else 15)
+    # Pools: the quick run holds 160 x 4 MiB + 1024 x 128 KiB per side (0.8 GiB); the full run
+    # 576 x 4 MiB + 1024 x 128 KiB (2.4 GiB) per side: both sides together stay under 8 GiB.
+    block_pool, layer_pool = (160, 1024) if args.quick else (576, 1024)
+    payloads = make_payloads(args.quick, block_pool, layer_pool)
+
+    started = time.perf_counter()
+    torch_results = bench_torch(payloads, block_pool, layer_pool, reps, args.device)
+    nixl_results = bench_nixl(payloads, block_pool, layer_pool, reps, args.device)
+    rows = []
+    for payload in payloads:
+        row = {"payload": payload.name, "bytes": payload.nbytes, "torch_gbps": torch_results[payload.name]["gbps"], **nixl_results[payload.name]}
+        row["transceiver_vs_nixl"] = row["transceiver_gbps"] / row["nixl_gbps"]
+        rows.append(row)
+    by_name = {r["payload"]: r for r in rows}
+    contiguous = by_name["contiguous 64 MiB"]
+    scattered = by_name["scattered 64 x 4 MiB"]
+    one = by_name["one block (4 MiB)"]
+    bulk = [r for r in rows if r is not one]
+    summary = {
+        "device": args.device,
+        "quick": args.quick,
+        "reps": reps,
+        "torch_gbps": round(contiguous["torch_gbps"], 3),
+        "nixl_gbps": round(contiguous["nixl_gbps"], 3),
+        "transceiver_gbps": round(contiguous["transceiver_gbps"], 3),
+        "scattered_gbps": round(scattered["transceiver_gbps"], 3),
+        "transceiver_vs_nixl": round(contiguous["transceiver_vs_nixl"], 3),
+        "transceiver_vs_nixl_min": round(min(r["transceiver_vs_nixl"] for r in bulk), 3),
+        "scattered_vs_contiguous": round(scattered["transceiver_gbps"] / contiguous["transceiver_gbps"], 3),
+        "scattered_512_vs_contiguous": round(
+            min(r["transceiver_gbps"] for r in bulk if r["payload"].startswith("scattered 512")) / contiguous["transceiver_gbps"], 3
+        ),
+        "one_block_overhead_us": round(one["transceiver_us"] - one["nixl_us"], 1),
+        "bit_identical": all(r["bit_identical"] for r in rows),
+        "seconds": round(time.perf_counter() - started, 1),
+        "payloads": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
+    }
+    summary["targets"] = {
+        "transceiver_within_10pct_of_nixl": summary["transceiver_vs_nixl_min"] >= 0.9,
+        "scattered_at_least_80pct_of_contiguous": summary["scattered_vs_contiguous"] >= 0.8,
+        "one_block_overhead_under_300us": summary["one_block_overhead_us"] < 300,
+    }
+    if args.format == "json":
+        print(json.dumps(summary))
+    else:
+        print(f"KV transfer, {args.device}, median of {reps} (GB/s = 10^9 B/s; ratios are within this run)\n")
+        header = f"{'payload':<26}{'torch':>8}{'NIXL':>8}{'kvpolicy':>10}{'kv/NIXL':>9}{'descs':>12}{'NIXL us':>10}{'kv us':>10}  bits"
+        print(header)
+        print("-" * len(header))
+        for r in rows:
+            descs = f"{r['descriptors_before']}->{r['descriptors']}"
+            print(
+                f"{r['payload']:<26}{r['torch_gbps']:>8.2f}{r['nixl_gbps']:>8.2f}{r['transceiver_gbps']:>10.2f}"
+                f"{r['transceiver_vs_nixl']:>9.2f}{descs:>12}{r['nixl_us']:>10.0f}{r['transceiver_us']:>10.0f}  "
+                f"{'ok' if r['bit_identical'] else 'MISMATCH'}"
+            )
+        print()
+        print(f"scattered / contiguous (kvpolicy):  {summary['scattered_vs_contiguous']:.2f}  (512 blocks: {summary['scattered_512_vs_contiguous']:.2f})")
+        print(f"kvpolicy / NIXL, worst payload:     {summary['transceiver_vs_nixl_min']:.2f}")
+        print(f"one-block request overhead:         {summary['one_block_overhead_us']:.0f} us")
+        for target, met in summary["targets"].items():
+            print(f"  {'met' if met else 'MISSED':<7}{target}")
+        print(f"\n({summary['seconds']} s)")
+    return 0 if summary["bit_identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
