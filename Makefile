@@ -6,9 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
-EXTRAS ?= transfer,test
+EXTRAS ?= transfer,demo,test
 
-.PHONY: install demo test test-engine bench lint clean
+.PHONY: install demo test test-engine bench fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,8 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/kvpolicy versions
-	@echo
-	$(VENV)/bin/kvpolicy table
+	$(VENV)/bin/kvpolicy lint policies/
+	$(VENV)/bin/kvpolicy demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -32,6 +31,12 @@ test-engine: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/resolve.py
+	$(PY) bench/transfer.py
+
+fuzz: $(STAMP)
+	$(PY) -m pip install --quiet atheris==3.0.0
+	$(PY) bench/fuzz.py load --seconds 60
+	$(PY) bench/fuzz.py resolve --seconds 60
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -12,7 +12,14 @@ from .layout import KVLayout
 from .mapping import DescriptorPlan, Overlap, RankMapping, block_segments, map_ranks, overlap, plan_descriptors
 from .pool import BlockPool
 from .request import RequestState, TransferError, TransferHandle, TransferMetrics
-from .selection import ENTRY_POINT_GROUP, Transceiver, TransceiverSelectionError, open_transceiver, timeout_from
+from .selection import (
+    ENTRY_POINT_GROUP,
+    Transceiver,
+    TransceiverSelectionError,
+    find_transceiver,
+    open_transceiver,
+    timeout_from,
+)
 
 
 def __getattr__(name: str) -> object:
@@ -42,6 +49,7 @@ __all__ = [
     "TransferHandle",
     "TransferMetrics",
     "block_segments",
+    "find_transceiver",
     "map_ranks",
     "nixl_available",
     "open_transceiver",

@@ -161,7 +161,7 @@ def prefill(model: Any, prompt: Sequence[int]) -> tuple[Any, int, float]:
         out = model(ids, use_cache=True)
     logprobs = torch.log_softmax(out.logits[0, -1].float(), -1)
     token = int(logprobs.argmax())
-    return out.past_key_values, token, float(logprobs[token])
+    return _cache_of(out), token, float(logprobs[token])
 
 
 def write_cache(pool: BlockPool, block_ids: Sequence[int], cache: Any, prompt_len: int, windows: Sequence[int | None]) -> None:
@@ -213,13 +213,30 @@ def continue_greedy(model: Any, cache: Any, prompt_len: int, first: int, first_l
     current = torch.tensor([[first]])
     with torch.no_grad():
         for step in range(new_tokens - 1):
-            out = model(current, past_key_values=cache, use_cache=True, cache_position=torch.tensor([prompt_len + step]))
+            out = model(current, **{_CACHE_ARG: cache}, use_cache=True, cache_position=torch.tensor([prompt_len + step]))
             scores = torch.log_softmax(out.logits[0, -1].float(), -1)
             token = int(scores.argmax())
             tokens.append(token)
             logprobs.append(float(scores[token]))
             current = torch.tensor([[token]])
     return Generation(tuple(tokens), tuple(logprobs))
+
+
+def _cache_of(output: Any) -> Any:
+    # transformers 5.x renamed `past_key_values` to `cache`; accept both.
+    cache = output.get("cache") if hasattr(output, "get") else None
+    return cache if cache is not None else output.past_key_values
+
+
+def _cache_argument() -> str:
+    import inspect
+
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+_CACHE_ARG = _cache_argument()
 
 
 def reference_generation(model: Any, prompt: Sequence[int], new_tokens: int) -> Generation:

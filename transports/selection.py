@@ -118,16 +118,12 @@ def _plugin(runtime: str, backend: str | None) -> Callable[..., Transceiver] | N
     return None
 
 
-def open_transceiver(resolution: Any, pool: BlockPool, **options: Any) -> Transceiver:
-    """Open the transceiver for the runtime and backend ``resolution`` decided, over ``pool``.
+def find_transceiver(resolution: Any) -> Callable[..., Transceiver]:
+    """The factory of the transceiver ``resolution`` calls for, without opening anything.
 
-    ``options`` go to the implementation (for PYTHON + NIXL: ``timeout_s``, ``name``, ``host``,
-    ``port``, ``settings``, ``log_requests``). The request timeout defaults to the resolution's
-    ``kv_transfer_timeout_ms``.
-
-    Raises :class:`TransceiverSelectionError` if the resolution has errors, turns disaggregation off,
-    or decided a runtime whose transceiver is not installed; the message names the decision, the rule
-    that made it and how to change it.
+    Raises :class:`TransceiverSelectionError` exactly where :func:`open_transceiver` would (errors
+    in the resolution, disaggregation off, a runtime whose transceiver is not installed), so a
+    caller can check a configuration before it starts any worker.
     """
     errors = list(getattr(resolution, "errors", ()) or ())
     if errors or getattr(resolution, "ok", True) is False:
@@ -161,4 +157,18 @@ def open_transceiver(resolution: Any, pool: BlockPool, **options: Any) -> Transc
             decision="transceiver_runtime",
             rule=(getattr(resolution, "decided_by", None) or {}).get("transceiver_runtime"),
         )
-    return factory(resolution, pool, **options)
+    return factory
+
+
+def open_transceiver(resolution: Any, pool: BlockPool, **options: Any) -> Transceiver:
+    """Open the transceiver for the runtime and backend ``resolution`` decided, over ``pool``.
+
+    ``options`` go to the implementation (for PYTHON + NIXL: ``timeout_s``, ``name``, ``host``,
+    ``port``, ``settings``, ``log_requests``). The request timeout defaults to the resolution's
+    ``kv_transfer_timeout_ms``.
+
+    Raises :class:`TransceiverSelectionError` if the resolution has errors, turns disaggregation off,
+    or decided a runtime whose transceiver is not installed; the message names the decision, the rule
+    that made it and how to change it.
+    """
+    return find_transceiver(resolution)(resolution, pool, **options)
