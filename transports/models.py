@@ -156,7 +156,7 @@ def layers_needing(index: int, prompt_len: int, tokens_per_block: int, windows: 
 
 def prefill(model: Any, prompt: Sequence[int]) -> tuple[Any, int, float]:
     """Run the prompt; return its KV cache, the first greedy token and that token's log-probability."""
-    ids = torch.tensor([list(prompt)])
+    ids = torch.tensor([list(prompt)], device=model.device)
     with torch.no_grad():
         out = model(ids, use_cache=True)
     logprobs = torch.log_softmax(out.logits[0, -1].float(), -1)
@@ -210,15 +210,17 @@ def cache_from_blocks(pool: BlockPool, block_ids: Sequence[int], config: Any, pr
 def continue_greedy(model: Any, cache: Any, prompt_len: int, first: int, first_logprob: float, new_tokens: int) -> Generation:
     """Greedy decoding after prefill: ``first`` came from the prefill side; ``new_tokens`` in all."""
     tokens, logprobs = [first], [first_logprob]
-    current = torch.tensor([[first]])
+    device = model.device
+    current = torch.tensor([[first]], device=device)
     with torch.no_grad():
         for step in range(new_tokens - 1):
-            out = model(current, **{_CACHE_ARG: cache}, use_cache=True, cache_position=torch.tensor([prompt_len + step]))
+            position = torch.tensor([prompt_len + step], device=device)
+            out = model(current, **{_CACHE_ARG: cache}, use_cache=True, cache_position=position)
             scores = torch.log_softmax(out.logits[0, -1].float(), -1)
             token = int(scores.argmax())
             tokens.append(token)
             logprobs.append(float(scores[token]))
-            current = torch.tensor([[token]])
+            current = torch.tensor([[token]], device=device)
     return Generation(tuple(tokens), tuple(logprobs))
 
 
@@ -241,7 +243,7 @@ _CACHE_ARG = _cache_argument()
 
 def reference_generation(model: Any, prompt: Sequence[int], new_tokens: int) -> Generation:
     """Single-process ``generate``: the answer a disaggregated run must reproduce."""
-    ids = torch.tensor([list(prompt)])
+    ids = torch.tensor([list(prompt)], device=model.device)
     with torch.no_grad():
         out = model.generate(
             ids,

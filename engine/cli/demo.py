@@ -140,6 +140,7 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
                 progress.update(task, description=f"{architecture}: prefill -> decode")
                 seed = args.seed + index
                 model, model_config = build_model(ModelSpec(architecture, args.model_size, seed))
+                model.to(args.device)  # the reference runs where the decode side runs
                 rng = random.Random(seed)
                 prompt = [rng.randrange(model_config.vocab_size) for _ in range(args.prompt_len)]
                 # The second request shares every full block but the last with the first.
