@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .model import Condition, Matcher
-from .resolution import Diagnostic
+from .resolution import Diagnostic, Resolution
 
 if TYPE_CHECKING:
     from .resolver import Program, _CompiledDecision
@@ -73,14 +74,22 @@ def _condition(src: _Source, condition: Condition, decided: dict[str, str]) -> s
     return " and ".join(f"({t})" for t in terms) if terms else "True"
 
 
-def generate_evaluator(program: Program, *, lean: bool = False) -> Evaluator:
-    """Generate the fast evaluator of a compiled program.
+def generate_evaluator(program: Program, *, lean: bool = False, entry: bool = False) -> Evaluator:
+    """Generate the fast evaluator of a compiled program: ``evaluate(ctx) -> (values, by, diags)``.
 
     ``lean`` evaluators skip formatting messages: their diagnostics carry id, severity and
     decision only. Analyses that evaluate every context of a domain (diff, lint) use them.
+
+    ``entry`` generates ``resolve(config, fields, policy_set) -> Resolution`` instead: the whole
+    public call in one function. The common case (keyword fields among architecture, the decisions
+    and the timeout, all plainly valid) is normalised inline; anything else goes through
+    :meth:`Program.normalise`, which checks and explains.
     """
     src = _Source()
-    src.emit(0, "def evaluate(ctx):")
+    if entry:
+        _entry_prologue(src, program)
+    else:
+        src.emit(0, "def evaluate(ctx):")
     src.emit(1, "arch = ctx['architecture']")
     src.emit(1, "mtype = ctx['model_type']")
     src.emit(1, "timeout = ctx['kv_transfer_timeout_ms']")
@@ -104,19 +113,60 @@ def generate_evaluator(program: Program, *, lean: bool = False) -> Evaluator:
     else:
         src.emit(1, "if len(diags) > 1:")
         src.emit(2, "diags.sort(key=diagnostic_order)")
-        src.emit(1, "return values, by, tuple(diags)")
+        if entry:
+            src.emit(1, "return new_resolution(Resolution, (values, by, tuple(diags), ctx, policy_set))")
+        else:
+            src.emit(1, "return values, by, tuple(diags)")
     namespace: dict[str, Any] = dict(src.constants)
     namespace.update(
         constraint_diagnostic=_lean_constraint if lean else program.constraint_diagnostic,
         notice_diagnostic=_lean_notice if lean else program.notice_diagnostic,
         settle_requirements=partial(program.settle_requirements, lean=True) if lean else program.settle_requirements,
         diagnostic_order=program.diagnostic_order,
+        normalise=program.normalise,
+        new_resolution=tuple.__new__,
+        Resolution=Resolution,
+        NO_FEATURES=frozenset(),
+        NO_ENV=MappingProxyType({}),
     )
     code = compile("\n".join(src.lines) + "\n", f"<kvpolicy {program.policy.path}>", "exec")
     exec(code, namespace)  # noqa: S102 - generated from identifiers above, never from policy text
-    evaluate: Evaluator = namespace["evaluate"]
-    evaluate.__source__ = "\n".join(src.lines)  # type: ignore[attr-defined]
-    return evaluate
+    function: Evaluator = namespace["resolve" if entry else "evaluate"]
+    function.__source__ = "\n".join(src.lines)  # type: ignore[attr-defined]
+    return function
+
+
+def _entry_prologue(src: _Source, program: Program) -> None:
+    """``resolve(config, fields, policy_set)``: inline normalisation of the common case."""
+    fast_keys = frozenset({"architecture", "kv_transfer_timeout_ms", *program.decision_names})
+    src.emit(0, "def resolve(config, fields, policy_set):")
+    src.emit(1, f"if config is None and fields.keys() <= {src.const(fast_keys)}:")
+    src.emit(2, "get = fields.get")
+    src.emit(2, "arch = get('architecture')")
+    src.emit(2, f"timeout = get('kv_transfer_timeout_ms', {src.const(program.default_timeout_ms)})")
+    checks = [
+        "(arch is None or (arch.__class__ is str and arch != ''))",
+        "(timeout is None or (timeout.__class__ is int and timeout > 0))",
+    ]
+    requested = []
+    for index, decision in enumerate(program.decisions):
+        name = src.const(decision.name)
+        accepted = src.const(frozenset((decision.auto, *decision.decision.values)))
+        src.emit(2, f"r{index} = get({name}, {src.const(decision.auto)})")
+        checks.append(f"r{index}.__class__ is str and r{index} in {accepted}")
+        requested.append(f"{name}: r{index}")
+    src.emit(2, f"if {' and '.join(checks)}:")
+    src.emit(
+        3,
+        "ctx = {'architecture': arch, 'model_type': None, 'kv_transfer_timeout_ms': timeout, "
+        f"'features': NO_FEATURES, 'env': NO_ENV, {', '.join(requested)}}}",
+    )
+    src.emit(2, "else:")
+    src.emit(3, "ctx = normalise(None, fields)")
+    src.emit(1, "else:")
+    src.emit(2, "ctx = normalise(config, fields)")
+    src.emit(1, "if ctx['backend'] is None:")
+    src.emit(2, "return new_resolution(Resolution, ({}, {}, (), ctx, policy_set))")
 
 
 def _lean_constraint(constraint: Any, ctx: Any, values: Any) -> Diagnostic:

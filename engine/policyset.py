@@ -29,11 +29,12 @@ class PolicySet:
     ``versions()`` lists every version beside it (in its folder, or shipped with kvpolicy).
     """
 
-    __slots__ = ("policy", "_program", "_siblings")
+    __slots__ = ("policy", "_program", "_siblings", "_entry")
 
     def __init__(self, policy: Policy, siblings: dict[str, Path] | None = None) -> None:
         self.policy = policy
         self._program = Program(policy)
+        self._entry = self._program._entry
         self._siblings = siblings or {policy.version: Path(policy.path)}
 
     @property
@@ -81,7 +82,7 @@ class PolicySet:
 
     def resolve(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> Resolution:
         """Resolve a serving context (a ``cache_transceiver_config`` mapping and/or fields)."""
-        return self._program.resolve(config, fields, self)
+        return self._entry(config, fields, self)
 
     def __repr__(self) -> str:
         return f"<PolicySet {self.version} from {self.path}>"

@@ -205,7 +205,9 @@ class Program:
         # Caches of the diagnostics path; keyed by parts of this (immutable) policy only.
         self._placeholders: dict[str, frozenset[str]] = {}
         self._locations: dict[int, str] = {}
+        self.default_timeout_ms = _DEFAULT_TIMEOUT_MS
         self._fast = generate_evaluator(self)
+        self._entry = generate_evaluator(self, entry=True)
         self._lean: Callable[[dict[str, Any]], Any] | None = None
 
     def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
@@ -355,11 +357,8 @@ class Program:
     # -- resolution ----------------------------------------------------------------------------
 
     def resolve(self, config: Mapping[str, Any] | None, fields: dict[str, Any], policy_set: Any) -> Resolution:
-        """Normalise a context and resolve it."""
-        ctx = self.normalise(config, fields)
-        if ctx["backend"] is None:
-            return _new_resolution(Resolution, ({}, {}, (), ctx, policy_set))
-        return _new_resolution(Resolution, (*self._fast(ctx), ctx, policy_set))
+        """Normalise a context and resolve it (one generated function does both)."""
+        return self._entry(config, fields, policy_set)
 
     def trace(self, ctx: dict[str, Any]) -> Trace:
         """The full trace of a normalised context."""

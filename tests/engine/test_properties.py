@@ -59,6 +59,19 @@ def test_generated_evaluator_agrees_with_the_interpreter(version, fields):
     assert decided == decided_by
 
 
+@FAST
+@given(version=st.sampled_from(VERSIONS), fields=contexts(), drop=st.sets(st.sampled_from(["features", "env", "enable_pipelined_transfer"])))
+def test_generated_entry_point_agrees_with_normalise_and_interpret(version, fields, drop):
+    # `resolve` normalises the common case inline; it must match the checked path exactly.
+    policy_set = SHIPPED[version]
+    fields = {k: v for k, v in fields.items() if k not in drop}
+    resolution = policy_set.resolve(**dict(fields))
+    ctx = policy_set._program.normalise(None, dict(fields))
+    assert dict(resolution.context) == ctx
+    values, decided_by, diagnostics = policy_set._program.interpret(ctx, None)
+    assert (dict(resolution.values), dict(resolution.decided_by), resolution.diagnostics) == (values, decided_by, diagnostics)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=policies(), samples=st.lists(random_contexts(), min_size=1, max_size=8))
 def test_random_policies_fast_path_equals_interpreter_and_keeps_explicit(text, samples):
