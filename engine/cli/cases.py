@@ -29,12 +29,13 @@ def register(sub: Any) -> None:
     parser.add_argument("--coverage", action="store_true", help="report the rules, rows and constraints no case exercised")
     parser.add_argument("--threshold", type=float, metavar="PCT", help="fail when a policy file's coverage is below PCT (implies --coverage)")
     parser.add_argument("--verbose", "-v", action="store_true", help="list every case")
+    parser.add_argument("--format", choices=("text", "json", "junit"), default="text", help="output format (default: text)")
     parser.set_defaults(run=run_test)
 
 
 def run_test(args: Any) -> int:
     """Run the cases; print failures, coverage and the closing line."""
-    from ..lint.cases import CasesUsageError, render, run_tests
+    from ..lint.cases import CasesUsageError, as_json, as_junit, render, run_tests
 
     paths = args.paths
     if not paths:
@@ -48,7 +49,12 @@ def run_test(args: Any) -> int:
     except CasesUsageError as exc:
         return fail(str(exc))
     coverage = args.coverage or args.threshold is not None
-    sys.stdout.write(render(run, coverage=coverage, verbose=args.verbose))
+    if args.format == "json":
+        sys.stdout.write(as_json(run))
+    elif args.format == "junit":
+        sys.stdout.write(as_junit(run))
+    else:
+        sys.stdout.write(render(run, coverage=coverage, verbose=args.verbose))
     below = []
     if args.threshold is not None:
         below = [p for p in run.coverage if run.percent(p) + 1e-9 < args.threshold]

@@ -58,7 +58,13 @@ def _split(value: str | None) -> tuple[str, ...] | None:
 def run_lint(args: Any) -> int:
     """Lint, print the report, and return the exit code."""
     from ..lint.report import render
-    from ..lint.runner import LintConfig, LintUsageError, check_pattern, find_config, lint_paths
+    from ..lint.runner import (
+        LintConfig,
+        LintUsageError,
+        check_pattern,
+        find_config,
+        lint_paths,
+    )
 
     started = time.perf_counter()
     try:
@@ -89,6 +95,11 @@ def run_lint(args: Any) -> int:
     else:
         sys.stdout.write(report)
     elapsed = time.perf_counter() - started
+    if not result.files:
+        print(f"kvpolicy lint: warning: no policy files (*.toml) in {', '.join(paths)}", file=sys.stderr)
+    for file in result.files:
+        if file.skipped:
+            print(f"kvpolicy lint: warning: {file.skipped}", file=sys.stderr)
     if config.source:
         print(f"kvpolicy lint: configuration from {config.source}", file=sys.stderr)
     print(

@@ -10,8 +10,10 @@ inputs that a later decision or constraint still reads, the values decided so fa
 that decided them. Each decision assigns only the inputs its own rules read (when nothing earlier
 assigned them), evaluates its stages exactly as the resolver does, and the states are then
 projected onto what later steps read, so states that differ only in inputs nobody reads again
-merge. Architectures are compressed first into classes that every condition and preference table
-treats alike (1,000 rows with two distinct values are a handful of classes). Each state keeps one
+merge. Architectures are compressed into classes that every condition and preference table
+treats alike (1,000 rows with two distinct values are a handful of classes), and the classes get
+coarser step by step: after a decision, only the tables and conditions still to come tell
+architectures apart. Each state keeps one
 *witness*: the smallest full set of inputs that reaches it, which becomes the counterexample.
 
 The result is exact for the classes of contexts :mod:`kvpolicy.domain` defines; a test checks it
@@ -28,12 +30,20 @@ from typing import Any
 from ..model import Condition, Decision, Policy, Row
 from ..resolver import compile_condition
 
-__all__ = ["Analysis", "analyse", "context_of", "describe_context"]
+__all__ = ["Analysis", "AnalysisLimit", "analyse", "context_of", "describe_context"]
+
+#: Most decision evaluations one analysis may spend (~20 us each here): far above any real policy
+#: (the shipped ones need < 5,000), low enough that a pathological file (dozens of features read
+#: together) fails fast instead of hanging CI.
+EVALUATION_LIMIT = 400_000
+
+
+class AnalysisLimit(Exception):
+    """The policy reads too many inputs together for an exact analysis within the limit."""
+
 
 _FINITE_TIMEOUT = 60000
 _OTHER_ENV_VALUE = "\x00other"
-
-Witness = tuple[tuple[str, Any], ...]
 
 
 def _condition_dims(condition: Condition, decisions: Iterable[str]) -> tuple[set[str], set[str]]:
@@ -81,9 +91,7 @@ def describe_context(ctx: dict[str, Any], policy: Policy) -> str:
     for variable, value in sorted(ctx.get("env", {}).items()):
         shown = "<other>" if value == _OTHER_ENV_VALUE else value
         parts.append(f"env {variable}={shown}")
-    if ctx.get("architecture") is None:
-        parts.insert(0, "architecture=<any other>")
-    return ", ".join(parts)
+    return ", ".join(parts) or "every context"
 
 
 def _size(witness: dict[str, Any]) -> int:
@@ -109,9 +117,9 @@ class RuleStats:
     """What the analysis saw of one rule or row."""
 
     held: dict[str, Any] | None = None
-    """The first witness where its condition held with its decision left to the policy."""
+    """The smallest witness where its condition held with its decision left to the policy."""
     decided: dict[str, Any] | None = None
-    """The first witness where it decided."""
+    """The smallest witness where it decided."""
 
 
 @dataclass
@@ -130,6 +138,8 @@ class Analysis:
     auto contexts whose decided value the error constraint rejects."""
     row_classes: dict[str, list[Row]] = field(default_factory=dict)
     """Row id of a class representative -> every row its class stands for."""
+    representative: dict[str, str] = field(default_factory=dict)
+    """Row id -> the row id of its class representative (whose statistics it shares)."""
     states: int = 0
 
 
@@ -167,43 +177,55 @@ class _Step:
         return plain
 
 
-def _architecture_classes(policy: Policy) -> tuple[list[str | None], dict[str | None, list[str]]]:
-    """Representatives of the architecture classes and the names each stands for."""
-    matchers = []
-    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
-    conditions += [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
-    for condition in conditions:
-        matcher = condition.subjects.get("architecture")
-        if matcher is not None:
-            matchers.append(matcher.values)
-    tables = []
-    for decision in policy.decisions.values():
-        if decision.preference is None:
-            continue
-        table: dict[str, list[tuple[str | None, str]]] = {}
-        for row in decision.preference.rows:
-            entry = table.setdefault(row.architecture, [])
-            # The first plain row and the first row per model_type are the ones the resolver uses.
-            if all(m != row.model_type for m, _ in entry):
-                entry.append((row.model_type, row.value))
-        tables.append(table)
+def _architecture_levels(
+    policy: Policy, order: list[str]
+) -> tuple[list[dict[str | None, str | None]], list[dict[str | None, list[str]]]]:
+    """Architecture classes per step: names that every condition and preference table of the
+    decisions from step ``i`` on (and of the constraints) treats alike share a class.
 
-    def signature(name: str | None) -> tuple[Any, ...]:
-        return (
-            tuple(name in m for m in matchers),
-            tuple(tuple(sorted(t.get(name, []), key=lambda e: (e[0] or "", e[1]))) if name else () for t in tables),
-        )
+    Returns, per level ``i`` (``len(order)`` is the constraints alone), a map name -> class
+    representative (the smallest name; ``None`` for architectures no policy names) and a map
+    representative -> member names. Later levels read less, so their classes are coarser:
+    states that differ only in an architecture no later step tells apart merge."""
+    names: list[str | None] = [None, *policy.architectures()]
+    reps_at: list[dict[str | None, str | None]] = []
+    members_at: list[dict[str | None, list[str]]] = []
+    for level in range(len(order) + 1):
+        conditions = [c.when for c in policy.constraints]
+        tables = []
+        for name in order[level:]:
+            decision = policy.decisions[name]
+            conditions += [r.when for r in (*decision.requirements, *decision.conditionals, decision.default)]
+            if decision.preference is not None:
+                conditions.append(decision.preference.adopt_when)
+                table: dict[str, list[tuple[str | None, str]]] = {}
+                for row in decision.preference.rows:
+                    entry = table.setdefault(row.architecture, [])
+                    # The first plain row and the first row per model_type are the ones used.
+                    if all(m != row.model_type for m, _ in entry):
+                        entry.append((row.model_type, row.value))
+                tables.append(table)
+        matchers = [c.subjects["architecture"].values for c in conditions if "architecture" in c.subjects]
 
-    classes: dict[tuple[Any, ...], list[str | None]] = {}
-    for name in [None, *policy.architectures()]:
-        classes.setdefault(signature(name), []).append(name)
-    representatives: list[str | None] = []
-    members: dict[str | None, list[str]] = {}
-    for names in classes.values():
-        rep = names[0] if names[0] is None else min(n for n in names if n is not None)
-        representatives.append(rep)
-        members[rep] = [n for n in names if n is not None]
-    return representatives, members
+        def signature(name: str | None, matchers: list[Any] = matchers, tables: list[Any] = tables) -> tuple[Any, ...]:
+            return (
+                tuple(name in m for m in matchers),
+                tuple(tuple(sorted(t.get(name, []), key=lambda e: (e[0] or "", e[1]))) if name else () for t in tables),
+            )
+
+        classes: dict[tuple[Any, ...], list[str | None]] = {}
+        for name in names:
+            classes.setdefault(signature(name), []).append(name)
+        reps: dict[str | None, str | None] = {}
+        members: dict[str | None, list[str]] = {}
+        for group in classes.values():
+            rep = None if group[0] is None else min(n for n in group if n is not None)
+            members[rep] = [n for n in group if n is not None]
+            for name in group:
+                reps[name] = rep
+        reps_at.append(reps)
+        members_at.append(members)
+    return reps_at, members_at
 
 
 def _env_options(named: set[str]) -> tuple[str, ...]:
@@ -217,7 +239,8 @@ def analyse(policy: Policy) -> Analysis:
     result = Analysis(policy)
     order = _order(policy)
     steps = [_Step(policy.decisions[n], names) for n in order]
-    representatives, members = _architecture_classes(policy)
+    reps_at, members_at = _architecture_levels(policy, order)
+    representatives = list(members_at[0])
 
     # The alphabet of every input dimension.
     model_types = sorted({r.model_type for r in policy.rows() if r.model_type} | _named(policy, "model_type"))
@@ -268,25 +291,70 @@ def analyse(policy: Policy) -> Analysis:
         later.append(set(needed))
         needed |= dims
     later.reverse()
+    # A feature and the variable that turns it on constrain each other (see ``impossible``):
+    # while one is still read, the other must not be projected away.
+    partners = {}
+    for feature in policy.features.values():
+        if feature.env:
+            partners[f"env:{feature.env}"] = f"feature:{feature.name}"
+            partners[f"feature:{feature.name}"] = f"env:{feature.env}"
+    for needed_later in later:
+        needed_later |= {partners[d] for d in list(needed_later) if d in partners}
 
     row_classes: dict[str, list[Row]] = {}
     by_conditions = bool(_named(policy, "model_type"))
     types_of: dict[str | None, tuple[str | None, ...]] = {}
-    for rep in representatives:
-        types_of[rep] = (None, *sorted({r.model_type for r in policy.rows() if r.architecture == rep and r.model_type}))
+    qualified: dict[str, set[str]] = {}
+    for row in policy.rows():
+        if row.model_type:
+            qualified.setdefault(row.architecture, set()).add(row.model_type)
+    for name in reps_at[0]:
+        types_of[name] = (None, *sorted(qualified.get(name or "", ())))
 
-    def expand(witness: dict[str, Any], ctx: dict[str, Any], dims: set[str]) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
-        fresh = sorted(d for d in dims if d not in witness and d != "model_type")
+    specs_cache: dict[tuple[tuple[str, ...], int], list[list[tuple[str, Any, int, int, str]]]] = {}
+
+    def specs(fresh: tuple[str, ...], level: int) -> list[list[tuple[str, Any, int, int, str]]]:
+        """Per fresh dimension, its options as (dim, value, weight, how to set it, field)."""
+        found = specs_cache.get((fresh, level))
+        if found is None:
+            found = []
+            for d in fresh:
+                options = tuple(members_at[level]) if d == "architecture" else alphabet[d]
+                how, name = _SETTERS.get(d.split(":", 1)[0], 0), d.split(":", 1)[-1]
+                found.append([(d, v, _weight(d, v, alphabet[d][0]), how, name) for v in options])
+            specs_cache[(fresh, level)] = found
+        return found
+
+    # A feature tied to an environment variable is on whenever the variable is "1" (``resolve``
+    # normalises it so): combinations with the variable "1" and the feature off do not exist.
+    implied = [(f"env:{f.env}", f"feature:{f.name}") for f in policy.features.values() if f.env]
+
+    def impossible(w: dict[str, Any]) -> bool:
+        return any(w.get(variable) == "1" and w.get(feature) is False for variable, feature in implied)
+
+    def expand(
+        witness: dict[str, Any], ctx: dict[str, Any], dims: set[str], level: int
+    ) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
+        fresh = tuple(sorted(d for d in dims if d not in witness and d != "model_type"))
         lazy_type = "model_type" in dims and "model_type" not in witness
-        for combo in itertools.product(*(alphabet[d] for d in fresh)):
-            w = dict(witness)
-            c = dict(ctx)
-            size = w.get("#size", 0)
-            for d, v in zip(fresh, combo):
+        start = witness.get("#size", 0)
+        for combo in itertools.product(*specs(fresh, level)):
+            w = witness.copy()
+            c = ctx.copy()
+            size = start
+            for d, v, weight, how, name in combo:
                 w[d] = v
-                size += _weight(d, v, alphabet[d][0])
-                _set(c, d, v)
+                size += weight
+                if how == 0:
+                    c[name] = v
+                elif how == 1:
+                    if v:
+                        c["features"] = c["features"] | {name}
+                elif v != "":
+                    c["env"] = {**c["env"], name: v}
             w["#size"] = size
+            if implied and impossible(w):
+                continue
             if not lazy_type:
                 yield w, c
                 continue
@@ -309,12 +377,13 @@ def analyse(policy: Policy) -> Analysis:
         dims, _ = reads[index]
         keep = later[index]
         new_states: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = {}
+        _check_budget(states, dims, alphabet, step.name)
         for key, (witness, ctx0) in states.items():
             _, values_t, by_t = key
             values = dict(values_t)
-            for w, ctx in expand(witness, ctx0, dims):
-                value, rule_id = _decide(step, ctx, values, w, result, row_classes, members)
-                kept = tuple(sorted((d, w[d]) for d in keep if d in w))
+            for w, ctx in expand(witness, ctx0, dims, index):
+                value, rule_id = _decide(step, ctx, values, w, result, row_classes, members_at[index], reps_at[index])
+                kept = tuple(sorted((d, reps_at[index + 1][w[d]] if d == "architecture" else w[d]) for d in keep if d in w))
                 decided = by_t + ((step.name, rule_id),) if step.name in judged else by_t
                 new_key = (kept, tuple(sorted({**values, step.name: value}.items())), decided)
                 previous = new_states.get(new_key)
@@ -323,11 +392,12 @@ def analyse(policy: Policy) -> Analysis:
         states = new_states
         result.states += len(states)
 
+    _check_budget(states, final_dims, alphabet, "constraints")
     for key, (witness0, ctx0) in states.items():
         _, values_t, by_t = key
         values = dict(values_t)
         by = dict(by_t)
-        for witness, ctx in expand(witness0, ctx0, final_dims):
+        for witness, ctx in expand(witness0, ctx0, final_dims, len(steps)):
             for constraint, test, reads_values in constraint_tests:
                 if not test(ctx, values):
                     continue
@@ -348,21 +418,27 @@ def analyse(policy: Policy) -> Analysis:
                     family = (constraint.id, decision, by[decision], others)
                     result.rejected.setdefault(family, []).append(witness)
     result.row_classes = row_classes
+    result.representative = {row.id: rep for rep, rows in row_classes.items() for row in rows}
     return result
 
 
-def _set(ctx: dict[str, Any], dim: str, value: Any) -> None:
-    """Assign one input dimension in a context (copy-on-write for features and env)."""
-    if dim.startswith("feature:"):
-        if value:
-            ctx["features"] = ctx["features"] | {dim[8:]}
-    elif dim.startswith("env:"):
-        if value != "":
-            ctx["env"] = {**ctx["env"], dim[4:]: value}
-    elif dim.startswith("request:"):
-        ctx[dim[8:]] = value
-    else:
-        ctx[dim] = value
+def _check_budget(states: dict[Any, Any], dims: set[str], alphabet: dict[str, tuple[Any, ...]], step: str) -> None:
+    total = 0
+    for witness, _ in states.values():
+        count = 1
+        for dim in dims:
+            if dim not in witness:
+                count *= len(alphabet[dim]) if dim != "model_type" else max(2, len(alphabet[dim]))
+        total += count
+        if total > EVALUATION_LIMIT:
+            raise AnalysisLimit(
+                f"{step} would need over {EVALUATION_LIMIT:,} evaluations "
+                f"(it reads {len(dims)} inputs together); split conditions or features"
+            )
+
+
+#: How an input dimension is set in a context: 0 a field, 1 a feature, 2 an env variable.
+_SETTERS = {"feature": 1, "env": 2}
 
 
 def _named(policy: Policy, subject: str) -> set[str]:
@@ -407,6 +483,7 @@ def _decide(
     result: Analysis,
     row_classes: dict[str, list[Row]],
     members: dict[str | None, list[str]],
+    reps: dict[str | None, str | None],
 ) -> tuple[str | None, str]:
     """Decide one decision as the resolver does, noting which rules held and which decided."""
     stats = result.rules
@@ -432,10 +509,12 @@ def _decide(
             _note(stats, r.id, witness, decided=r.id == rule_id)
     if not auto:
         return value, rule_id
-    row = step.row_for(ctx["architecture"], ctx["model_type"]) if step.rows else None
+    # The row of the class representative stands for the rows of every member of the class, so
+    # that statistics gathered through different members add up under one id.
+    row = step.row_for(reps.get(ctx["architecture"], ctx["architecture"]), ctx["model_type"]) if step.rows else None
     if row is not None:
         if row.id not in row_classes:
-            rows = [step.row_for(m, ctx["model_type"]) for m in members.get(ctx["architecture"], [])]
+            rows = [step.row_for(m, ctx["model_type"]) for m in members.get(reps[ctx["architecture"]], [])]
             row_classes[row.id] = [r for r in rows if r is not None and r.value == row.value]
         assert step.adopt is not None
         if step.adopt(ctx, values):

@@ -282,6 +282,57 @@ def render(run: TestRun, *, coverage: bool, verbose: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
+def as_json(run: TestRun) -> str:
+    """Cases, coverage and a summary as one JSON object."""
+    import json
+
+    document = {
+        "cases": [
+            {"name": c.name, "location": str(c.location), "policy": c.policy, "passed": c.passed, "failures": list(c.failures)}
+            for c in run.cases
+        ],
+        "errors": run.errors,
+        "coverage": {
+            path: {
+                "percent": round(run.percent(path), 2),
+                "missed": [{"kind": i.kind, "id": i.id, "location": str(i.location)} for i in items if not i.exercised],
+            }
+            for path, items in run.coverage.items()
+        },
+        "summary": {"passed": len(run.cases) - len(run.failed), "failed": len(run.failed), "errors": len(run.errors)},
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def as_junit(run: TestRun) -> str:
+    """JUnit XML: one test suite per policy version, one test case per case."""
+    from xml.etree import ElementTree
+
+    root = ElementTree.Element("testsuites", name="kvpolicy test")
+    suites: dict[str, Any] = {}
+    for case in run.cases:
+        suite = suites.get(case.policy)
+        if suite is None:
+            suite = suites[case.policy] = ElementTree.SubElement(root, "testsuite", name=f"policy {case.policy}")
+        element = ElementTree.SubElement(suite, "testcase", name=case.name, classname=case.location.path)
+        if not case.passed:
+            failure = ElementTree.SubElement(element, "failure", message="; ".join(case.failures))
+            failure.text = f"{case.location}\n" + "\n".join(case.failures)
+    for error in run.errors:
+        suite = ElementTree.SubElement(root, "testsuite", name="errors")
+        element = ElementTree.SubElement(suite, "testcase", name=error.split(":", 1)[0], classname="kvpolicy")
+        ElementTree.SubElement(element, "error", message=error)
+    for suite in root:
+        cases = list(suite)
+        suite.set("tests", str(len(cases)))
+        suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+        suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
+    root.set("tests", str(len(run.cases) + len(run.errors)))
+    root.set("failures", str(len(run.failed)))
+    ElementTree.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(root, encoding="unicode") + "\n"
+
+
 def _main() -> None:  # pragma: no cover - convenience for `python -m kvpolicy.lint.cases`
     run = run_tests(sys.argv[1:] or ["policies"])
     sys.stdout.write(render(run, coverage=True))

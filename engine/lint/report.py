@@ -153,13 +153,13 @@ def sarif(result: LintResult) -> str:
     rules = []
     for code in codes:
         rule = RULES[code]
-        first = rule.doc.split("\n\n")[1] if rule.doc.count("\n\n") else rule.doc
+        first = rule.doc.split("\n\n")[0].removeprefix("## What it does").strip().replace("\n", " ")
         rules.append(
             {
                 "id": code,
                 "name": rule.name,
                 "shortDescription": {"text": rule.summary},
-                "fullDescription": {"text": first.strip()},
+                "fullDescription": {"text": first},
                 "help": {"text": rule.doc, "markdown": rule.doc},
                 "helpUri": f"{_INFORMATION_URI}-{code.lower()}",
                 "defaultConfiguration": {"level": rule.severity},
@@ -215,14 +215,13 @@ def junit(result: LintResult) -> str:
     total = failures = 0
     for path, findings in by_file.items():
         suite = ElementTree.SubElement(root, "testsuite", name=path)
-        cases = 0
         for finding in findings:
-            cases += 1
             case = ElementTree.SubElement(
                 suite, "testcase", name=f"{finding.code} {RULES[finding.code].name} at {finding.location}", classname=path
             )
             failure = ElementTree.SubElement(case, "failure", message=finding.message, type=finding.code)
             failure.text = f"{finding.location}: {finding.code} [{finding.severity}] {finding.message}"
+        cases = len(findings)
         if not findings:
             cases = 1
             ElementTree.SubElement(suite, "testcase", name="kvpolicy lint", classname=path)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import PolicyProblem
 from ..model import DECISIONS, Condition, Policy, Row, Rule
 from ..source import Location, SourceDocument
-from .analysis import Analysis, analyse, context_of, describe_context
+from .analysis import Analysis, AnalysisLimit, analyse, context_of, describe_context
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,12 +122,18 @@ class PolicyFile:
         self.document = document
         self.policy = policy
         self.problems = problems
+        self.skipped: str | None = None
 
     @cached_property
-    def analysis(self) -> Analysis:
-        """The exact analysis of the policy (computed once, on first use)."""
+    def analysis(self) -> Analysis | None:
+        """The exact analysis of the policy (computed once, on first use); None, with
+        :attr:`skipped` saying why, when the policy is too large to analyse exactly."""
         assert self.policy is not None
-        return analyse(self.policy)
+        try:
+            return analyse(self.policy)
+        except AnalysisLimit as exc:
+            self.skipped = f"{self.path}: precedence and safety analysis skipped: {exc}"
+            return None
 
     @cached_property
     def policy_set(self) -> PolicySet:
@@ -479,10 +485,10 @@ def _first_rows(rows: tuple[Row, ...]) -> list[Row]:
 
 def _stats(file: PolicyFile, item: Any) -> Any:
     analysis = file.analysis
+    assert analysis is not None
     if isinstance(item, Row):
-        for rep, rows in analysis.row_classes.items():
-            if any(r is item or r.id == item.id for r in rows):
-                return analysis.rules.get(rep)
+        rep = analysis.representative.get(item.id)
+        return analysis.rules.get(rep) if rep is not None else None
     return analysis.rules.get(item.id)
 
 
@@ -556,6 +562,8 @@ def shadowed_rule(file: PolicyFile) -> Iterator[Finding]:
     """
     policy = file.policy
     assert policy is not None
+    if file.analysis is None:
+        return
     for item, label in _rule_items(policy):
         stats = _stats(file, item)
         if stats is None or stats.held is None or stats.decided is not None:
@@ -595,6 +603,8 @@ def unreachable_rule(file: PolicyFile) -> Iterator[Finding]:
     policy = file.policy
     assert policy is not None
     analysis = file.analysis
+    if analysis is None:
+        return
     for item, label in _rule_items(policy):
         if isinstance(item, Rule) and item.stage == "default":
             continue
@@ -623,9 +633,9 @@ def _row_condition(policy: Policy, row: Row) -> str:
     if row.model_type:
         parts.append(f"model_type is {row.model_type}")
     for decision in policy.decisions.values():
-        if decision.preference is not None and any(r is row for r in decision.preference.rows):
-            if not decision.preference.adopt_when.empty:
-                parts.append(str(decision.preference.adopt_when))
+        preference = decision.preference
+        if preference is not None and any(r is row for r in preference.rows) and not preference.adopt_when.empty:
+            parts.append(str(preference.adopt_when))
     return " and ".join(parts)
 
 
@@ -658,6 +668,8 @@ def conflicting_requirements(file: PolicyFile) -> Iterator[Finding]:
     """
     policy = file.policy
     assert policy is not None
+    if file.analysis is None:
+        return
     rules = {r.id: r for d in policy.decisions.values() for r in d.requirements}
     for (first_id, second_id), witness in sorted(file.analysis.conflicts.items()):
         first, second = sorted((rules[first_id], rules[second_id]), key=lambda r: (r.location.line, r.id))
@@ -705,6 +717,8 @@ def auto_rejected(file: PolicyFile) -> Iterator[Finding]:
     policy = file.policy
     assert policy is not None
     analysis = file.analysis
+    if analysis is None:
+        return
     decisions = policy.decisions
     owners: dict[str, Any] = {r.id: r for r in policy.rules()}
     for row in policy.rows():
@@ -927,6 +941,28 @@ def unused_suppression(files: list[PolicyFile], base: Any = None) -> Iterator[Fi
     return iter(())
 
 
+@_rule("KVP091", "suppression-without-reason", "suppression", "warning", "A suppression comment that does not say why", "set")
+def suppression_without_reason(files: list[PolicyFile], base: Any = None) -> Iterator[Finding]:
+    """## What it does
+    Reports a ``# kvpolicy: ignore[CODE]`` comment with no text after the brackets. (Like
+    KVP090, the runner reports these while it applies suppressions.)
+
+    ## Why is this bad?
+    A suppression makes a finding silent in CI but keeps it visible in review. Without a reason,
+    the reviewer cannot tell an accepted upstream behaviour from a silenced mistake.
+
+    ## Example
+    ```toml
+    { architecture = "LlamaForCausalLM", value = "PYTHON" },  # kvpolicy: ignore[KVP030]
+    ```
+
+    ## Fix
+    Say why after the brackets:
+    ``# kvpolicy: ignore[KVP030] upstream 2026-08-24 adopts preferences verbatim``.
+    """
+    return iter(())
+
+
 # -- shared helpers --------------------------------------------------------------------------------
 
 
@@ -955,7 +991,11 @@ def _close(name: str, known: Iterable[str], *, cutoff: float) -> str | None:
     lowered = {k.lower(): k for k in known}
     if name.lower() in lowered and lowered[name.lower()] != name:
         return lowered[name.lower()]
-    match = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
+    # A similarity ratio r needs lengths within a factor r / (2 - r) of each other: skip the
+    # rest before difflib compares anything (1,000 rows against the catalogue stay fast).
+    factor = cutoff / (2 - cutoff)
+    near = [k for k in known if min(len(k), len(name)) >= factor * max(len(k), len(name))]
+    match = difflib.get_close_matches(name, near, n=1, cutoff=cutoff)
     return match[0] if match else None
 
 

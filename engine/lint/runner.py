@@ -29,7 +29,7 @@ __all__ = ["LintConfig", "LintResult", "LintUsageError", "find_config", "lint_pa
 
 FAIL_LEVELS = ("warning", "error")
 _SEVERITY_RANK = {"warning": 1, "error": 2}
-_SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([^\]]*)\]")
+_SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([^\]]*)\]([^#]*)")
 
 
 class LintUsageError(Exception):
@@ -256,39 +256,52 @@ def lint_files(
             result.suppressed.append(finding)
         else:
             result.findings.append(finding)
-    if config.enabled("KVP090"):
-        for path, lines in comments.items():
-            for line, (codes, column) in lines.items():
-                for code in sorted(codes):
-                    if code not in RULES:
-                        result.findings.append(
-                            Finding("KVP090", f"suppression names unknown rule code {code!r}", Location(path, line, column), "warning")
+    loaded = {file.path for file in files if file.policy is not None}
+    for path, lines in comments.items():
+        for line, (codes, column, reason) in lines.items():
+            if not reason and config.enabled("KVP091"):
+                result.findings.append(
+                    Finding(
+                        "KVP091",
+                        f"suppression of {', '.join(sorted(codes)) or 'nothing'} gives no reason; "
+                        "say why the finding is accepted after the brackets",
+                        Location(path, line, column),
+                        "warning",
+                    )
+                )
+            if not config.enabled("KVP090"):
+                continue
+            for code in sorted(codes):
+                if code not in RULES:
+                    result.findings.append(
+                        Finding("KVP090", f"suppression names unknown rule code {code!r}", Location(path, line, column), "warning")
+                    )
+                # In a file that does not load, most rules did not run: nothing to judge.
+                elif config.enabled(code) and path in loaded and (path, line, code) not in used:
+                    result.findings.append(
+                        Finding(
+                            "KVP090",
+                            f"unused suppression of {code}: no {code} finding on this line; delete it",
+                            Location(path, line, column),
+                            "warning",
                         )
-                    elif config.enabled(code) and (path, line, code) not in used:
-                        result.findings.append(
-                            Finding(
-                                "KVP090",
-                                f"unused suppression of {code}: no {code} finding on this line; delete it",
-                                Location(path, line, column),
-                                "warning",
-                            )
-                        )
+                    )
     result.findings.sort(key=Finding.sort_key)
     return result
 
 
-def suppressions(file: PolicyFile) -> dict[int, tuple[frozenset[str], int]]:
-    """``# kvpolicy: ignore[CODE, ...]`` comments of a file: line -> (codes, column)."""
+def suppressions(file: PolicyFile) -> dict[int, tuple[frozenset[str], int, str]]:
+    """``# kvpolicy: ignore[CODE, ...] reason`` comments of a file: line -> (codes, column, reason)."""
     try:
         text = file.raw.decode("utf-8")
     except UnicodeDecodeError:
         return {}
-    found: dict[int, tuple[frozenset[str], int]] = {}
+    found: dict[int, tuple[frozenset[str], int, str]] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         match = _SUPPRESSION.search(line)
         if match and _in_comment(line, match.start()):
             codes = frozenset(c.strip().upper() for c in match.group(1).split(",") if c.strip())
-            found[number] = (codes, match.start() + 1)
+            found[number] = (codes, match.start() + 1, match.group(2).strip())
     return found
 
 

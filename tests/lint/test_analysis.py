@@ -1,0 +1,80 @@
+"""The analysis behind the precedence and safety rules is exact: on every policy it agrees with
+brute force over the full domain (every context class, evaluated by the resolver)."""
+
+from __future__ import annotations
+
+import itertools
+
+import kvpolicy
+import pytest
+from hypothesis import HealthCheck, given, settings
+from kvpolicy.domain import domain_of
+from kvpolicy.lint.analysis import analyse
+from kvpolicy.loader import parse_policy
+from kvpolicy.resolver import compile_condition
+
+from tests.engine.strategies import policies
+
+
+def _brute_force(policy):
+    """Rules that decide, conditions that hold under auto, constraints that fire, conflicts."""
+    policy_set = kvpolicy.PolicySet(policy)
+    names = frozenset(policy.decisions)
+    decided, held, fired, conflicts = set(), set(), set(), set()
+    tests = {}
+    for decision in policy.decisions.values():
+        for rule in (*decision.requirements, *decision.conditionals):
+            tests[rule.id] = compile_condition(rule.when, names)
+    implied = [(f.env, f.name) for f in policy.features.values() if f.env]
+    for ctx in domain_of(policy).contexts():
+        on = {feature for variable, feature in implied if ctx["env"].get(variable) == "1"}
+        if not on <= ctx["features"]:
+            ctx = {**ctx, "features": ctx["features"] | on}  # as resolve normalises it
+        values, decided_by, diagnostics = policy_set.outcome(ctx)
+        fired |= {d.id for d in diagnostics if d.id in {c.id for c in policy.constraints}}
+        for name, decision in policy.decisions.items():
+            auto = ctx[name] == decision.auto
+            held_requirements = [r for r in decision.requirements if tests[r.id](ctx, values)]
+            for first, second in itertools.combinations(held_requirements, 2):
+                if first.value != second.value:
+                    conflicts.add(tuple(sorted((first.id, second.id))))
+            if not auto:
+                continue
+            decided.add(decided_by[name])
+            held |= {r.id for r in held_requirements}
+            held |= {r.id for r in decision.conditionals if tests[r.id](ctx, values)}
+    return decided, held, fired, conflicts
+
+
+def _analysed(policy):
+    analysis = analyse(policy)
+    decided, held = set(), set()
+    for rule_id, stats in analysis.rules.items():
+        ids = {r.id for r in analysis.row_classes.get(rule_id, [])} or {rule_id}
+        if stats.decided is not None:
+            decided |= ids
+        if stats.held is not None and rule_id in {r.id for r in policy.rules()}:
+            held |= ids
+    held -= {d.default.id for d in policy.decisions.values()}
+    return decided, held, set(analysis.constraints), set(analysis.conflicts)
+
+
+def _compare(policy):
+    decided, held, fired, conflicts = _brute_force(policy)
+    held -= {d.default.id for d in policy.decisions.values()}
+    got = _analysed(policy)
+    assert got[0] == decided, "rules that decide"
+    assert got[1] == held, "requirements and conditionals that hold under auto"
+    assert got[2] == fired, "constraints that fire"
+    assert got[3] == conflicts, "conflicting requirement pairs"
+
+
+@pytest.mark.parametrize("version", ["2026.07.09"])
+def test_exact_on_shipped_policies(version):
+    _compare(kvpolicy.load(version=version).policy)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policies())
+def test_exact_on_random_policies(text):
+    _compare(parse_policy(text.encode(), "random.toml"))

@@ -1,0 +1,208 @@
+"""``kvpolicy lint``, ``rule`` and ``rules``: output formats, exit codes, configuration,
+suppressions and version history."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from xml.etree import ElementTree
+
+import pytest
+
+from .conftest import FIXTURES, REPO, check_golden
+
+MIXED = str(FIXTURES / "KVP021.toml")
+
+
+@pytest.mark.parametrize("fmt", ["json", "github", "sarif", "junit"])
+def test_formats_match_golden(cli, fmt):
+    code, out, _ = cli("lint", MIXED, str(FIXTURES / "KVP030.toml"), "--format", fmt)
+    assert code == 1
+    check_golden(f"format.{fmt}", out)
+
+
+def test_text_format_is_ruff_like(cli):
+    _, out, _ = cli("lint", str(FIXTURES / "KVP030.toml"))
+    first = out.splitlines()[0]
+    assert first.startswith("tests/lint/fixtures/KVP030.toml:44:3: KVP030 ")
+    assert out.rstrip().splitlines()[-1].startswith("Found 1 finding: 1 error")
+
+
+def test_sarif_structure(cli):
+    _, out, _ = cli("lint", MIXED, "--format", "sarif")
+    sarif = json.loads(out)
+    assert sarif["version"] == "2.1.0"
+    run = sarif["runs"][0]
+    rules = run["tool"]["driver"]["rules"]
+    assert len({r["id"] for r in rules}) == len(rules) >= 18
+    for result in run["results"]:
+        assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
+        region = result["locations"][0]["physicalLocation"]["region"]
+        assert region["startLine"] >= 1 and region["startColumn"] >= 1
+
+
+def test_github_annotations_escape(cli, tmp_path):
+    _, out, _ = cli("lint", str(FIXTURES / "KVP030.toml"), "--format", "github")
+    assert out.startswith("::error file=tests/lint/fixtures/KVP030.toml,line=44,col=3,title=KVP030 auto-rejected::")
+    assert out.count("\n") == 1
+
+
+def test_junit_is_xml(cli):
+    _, out, _ = cli("lint", MIXED, str(FIXTURES / "clean.toml"), "--format", "junit")
+    root = ElementTree.fromstring(out.split("\n", 1)[1])
+    assert root.get("failures") == "2" and root.get("tests") == "3"
+
+
+def test_exit_codes(cli, tmp_path):
+    assert cli("lint", str(FIXTURES / "clean.toml"))[0] == 0
+    assert cli("lint", str(FIXTURES / "KVP040.toml"))[0] == 1
+    assert cli("lint", str(FIXTURES / "KVP040.toml"), "--fail-level", "error")[0] == 0
+    assert cli("lint", str(FIXTURES / "KVP001.toml"), "--fail-level", "error")[0] == 1
+    code, out, err = cli("lint", str(tmp_path / "missing.toml"))
+    assert code == 2 and out == "" and "no such file" in err
+    assert cli("lint", MIXED, "--select", "KVP999")[0] == 2
+    with pytest.raises(SystemExit) as exc:
+        cli("lint", "--format", "xml")
+    assert exc.value.code == 2
+
+
+def test_no_paths_lints_policies_folder(cli, monkeypatch, tmp_path):
+    code, out, _ = cli("lint")
+    assert code == 0 and "4 files checked" in out
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("lint")
+    assert code == 2 and "./policies/ does not exist" in err
+
+
+def test_select_and_ignore(cli):
+    code, out, _ = cli("lint", MIXED, "--ignore", "shadowed-rule")
+    assert code == 0
+    code, out, _ = cli("lint", MIXED, "--select", "documentation,KVP02")
+    assert code == 1 and "KVP021" in out
+
+
+def test_pyproject_configuration(cli, tmp_path, monkeypatch):
+    shutil.copy(FIXTURES / "KVP040.toml", tmp_path / "policy.toml")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nignore = ["KVP040"]\n')
+    assert cli("lint", "policy.toml")[0] == 0
+    (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nfail-level = "error"\n')
+    code, out, _ = cli("lint", "policy.toml")
+    assert code == 0 and "KVP040" in out
+    (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nselect = ["KVP09"]\n')
+    code, out, _ = cli("lint", "policy.toml")
+    assert code == 0 and "All checks passed" in out
+    (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nfail_level = "error"\n')
+    code, _, err = cli("lint", "policy.toml")
+    assert code == 2 and "unknown [tool.kvpolicy] key" in err
+
+
+def test_inline_suppression(cli, tmp_path):
+    text = (FIXTURES / "KVP030.toml").read_text().replace(
+        'source = "fixture" },\n]', 'source = "fixture" },  # kvpolicy: ignore[KVP030] reproduces upstream\n]', 1
+    )
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    code, out, _ = cli("lint", str(path))
+    assert code == 0, out
+    assert "1 suppressed" in out
+
+
+def test_suppression_inside_a_string_does_not_count(tmp_path):
+    from kvpolicy.lint.runner import _in_comment
+
+    assert _in_comment('x = 1  # kvpolicy: ignore[KVP030]', 7)
+    assert not _in_comment('x = "# kvpolicy: ignore[KVP030]"', 5)
+
+
+def test_rule_and_rules(cli):
+    code, out, _ = cli("rule", "KVP030")
+    assert code == 0 and out.startswith("# auto-rejected (KVP030)") and "## Fix" in out
+    assert cli("rule", "shadowed-rule")[1].startswith("# shadowed-rule (KVP021)")
+    code, _, err = cli("rule", "KVP031")
+    assert code == 2 and "did you mean" in err
+    code, out, _ = cli("rules")
+    assert code == 0 and "KVP001" in out and "precedence:" in out
+    assert len(json.loads(cli("rules", "--format", "json")[1])) == 19
+
+
+def _git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_unbumped_version_against_base(tmp_path, monkeypatch):
+    from kvpolicy.lint import lint_paths
+
+    _git("init", "-q", cwd=tmp_path)
+    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "root", cwd=tmp_path)
+    policy = tmp_path / "policies" / "p.toml"
+    policy.parent.mkdir()
+    policy.write_text((FIXTURES / "clean.toml").read_text())
+    _git("add", ".", cwd=tmp_path)
+    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "policy", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    # A comment is not a content change.
+    policy.write_text(policy.read_text() + "# a comment\n")
+    assert lint_paths(["policies"], base="HEAD").findings == []
+    # A changed value without a bump is.
+    policy.write_text(policy.read_text().replace('value = "V1", reason', 'value = "V2", reason'))
+    findings = lint_paths(["policies"], base="HEAD").findings
+    assert [(f.code, f.location.line) for f in findings] == [("KVP051", 3)]
+    # Bumping the version fixes it.
+    policy.write_text(policy.read_text().replace('version = "2030.01.01"', 'version = "2030.01.02"'))
+    assert lint_paths(["policies"], base="HEAD").findings == []
+
+
+def test_bad_base_is_a_usage_error(cli):
+    code, _, err = cli("lint", MIXED, "--base", "no-such-ref-xyz")
+    assert code == 2 and "not a git revision" in err
+
+
+def test_lint_cli_does_not_import_torch():
+    code = (
+        "import sys; from kvpolicy.cli import main; main(['lint', 'policies', '--format', 'json']); "
+        "assert 'torch' not in sys.modules and 'nixl' not in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_pre_commit_hooks_name_real_commands():
+    yaml = pytest.importorskip("yaml")
+    from kvpolicy.cli import COMMANDS
+
+    hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    assert {h["id"] for h in hooks} == {"kvpolicy-lint", "kvpolicy-fmt", "kvpolicy-test"}
+    for hook in hooks:
+        program, command = hook["entry"].split()[:2]
+        assert program == "kvpolicy" and command in COMMANDS
+        assert hook["language"] == "python"
+
+
+def test_output_file(cli, tmp_path):
+    target = tmp_path / "report.sarif"
+    code, out, _ = cli("lint", MIXED, "--format", "sarif", "--output", str(target))
+    assert code == 1 and out == ""
+    assert json.loads(target.read_text())["version"] == "2.1.0"
+
+
+def test_policy_too_large_to_analyse_is_skipped_not_hung(cli, tmp_path):
+    """Twenty features read together would need 2**20 evaluations per context class: the exact
+    analysis refuses up front, the other rules still run, and stderr says what was skipped."""
+    text = (FIXTURES / "clean.toml").read_text()
+    features = "".join(f'[features.f{i}]\ndescription = "feature {i}"\n\n' for i in range(20))
+    requirements = "".join(
+        f'[[decisions.transceiver_runtime.requirement]]\nid = "f{i}-requires-cpp"\nwhen = {{ features.f{i} = true }}\n'
+        f'value = "CPP"\nreason = "r"\nsource = "s"\n\n'
+        for i in range(20)
+    )
+    text = text.replace("[decisions.backend]", features + "[decisions.backend]", 1)
+    text = text.replace("[decisions.transceiver_runtime.preference]", requirements + "[decisions.transceiver_runtime.preference]", 1)
+    path = tmp_path / "big.toml"
+    path.write_text(text)
+    code, out, err = cli("lint", str(path))
+    assert "analysis skipped" in err
+    assert code == 0, out
