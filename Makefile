@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 EXTRAS ?= transfer,demo,test
 
-.PHONY: install demo test test-engine bench fuzz clean
+.PHONY: install demo test test-engine lint bench fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+lint: $(STAMP)
+	$(VENV)/bin/kvpolicy lint policies/
+	$(VENV)/bin/kvpolicy fmt --check policies/
+	$(VENV)/bin/kvpolicy test policies/ --coverage --threshold 100
+
 test-engine: $(STAMP)
 	$(PY) -m pytest -q tests/engine
 
 bench: $(STAMP)
 	$(PY) bench/resolve.py
+	$(PY) bench/lint.py
 	$(PY) bench/transfer.py
 
 fuzz: $(STAMP)
