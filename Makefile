@@ -37,6 +37,7 @@ test-engine: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/resolve.py
 	$(PY) bench/lint.py
+	$(PY) bench/diff.py
 	$(PY) bench/transfer.py
 
 fuzz: $(STAMP)

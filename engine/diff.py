@@ -11,7 +11,14 @@ gives cubes on which both are constant; those where they differ are the change, 
 
 Changed cubes are grouped by *how* they change (the values, deciding rules and diagnostics that
 differ) and merged into as few cubes as a greedy merge finds; every cube describes exactly the
-contexts in it, so every printed line is true of every context it names and of no other.
+contexts in it, so every printed line is true of every context it names and of no other. Where a
+group is a product (say, of some architectures and backends with some feature combinations), it
+is also written as one: clauses of alternatives. :meth:`Diff.sections` gathers the groups whose
+decisions change alike and says where, within them, each diagnostic comes or goes.
+
+A preference row's rule id names its architecture (``runtime-preference[LlamaForCausalLM]``); on
+cubes it is kept as a template (:func:`canonical_rule`), so architectures whose rows agree stay
+together instead of splitting the domain one architecture at a time.
 
 The symbolic evaluator mirrors :meth:`kvpolicy.resolver.Program.outcome` stage by stage
 (explicit, requirements, preference, conditional defaults, default, constraints); the tests check
@@ -23,13 +30,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import reduce
+from functools import cached_property, lru_cache, reduce
 from typing import Any
 
 from .domain import Dimension, Domain, domain_of
 from .model import Condition, Decision, Policy, Row
 
 __all__ = [
+    "ByValues",
     "Change",
     "Cube",
     "DiagnosticKey",
@@ -39,6 +47,8 @@ __all__ = [
     "Outcome",
     "diff_policies",
     "evaluate_cubes",
+    "outcome_of",
+    "rejected",
 ]
 
 #: A diagnostic as analyses compare it: (id, severity, decision).
@@ -177,6 +187,54 @@ class Group:
     count: int
     """How many points of the full product the cubes hold."""
     clauses: tuple[Clause, ...] = ()
+    resolved: frozenset = frozenset()
+    """The OLD outcomes of its contexts."""
+
+
+@dataclass(frozen=True)
+class ByValues:
+    """A set of contexts written as inputs plus what they resolve to: the contexts of
+    ``restriction`` that OLD resolves to one of ``resolved`` (with ``both``: that both versions
+    resolve alike to one of them). Used where that is far shorter than a list of input cubes,
+    e.g. for changes that follow from decided values rather than from the inputs directly."""
+
+    restriction: Cube
+    resolved: tuple[tuple[tuple[str, str | None, str | None], ...], ...]
+    """(decision, value, deciding rule) of every decision, one tuple per alternative; the rule
+    is None where the description does not need it (``with_rules`` False)."""
+    with_rules: bool = True
+    both: bool = True
+    """True: both versions resolve alike to one of ``resolved``; False: OLD resolves to one."""
+
+
+@dataclass(frozen=True)
+class DiagnosticChange:
+    """A diagnostic gained (``+``) or lost (``-``) by some contexts of a section.
+
+    Which contexts: ``restriction``, a cube that, intersected with the section, gives exactly
+    them (full on every dimension it does not narrow); or, when no single cube does, ``clauses``
+    that describe them on their own. Both None: every context of the section."""
+
+    sign: str
+    diagnostic: DiagnosticKey
+    count: int
+    restriction: Cube | None = None
+    clauses: tuple[Clause, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Section:
+    """The groups whose decisions change alike (same values, same deciding rules), whatever
+    happens to their diagnostics: what a person reads first."""
+
+    decisions: tuple[DecisionChange, ...]
+    groups: tuple[Group, ...]
+    cubes: tuple[Cube, ...]
+    count: int
+    clauses: tuple[Clause, ...]
+    diagnostics: tuple[DiagnosticChange, ...]
+    by_values: ByValues | None = None
+    """The same contexts by what they resolve to, where that is shorter than ``clauses``."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +248,10 @@ class Diff:
     groups: tuple[Group, ...]
     total: int
     """How many points the full product holds."""
+    leaves: tuple[tuple[Cube, Outcome, Outcome], ...] = ()
+    """The joint partition: cubes on which both policies are constant, changed or not."""
+    leaf_groups: tuple[int, ...] = ()
+    """The index in ``groups`` of each leaf's group (-1: unchanged), aligned with ``leaves``."""
 
     @property
     def changed(self) -> int:
@@ -202,6 +264,27 @@ class Diff:
     def contains(self, cube: Cube, point: tuple[Any, ...]) -> bool:
         """Whether a point (one value per dimension) lies in a cube."""
         return all(value in values for value, values in zip(point, cube))
+
+    def sections(self) -> list[Section]:
+        """The groups gathered by how their decisions change (see :class:`Section`)."""
+        return list(self._sections)
+
+    @cached_property
+    def _sections(self) -> tuple[Section, ...]:
+        return tuple(_sections(self))
+
+    @cached_property
+    def outcomes(self) -> frozenset[Outcome]:
+        """Every distinct outcome either version has anywhere in the domain."""
+        return frozenset(o for _, first, second in self.leaves for o in (first, second))
+
+    def leaf_keys(self, with_rules: bool) -> list[tuple[Any, Any]]:
+        """(OLD, NEW) resolution keys of every leaf (see :func:`_resolution_key`), computed once."""
+        cache = self.__dict__.setdefault("_leaf_keys", {})
+        if with_rules not in cache:
+            keys = {o: _resolution_key(o, with_rules) for o in self.outcomes}
+            cache[with_rules] = [(keys[first], keys[second]) for _, first, second in self.leaves]
+        return cache[with_rules]
 
     def group_of(self, point: tuple[Any, ...]) -> Group | None:
         """The group holding a point, or None when it does not change."""
@@ -263,6 +346,17 @@ class _Evaluator:
         self.constraints = tuple(
             (self._compile(c.when), (c.id, c.severity, c.decision)) for c in sorted(policy.constraints, key=lambda c: c.id)
         )
+        # Requested values this policy accepts (the other policy may know more values), and
+        # features it does not declare (``resolve`` rejects a context that carries one).
+        self.accepted = tuple(
+            (name, self.index[name], frozenset((policy.decisions[name].auto, *policy.decisions[name].values)))
+            for name in order
+        )
+        self.undeclared = tuple(
+            (d.name[len("feature:"):], i)
+            for i, d in enumerate(dimensions)
+            if d.name.startswith("feature:") and d.name[len("feature:"):] not in policy.features
+        )
 
     def _compile(self, condition: Condition) -> _Compiled:
         """A condition as tests of decided values (never split) and tests of dimensions."""
@@ -303,6 +397,12 @@ class _Evaluator:
     def evaluate(self, cube: Cube) -> Outcome:
         """The outcome on ``cube``; raises :class:`_Split` when it is not constant there."""
         holds = self.holds
+        for name, index, accepted in self.accepted:
+            if not _member(cube, index, accepted):
+                return rejected(name)
+        for _, index in self.undeclared:
+            if not _member(cube, index, _OFF):
+                return rejected("features")
         values: dict[str, Any] = {}
         by: dict[str, str] = {}
         diags: list[DiagnosticKey] = []
@@ -348,6 +448,30 @@ class _Evaluator:
             if holds(condition, cube, values):
                 diags.append(key)
         return Outcome(tuple(sorted(values.items())), tuple(sorted(by.items())), tuple(sorted(diags, key=_diagnostic_sort)))
+
+
+#: The diagnostic of a context a policy rejects (a requested value or feature it does not know).
+UNKNOWN_VALUE = "unknown-value"
+_OFF = frozenset([False])
+
+
+def rejected(field: str) -> Outcome:
+    """The outcome of a context whose requested value of ``field`` (a decision, or
+    ``features``) the policy does not accept (``resolve`` raises ContextError for it): nothing
+    decided, one error."""
+    return Outcome((), (), ((UNKNOWN_VALUE, "error", field),))
+
+
+def outcome_of(policy_set: Any, ctx: dict[str, Any]) -> Outcome:
+    """The reference outcome of a normalised context, by the engine's own evaluator, as
+    :class:`Outcome` (for tests and benchmarks; the diff itself never evaluates points)."""
+    for name in policy_set.decisions:
+        decision = policy_set.policy.decisions[name]
+        if ctx[name] != decision.auto and ctx[name] not in decision.values:
+            return rejected(name)
+    if not ctx["features"] <= policy_set.features:
+        return rejected("features")
+    return Outcome.of(*policy_set.outcome(dict(ctx)), ctx["architecture"])
 
 
 def _notice_key(notice: Any, decision: str) -> DiagnosticKey | None:
@@ -434,8 +558,12 @@ def _leaves(cube: Cube, evaluate: Any) -> Iterator[tuple[Cube, Any]]:
         yield current, result
 
 
-def evaluate_cubes(old: Policy, new: Policy, old_order: tuple[str, ...], new_order: tuple[str, ...], domain: Domain | None = None) -> Iterator[tuple[Cube, Outcome, Outcome]]:
-    """Partition the joint domain into cubes on which both policies are constant."""
+def evaluate_cubes(old: Any, new: Any, domain: Domain | None = None) -> Iterator[tuple[Cube, Outcome, Outcome]]:
+    """Partition the joint domain of two policies (``Policy`` or ``PolicySet``) into cubes on
+    which both are constant: (cube, old outcome, new outcome), cubes aligned with
+    ``domain.dimensions()``."""
+    old, old_order = _unpack(old)
+    new, new_order = _unpack(new)
     domain = domain or domain_of(old, new)
     dimensions = domain.dimensions()
     full: Cube = tuple(frozenset(d.values) for d in dimensions)
@@ -469,6 +597,107 @@ def _merge(cubes: list[Cube]) -> list[Cube]:
                 changed = True
                 current = {key[:i] + (reduce(frozenset.union, sets),) + key[i:] for key, sets in buckets.items()}
     return sorted(current, key=_cube_order)
+
+
+def _sections(result: Diff) -> list[Section]:
+    # Groups whose decisions change alike share a section; where only diagnostics change, each
+    # way they change is its own section (they rarely have anything else in common).
+    by_decisions: dict[Any, list[Group]] = {}
+    for group in result.groups:
+        by_decisions.setdefault(group.change.decisions or group.change, []).append(group)
+    blocks = _blocks(result.dimensions)
+    sections = []
+    for decisions, groups in by_decisions.items():
+        cubes = _merge([c for g in groups for c in g.cubes])
+        count = sum(g.count for g in groups)
+        box = _bounding_box(cubes)
+        changes = []
+        for sign, attribute in (("+", "added"), ("-", "removed")):
+            keys = sorted({d for g in groups for d in getattr(g.change, attribute)}, key=_diagnostic_sort)
+            for key in keys:
+                members = [g for g in groups if key in getattr(g.change, attribute)]
+                subset = [c for g in members for c in g.cubes]
+                subset_count = sum(g.count for g in members)
+                if subset_count == count:
+                    changes.append(DiagnosticChange(sign, key, subset_count))
+                    continue
+                restriction = _bounding_box(subset)
+                if sum(_size(_intersect(c, restriction)) for c in cubes) == subset_count:
+                    # Show only what narrows the section: full on every dimension the section
+                    # already bounds the same way.
+                    shown = tuple(
+                        r if r != b else frozenset(d.values) for r, b, d in zip(restriction, box, result.dimensions)
+                    )
+                    changes.append(DiagnosticChange(sign, key, subset_count, restriction=shown))
+                else:
+                    merged = _merge(subset)
+                    changes.append(DiagnosticChange(sign, key, subset_count, clauses=_factor(merged, blocks)))
+        clauses = _factor(cubes, blocks)
+        by_values = None
+        outcomes = frozenset().union(*(g.resolved for g in groups))
+        lines = sum(len(alternatives) for alternatives in describe_clauses(clauses, result.dimensions))
+        both = not groups[0].change.decisions
+        for with_rules in (False, True):
+            if lines <= 2:
+                break
+            members = {result.groups.index(g) for g in groups}
+            candidate = _by_values(result, cubes, members, outcomes, with_rules, both)
+            if candidate is not None:
+                size = len(describe_resolved(candidate, result)) + 1
+                if size < lines:
+                    by_values, lines = candidate, size
+        key = decisions if isinstance(decisions, tuple) else ()
+        sections.append(Section(key, tuple(groups), tuple(cubes), count, clauses, tuple(changes), by_values))
+    return sections
+
+
+def _by_values(
+    result: Diff, cubes: list[Cube], members: set[int], outcomes: frozenset, with_rules: bool, both: bool
+) -> ByValues | None:
+    """The contexts as (a cube of inputs) x (what OLD, or both versions alike, resolve), if exact.
+
+    The contexts of a box that resolve so are exactly the section's when the box holds the whole
+    section (the bounding box does, and widening keeps it) and no *other* leaf that resolves so
+    meets the box. Start from the bounding box and widen one dimension at a time to every value
+    while that holds: a leaf blocks widening a dimension when that is the only one on which it
+    misses the box."""
+    resolved = {_resolution_key(o, with_rules) for o in outcomes}
+    others = [
+        cube
+        for (cube, _, _), (first, second), group in zip(result.leaves, result.leaf_keys(with_rules), result.leaf_groups)
+        if group not in members and first in resolved and (not both or second == first)
+    ]
+    box = list(_bounding_box(cubes))
+    misses = []
+    for cube in others:
+        missed = {i for i, (values, allowed) in enumerate(zip(cube, box)) if not (values & allowed)}
+        if not missed:
+            return None  # another leaf resolving alike lies in the box: not exact
+        misses.append(missed)
+    for index in reversed(range(len(box))):
+        full = frozenset(result.dimensions[index].values)
+        if box[index] == full or any(len(m) == 1 and index in m for m in misses):
+            continue
+        box[index] = full
+        for m in misses:
+            m.discard(index)
+    return ByValues(tuple(box), tuple(sorted(resolved, key=repr)), with_rules, both)
+
+
+@lru_cache(maxsize=65536)
+def _resolution_key(outcome: Outcome, with_rules: bool = True) -> tuple[tuple[str, Any, str | None], ...]:
+    """(decision, value, deciding rule or None) of every decision: what a context resolves to
+    (and why, ``with_rules``)."""
+    by = dict(outcome.decided_by)
+    return tuple((name, value, by.get(name, "") if with_rules else None) for name, value in outcome.values)
+
+
+def _bounding_box(cubes: list[Cube]) -> Cube:
+    return tuple(reduce(frozenset.union, column) for column in zip(*cubes))
+
+
+def _intersect(a: Cube, b: Cube) -> Cube:
+    return tuple(x & y for x, y in zip(a, b))
 
 
 def _blocks(dimensions: tuple[Dimension, ...]) -> list[tuple[int, ...]]:
@@ -519,31 +748,47 @@ def _size(cube: Cube) -> int:
 
 def diff_policies(old: Any, new: Any) -> Diff:
     """Every context on which two policies (``Policy`` or ``PolicySet``) resolve differently."""
-    old_policy, old_order = _unpack(old)
-    new_policy, new_order = _unpack(new)
+    old_policy, _ = _unpack(old)
+    new_policy, _ = _unpack(new)
     domain = domain_of(old_policy, new_policy)
     dimensions = domain.dimensions()
     by_change: dict[Change, list[Cube]] = {}
+    resolved: dict[Change, set[Any]] = {}
     memo: dict[tuple[Outcome, Outcome], Change | None] = {}
-    for cube, first, second in evaluate_cubes(old_policy, new_policy, old_order, new_order, domain):
+    leaves = tuple(evaluate_cubes(old, new, domain))
+    leaf_changes = []
+    for cube, first, second in leaves:
         key = (first, second)
         change = memo.get(key, memo)
         if change is memo:
             change = None if first == second else Change.between(first, second)
             memo[key] = change  # type: ignore[assignment]
+        leaf_changes.append(change)
         if change is not None:
             by_change.setdefault(change, []).append(cube)  # type: ignore[arg-type]
+            resolved.setdefault(change, set()).add(first)  # type: ignore[arg-type]
     groups = []
     blocks = _blocks(dimensions)
     for change, cubes in by_change.items():
         merged = _merge(cubes)
-        groups.append(Group(change, tuple(merged), sum(_size(c) for c in merged), _factor(merged, blocks)))
+        groups.append(
+            Group(change, tuple(merged), sum(_size(c) for c in merged), _factor(merged, blocks), frozenset(resolved[change]))
+        )
     # Value changes first; groups with the same decision change next to each other.
     groups.sort(
         key=lambda g: (not g.change.values_change, [str(d) for d in g.change.decisions], not g.change.starts_failing, -g.count, g.change.summary())
     )
     total = _size(tuple(frozenset(d.values) for d in dimensions))
-    return Diff(old_policy, new_policy, domain, dimensions, tuple(groups), total)
+    # Each leaf's group, by index (-1: unchanged); equal changes are hashed once per object.
+    index_of = {g.change: i for i, g in enumerate(groups)}
+    by_object: dict[int, int] = {}
+    leaf_groups = []
+    for change in leaf_changes:
+        found = by_object.get(id(change))
+        if found is None:
+            found = by_object[id(change)] = -1 if change is None else index_of[change]
+        leaf_groups.append(found)
+    return Diff(old_policy, new_policy, domain, dimensions, tuple(groups), total, leaves, tuple(leaf_groups))
 
 
 def _unpack(item: Any) -> tuple[Policy, tuple[str, ...]]:
@@ -600,20 +845,30 @@ def describe_cube(cube: Cube, dimensions: tuple[Dimension, ...]) -> str:
             label = _REQUEST_LABELS.get(name, name)
             ordered = [v for v in dimension.values if v in values]
             parts.append(f"{label} {_or(ordered)}")
-    for text, variables in env_parts.items():
+    # Variables set to a value first: they say which route DEFAULT takes.
+    for text, variables in sorted(env_parts.items(), key=lambda item: not item[0].startswith("=")):
         parts.append(f"{_and(variables)}{text}")
-    if features_on:
-        parts.append(f"with {_and(features_on)}")
-    if features_off:
-        parts.append(f"without {_or(features_off)}")
+    all_features = sum(1 for d in dimensions if d.name.startswith("feature:"))
+    if features_off and not features_on and len(features_off) == all_features > 1:
+        parts.append("no features")
+    else:
+        if features_on:
+            parts.append(f"with {_and(features_on)}")
+        if features_off:
+            parts.append(f"without {_or(features_off)}")
     return ", ".join(parts) if parts else "any"
 
 
-def describe_group(group: Group, dimensions: tuple[Dimension, ...]) -> list[list[str]]:
-    """The group as clauses, each a list of alternatives in words (a context is in the group
-    when it matches one alternative of every clause)."""
+def describe_group(group: Group | Section, dimensions: tuple[Dimension, ...]) -> list[list[str]]:
+    """A group (or section) as clauses, each a list of alternatives in words (a context is in
+    the group when it matches one alternative of every clause)."""
+    return describe_clauses(group.clauses, dimensions)
+
+
+def describe_clauses(clauses: tuple[Clause, ...], dimensions: tuple[Dimension, ...]) -> list[list[str]]:
+    """Clauses, each a list of alternatives in words."""
     described = []
-    for clause in group.clauses:
+    for clause in clauses:
         dims = tuple(dimensions[i] for i in clause.dims)
         texts = [describe_cube(alternative, dims) for alternative in clause.alternatives]
         if texts != ["any"]:
@@ -621,7 +876,50 @@ def describe_group(group: Group, dimensions: tuple[Dimension, ...]) -> list[list
     return described or [["any context"]]
 
 
-def architectures_of(group: Group, dimensions: tuple[Dimension, ...]) -> list[str | None]:
+def _resolutions_seen(result: Diff, with_rules: bool) -> tuple[dict[str, set[Any]], dict[tuple[str, Any], set[Any]]]:
+    """Per decision, every (value, rule) either version decides anywhere, and the rules of each value."""
+    cache = result.__dict__.setdefault("_resolutions_seen", {})
+    if with_rules not in cache:
+        every: dict[str, set[Any]] = {}
+        rules_of: dict[tuple[str, Any], set[Any]] = {}
+        for outcome in result.outcomes:
+            for name, value, rule in _resolution_key(outcome, with_rules):
+                every.setdefault(name, set()).add((value, rule))
+                rules_of.setdefault((name, value), set()).add(rule)
+        cache[with_rules] = (every, rules_of)
+    return cache[with_rules]
+
+
+def describe_resolved(by_values: ByValues, result: Diff) -> list[str]:
+    """The resolutions of a :class:`ByValues`, as alternatives in words. A value is named with
+    the rules that decided it, unless every rule that ever decides that value is among them."""
+    names = [name for name, _, _ in by_values.resolved[0]]
+    every, rules_of = _resolutions_seen(result, by_values.with_rules)
+    cubes = _merge([tuple(frozenset([(value, rule)]) for _, value, rule in key) for key in by_values.resolved])
+    texts = []
+    for cube in cubes:
+        parts = []
+        for name, pairs in zip(names, cube):
+            if pairs == every[name]:
+                continue
+            by_value: dict[Any, set[Any]] = {}
+            for value, rule in pairs:
+                by_value.setdefault(value, set()).add(rule)
+            plain, qualified = [], []
+            for value in sorted(by_value, key=str):
+                rules = by_value[value]
+                if not by_values.with_rules or rules >= rules_of[(name, value)]:
+                    plain.append(str(value))
+                else:
+                    shown = sorted(str(r).replace(ARCHITECTURE_SLOT, "<architecture>") for r in rules)
+                    qualified.append(f"{value} (by {_or(shown)})")
+            # Values decided by named rules first, so that no "(by ...)" reads as if it held for all.
+            parts.append(f"{name} {_or(qualified + plain)}")
+        texts.append(", ".join(parts) if parts else "anything")
+    return sorted(texts)
+
+
+def architectures_of(group: Group | Section, dimensions: tuple[Dimension, ...]) -> list[str | None]:
     """The architectures a group's contexts may have."""
     index = [d.name for d in dimensions].index("model")
     return sorted({model[0] for cube in group.cubes for model in cube[index]}, key=lambda a: (a is None, a or ""))
@@ -659,7 +957,7 @@ def _describe_models(values: frozenset, models: tuple[tuple[str | None, str | No
 
     def name(architecture: str | None, model_types: list[str | None]) -> str:
         all_types = by_architecture[architecture]
-        label = architecture or "every architecture no policy names"
+        label = architecture or "any other architecture"
         if len(model_types) == len(all_types):
             return label
         named = [t for t in all_types if t is not None]

@@ -59,6 +59,8 @@ class Domain:
     features_when_auto: dict[str, tuple[str, ...]] = field(default_factory=dict)
     env_always: dict[str, tuple[str, ...]] = field(default_factory=dict)
     env_when_auto: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    env_order: tuple[str, ...] = ()
+    """Environment variables in the order the policies first read them (e.g. DEFAULT's priority)."""
 
     def contexts(self) -> Iterator[dict[str, Any]]:
         """Every representative context, normalised as ``resolve`` would normalise it."""
@@ -96,7 +98,9 @@ class Domain:
         for per_decision in self.env_when_auto.values():
             for variable, options in per_decision.items():
                 env.setdefault(variable, set()).update(options)
-        dims += [Dimension(f"env:{v}", _ordered_options(env[v])) for v in sorted(env)]
+        rank = {v: i for i, v in enumerate(self.env_order)}
+        ordered = sorted(env, key=lambda v: (rank.get(v, len(rank)), v))
+        dims += [Dimension(f"env:{v}", _ordered_options(env[v])) for v in ordered]
         features = set(self.features_always)
         for names in self.features_when_auto.values():
             features.update(names)
@@ -126,6 +130,7 @@ def domain_of(*policies: Policy) -> Domain:
     features_when_auto: dict[str, set[str]] = {}
     env_always: dict[str, set[str]] = {}
     env_when_auto: dict[str, dict[str, set[str]]] = {}
+    env_order: list[str] = []
 
     def read(condition: Condition, decision: str | None) -> None:
         nonlocal reads_model_type
@@ -140,6 +145,8 @@ def domain_of(*policies: Policy) -> Domain:
         target_features.update(condition.features)
         target_env = env_always if decision is None else env_when_auto.setdefault(decision, {})
         for variable, matcher in condition.env.items():
+            if variable not in env_order:
+                env_order.append(variable)
             options = target_env.setdefault(variable, set())
             options.update(matcher.values)
 
@@ -185,6 +192,7 @@ def domain_of(*policies: Policy) -> Domain:
             d: {v: _env_options(o) for v, o in sorted(env.items()) if v not in env_always}
             for d, env in env_when_auto.items()
         },
+        env_order=tuple(env_order),
     )
 
 

@@ -25,8 +25,10 @@ COMMANDS: dict[str, str] = {
     "rule": ".lint",
     "rules": ".lint",
     "test": ".cases",
+    "fmt": ".fmt",
     "diff": ".diff",
     "impact": ".impact",
+    "demo": ".demo",
 }
 
 

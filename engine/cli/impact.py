@@ -1,3 +1,290 @@
-"""placeholder"""
-def register(sub):
-    pass
+"""``kvpolicy impact --configs PATH... --from OLD --to NEW``: what a policy change does to real configs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
+from .common import fail
+from .policies import load_policy_argument
+
+__all__ = ["register", "render_github", "render_text", "to_json"]
+
+_SIDE_LABELS = {"context_servers": "context", "generation_servers": "generation", "server": "server"}
+#: Statuses that make ``--fail-on failing`` (the default) exit 1.
+_FAILING = {"starts failing", "fails differently", "malformed"}
+_CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes"}
+
+
+def register(sub: Any) -> None:
+    """Add ``impact``."""
+    summary = "resolve serving configs under two policy versions and report what changes"
+    parser = sub.add_parser("impact", help=summary, description=summary + ".")
+    parser.add_argument("--configs", nargs="+", required=True, metavar="PATH", help="config files or folders (searched recursively)")
+    parser.add_argument("--from", dest="old", required=True, metavar="OLD", help="policy file, folder or shipped version id")
+    parser.add_argument("--to", dest="new", required=True, metavar="NEW", help="policy file, folder or shipped version id")
+    parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live, e.g. $LLM_MODELS_ROOT")
+    parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
+    parser.add_argument("--format", choices=("text", "json", "github"), default="text")
+    parser.add_argument(
+        "--fail-on",
+        choices=("failing", "change", "never"),
+        default="failing",
+        help="exit 1 when a config starts failing or is malformed (default), on any change, or never",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: Any) -> int:
+    """Read the configs, resolve them under both versions, report."""
+    old = load_policy_argument(args.old)
+    if isinstance(old, str):
+        return fail(f"--from: {old}")
+    new = load_policy_argument(args.new)
+    if isinstance(new, str):
+        return fail(f"--to: {new}")
+    arch_map = None
+    if args.arch_map:
+        try:
+            arch_map = load_architecture_map(args.arch_map)
+        except ValueError as exc:
+            return fail(f"--arch-map: {exc}")
+    try:
+        import yaml  # noqa: F401
+    except ImportError:
+        return fail("reading configs needs PyYAML: pip install pyyaml")
+    missing = [p for p in args.configs if not Path(p).exists()]
+    if len(missing) == len(args.configs):
+        return fail(f"--configs: no such file or folder: {', '.join(missing)}")
+    results = impact_of(args.configs, old, new, models_root=args.models_root, architecture_map=arch_map)
+    if arch_map is not None:  # the map may live beside the configs; it is not one of them
+        results = [r for r in results if not _same_file(r.path, arch_map.path)]
+    if args.format == "json":
+        print(json.dumps(to_json(results, old.version, new.version), indent=2))
+    elif args.format == "github":
+        text = render_github(results, old.version, new.version)
+        if text:
+            print(text)
+    else:
+        print(render_text(results, old.version, new.version))
+    statuses = {r.status for r in results if not r.skipped}
+    if args.fail_on == "failing":
+        return 1 if statuses & _FAILING else 0
+    if args.fail_on == "change":
+        return 1 if statuses & _CHANGED else 0
+    return 0
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def _architecture(result: ConfigImpact) -> str:
+    if result.architecture is None:
+        return "unknown"
+    return result.architecture + (f" ({result.model_type})" if result.model_type else "")
+
+
+def _counts(results: list[ConfigImpact]) -> str:
+    counts = Counter(r.status for r in results if not r.skipped)
+    order = ("starts failing", "fails differently", "malformed", "runtime changes", "backend changes", "changes",
+             "stops failing", "still failing", "unchanged")
+    return ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+
+
+def _common_folder(paths: list[str]) -> str:
+    """The folder all paths share ('' when none), to keep the table narrow."""
+    if not paths:
+        return ""
+    parts = [Path(p).parent.parts for p in paths]
+    common: list[str] = []
+    for items in zip(*parts):
+        if len(set(items)) != 1:
+            break
+        common.append(items[0])
+    return str(Path(*common)) if common else ""
+
+
+def _short_path(path: str, folder: str) -> str:
+    return str(Path(path).relative_to(folder)) if folder else path
+
+
+def render_text(results: list[ConfigImpact], old: str, new: str) -> str:
+    """Summary table first, details after."""
+    read = [r for r in results if not r.skipped]
+    skipped = len(results) - len(read)
+    folder = _common_folder([r.path for r in read])
+    lines = [
+        f"kvpolicy impact {old} -> {new}: {len(read)} config(s)"
+        + (f" under {folder}/" if folder else "")
+        + (f", {skipped} skipped (no cache_transceiver_config)" if skipped else ""),
+    ]
+    if read:
+        lines.append(f"  {_counts(results)}")
+    rows = [("config", "side", "architecture", old, new, "status")]
+    for result in read:
+        first = True
+        for section in result.sections:
+            rows.append((
+                _short_path(result.path, folder) if first else "",
+                _SIDE_LABELS.get(section.name, section.name),
+                _architecture(result) if first else "",
+                section.old.short(),
+                section.new.short(),
+                section.status,
+            ))
+            first = False
+        if result.mismatch_old or result.mismatch_new:
+            rows.append(("", "both", "", "mismatch" if result.mismatch_old else "ok", "mismatch" if result.mismatch_new else "ok",
+                         result.status))
+        if result.problems:
+            rows.append((_short_path(result.path, folder) if first else "", "-", "", "", "", "malformed"))
+    if len(rows) > 1:
+        widths = [max(len(row[i]) for row in rows) for i in range(6)]
+        lines.append("")
+        for index, row in enumerate(rows):
+            lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+            if index == 0:
+                lines.append("  ".join("-" * width for width in widths))
+        lines.append("")
+        lines.append("! fails at start-up; /V2: KV-cache manager V2")
+    details = [_details(r, old, new) for r in read]
+    details = [d for d in details if d]
+    if details:
+        lines += ["", "details", "-------"]
+        lines += "\n\n".join(details).splitlines()
+    return "\n".join(lines)
+
+
+def _details(result: ConfigImpact, old: str, new: str) -> str:
+    lines: list[str] = []
+    for problem in result.problems:
+        lines.append(f"{problem.location}: error: {problem.message}")
+    interesting = [s for s in result.sections if s.status != "unchanged"]
+    unknown = result.architecture is None and (result.sections or not result.problems)
+    if not (lines or interesting or result.mismatch_old or result.mismatch_new or unknown):
+        return ""
+    if not result.problems:
+        lines.append(f"{result.path}: {result.status}")
+    if unknown:
+        what = f"model {result.model}" if result.model else "a config without `model`"
+        lines.append(
+            f"  architecture unknown for {what}: resolved as an architecture with no preference"
+            " (pass --models-root or --arch-map)"
+        )
+    else:
+        lines.append(f"  architecture {_architecture(result)} from {result.architecture_source}")
+    # Sides that change alike are shown once.
+    shown: dict[tuple[Any, ...], list[SectionImpact]] = {}
+    for section in interesting:
+        key = (section.status, tuple(_side_lines(old, section.old)), tuple(_side_lines(new, section.new)))
+        shown.setdefault(key, []).append(section)
+    for (status, old_lines, new_lines), sections in shown.items():
+        names = " and ".join(f"{_SIDE_LABELS.get(s.name, s.name)} (line {s.line})" for s in sections)
+        lines.append(f"  {names}: {status}")
+        # A diagnostic both versions report is shown once, after both.
+        both = [line for line in old_lines[1:] if line in new_lines[1:]]
+        lines += [f"    {line}" for line in (old_lines[0], *(l for l in old_lines[1:] if l not in both))]
+        lines += [f"    {line}" for line in (new_lines[0], *(l for l in new_lines[1:] if l not in both))]
+        lines += [f"    both versions: {line.strip()}" for line in both]
+    for label, mismatch in ((old, result.mismatch_old), (new, result.mismatch_new)):
+        if mismatch:
+            lines.append(f"  {label}: error[sides-disagree]: {mismatch}")
+    return "\n".join(lines)
+
+
+def _side_lines(label: str, side: Side) -> list[str]:
+    if side.invalid is not None:
+        return [f"{label}: invalid: {side.invalid}"]
+    r = side.resolution
+    assert r is not None
+    if not r.enabled:
+        return [f"{label}: disaggregation off"]
+    lines = [f"{label}: {r.runtime} on {r.backend}, kv_cache_manager {r.kv_cache_manager} (runtime decided by {r.decided_by['transceiver_runtime']})"]
+    for d in r.diagnostics:
+        if d.severity != "info":
+            lines.append(f"  {d.severity}[{d.id}]: {d.message}")
+    return lines
+
+
+def _side_json(side: Side) -> dict[str, Any]:
+    if side.invalid is not None:
+        return {"invalid": side.invalid}
+    assert side.resolution is not None
+    return side.resolution.to_dict()
+
+
+def to_json(results: list[ConfigImpact], old: str, new: str) -> dict[str, Any]:
+    """Every config with every section's resolution under both versions."""
+    return {
+        "from": old,
+        "to": new,
+        "skipped": [r.path for r in results if r.skipped],
+        "configs": [
+            {
+                "path": r.path,
+                "status": r.status,
+                "model": r.model,
+                "architecture": r.architecture,
+                "model_type": r.model_type,
+                "architecture_source": r.architecture_source,
+                "problems": [{"location": p.location, "line": p.line, "message": p.message} for p in r.problems],
+                "mismatch": {"old": r.mismatch_old, "new": r.mismatch_new},
+                "sections": [
+                    {"name": s.name, "line": s.line, "status": s.status, "parallel": dict(s.parallel),
+                     "old": _side_json(s.old), "new": _side_json(s.new)}
+                    for s in r.sections
+                ],
+            }
+            for r in results
+            if not r.skipped
+        ],
+    }
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _property(text: str) -> str:
+    return _escape(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _annotation(level: str, path: str, line: int | None, message: str) -> str:
+    where = f"file={_property(path)}" + (f",line={line}" if line else "")
+    return f"::{level} {where}::{_escape(message)}"
+
+
+def render_github(results: list[ConfigImpact], old: str, new: str) -> str:
+    """GitHub workflow annotations: errors for configs that start failing or cannot be read,
+    warnings for runtime changes, notices for configs that stop failing."""
+    lines = []
+    for r in results:
+        if r.skipped:
+            continue
+        for p in r.problems:
+            lines.append(_annotation("error", p.path, p.line, p.message))
+        for s in r.sections:
+            status = s.status
+            if status == "unchanged" or status == "still failing":
+                continue
+            level = "error" if status in _FAILING else "notice" if status == "stops failing" else "warning"
+            side = _SIDE_LABELS.get(s.name, s.name)
+            text = f"{side}: {status} from {old} to {new}: {s.old.short().rstrip('!')} -> {s.new.short().rstrip('!')}"
+            errors = [d for d in (s.new.resolution.errors if s.new.resolution else ())]
+            if errors and status in _FAILING:
+                text += f". {errors[0].id}: {errors[0].message}"
+            elif s.new.invalid:
+                text += f". {s.new.invalid}"
+            lines.append(_annotation(level, r.path, s.line, text))
+        if r.mismatch_new and not r.mismatch_old:
+            line = r.sections[0].line if r.sections else None
+            lines.append(_annotation("error", r.path, line, f"under {new}: {r.mismatch_new}"))
+    return "\n".join(lines)
+

@@ -1,0 +1,109 @@
+"""Small random policies for the diff tests: TOML text the loader accepts.
+
+Wider than the engine's strategy where the diff is subtle: model_type-qualified rows, environment
+matchers that name '' (unset), lists and negations, features read by every stage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tomlkit
+from hypothesis import strategies as st
+
+ARCHITECTURES = ("ArchA", "ArchB", "ArchC")
+MODEL_TYPES = ("t1",)
+RUNTIMES = ("CPP", "PYTHON")
+BACKENDS = ("NIXL", "UCX", "MPI")
+#: A later version may accept a backend an earlier one rejects.
+BACKEND_SETS = (BACKENDS, (*BACKENDS, "MOONCAKE"))
+
+
+def _matcher(values: tuple[str, ...]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.sampled_from(values),
+        st.lists(st.sampled_from(values), min_size=1, max_size=2, unique=True),
+        st.builds(lambda v: {"not": v}, st.sampled_from(values)),
+    )
+
+
+def _condition(reads: tuple[str, ...]) -> st.SearchStrategy[dict[str, Any]]:
+    parts: dict[str, st.SearchStrategy[Any]] = {
+        "architecture": _matcher(ARCHITECTURES[:2]),
+        "model_type": _matcher(MODEL_TYPES),
+        "kv_transfer_timeout_ms": st.sampled_from(("finite", "null")),
+        "features": st.dictionaries(st.sampled_from(("f1", "f2")), st.booleans(), min_size=1, max_size=2),
+        "env": st.fixed_dictionaries(
+            {"E1": st.one_of(st.sampled_from(("1", "")), st.lists(st.sampled_from(("1", "", "x")), min_size=1, max_size=2, unique=True))}
+        ),
+    }
+    for decision, values in (("backend", BACKENDS), ("transceiver_runtime", RUNTIMES)):
+        if decision in reads:
+            parts[decision] = _matcher(values)
+    return st.fixed_dictionaries({}, optional=parts)
+
+
+@st.composite
+def _rules(draw: Any, prefix: str, values: tuple[str, ...], reads: tuple[str, ...], max_size: int, notice: bool) -> list[dict[str, Any]]:
+    rules = []
+    for i in range(draw(st.integers(0, max_size))):
+        rule = {"id": f"{prefix}-{i}", "when": draw(_condition(reads)), "value": draw(st.sampled_from(values))}
+        if notice and draw(st.booleans()):
+            rule["notice"] = {"severity": draw(st.sampled_from(("info", "warning"))), "message": "note"}
+        rules.append(rule)
+    return rules
+
+
+@st.composite
+def _decision(draw: Any, name: str, values: tuple[str, ...], auto: str, reads: tuple[str, ...]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"description": name, "values": list(values), "auto": auto}
+    if reads:
+        spec["inputs"] = list(reads)
+    requirements = draw(_rules(f"{name}-req", values, reads, 2, True))
+    if requirements:
+        spec["requirement"] = requirements
+    archs = draw(st.lists(st.sampled_from(ARCHITECTURES), max_size=3, unique=True))
+    if archs:
+        rows = []
+        for a in archs:
+            row: dict[str, Any] = {"architecture": a, "value": draw(st.sampled_from(values))}
+            if draw(st.integers(0, 3)) == 0:
+                row["model_type"] = draw(st.sampled_from(MODEL_TYPES))
+            rows.append(row)
+        preference: dict[str, Any] = {"id": f"{name}-pref", "rows": rows}
+        if draw(st.booleans()):
+            preference["adopt_when"] = draw(_condition(reads))
+            if draw(st.booleans()):
+                preference["on_not_adopted"] = {"severity": "info", "message": "not adopted"}
+        spec["preference"] = preference
+    conditionals = draw(_rules(f"{name}-cond", values, reads, 2, True))
+    if conditionals:
+        spec["conditional"] = conditionals
+    spec["default"] = {"id": f"{name}-default", "value": draw(st.sampled_from(values))}
+    return spec
+
+
+@st.composite
+def policies(draw: Any, version: str = "2026.01.01") -> str:
+    """The TOML text of a small, valid random policy."""
+    data: dict[str, Any] = {
+        "schema": 1,
+        "version": version,
+        "summary": "random",
+        "source": "hypothesis",
+        "features": {"f1": {"description": "one"}, "f2": {"description": "two", "env": "E2"}},
+        "decisions": {
+            "backend": draw(_decision("backend", draw(st.sampled_from(BACKEND_SETS)), "DEFAULT", ())),
+            "transceiver_runtime": draw(_decision("transceiver_runtime", RUNTIMES, "auto", ("backend",))),
+            "kv_cache_manager": draw(_decision("kv_cache_manager", ("V1", "V2"), "auto", ("backend", "transceiver_runtime"))),
+        },
+    }
+    constraints = []
+    for i in range(draw(st.integers(0, 2))):
+        condition = draw(_condition(("backend", "transceiver_runtime"))) or {"backend": "UCX"}
+        constraints.append(
+            {"id": f"check-{i}", "severity": draw(st.sampled_from(("warning", "error"))), "when": condition,
+             "message": "runtime {transceiver_runtime} on {backend}.", "fix": "change it"}
+        )
+    if constraints:
+        data["constraints"] = constraints
+    return tomlkit.dumps(data)

@@ -1,0 +1,75 @@
+"""``kvpolicy diff``: golden text, JSON for scripts, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from kvpolicy.cli import main
+
+from .conftest import check_golden
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_llama_gemma_flip_golden(capsys) -> None:
+    code, out, _ = run(capsys, "diff", "2026.07.09", "2026.08.11")
+    assert code == 0
+    check_golden("diff_2026.07.09_2026.08.11.txt", out)
+
+
+def test_python_by_default_golden(capsys) -> None:
+    code, out, _ = run(capsys, "diff", "2026.08.11", "2026.08.24")
+    assert code == 0
+    check_golden("diff_2026.08.11_2026.08.24.txt", out)
+
+
+def test_equal_versions_print_no_change(capsys) -> None:
+    code, out, _ = run(capsys, "diff", "2026.08.24", "2026.08.24", "--exit-code")
+    assert code == 0
+    assert out.strip() == "kvpolicy diff 2026.08.24 -> 2026.08.24: no change"
+
+
+def test_exit_code_when_changed(capsys) -> None:
+    assert run(capsys, "diff", "2026.08.11", "2026.08.24", "--exit-code")[0] == 1
+    assert run(capsys, "diff", "2026.08.11", "2026.08.24")[0] == 0
+
+
+def test_json_lists_every_changed_context(capsys, shipped) -> None:
+    code, out, _ = run(capsys, "diff", "2026.07.09", "2026.08.11", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["old"]["version"] == "2026.07.09" and data["new"]["version"] == "2026.08.11"
+    assert data["changed"] == sum(g["count"] for g in data["groups"])
+    contexts = data["contexts"]
+    assert contexts and {c["group"] for c in contexts} == {g["group"] for g in data["groups"]}
+    # Every listed context really changes: resolve it under both versions.
+    old, new = shipped["2026.07.09"], shipped["2026.08.11"]
+    for ctx in contexts[:200]:
+        fields = {k: v for k, v in ctx.items() if k not in ("any", "group", "model_type")}
+        fields["features"] = set(fields["features"])
+        if ctx["model_type"]:
+            fields["pretrained_config"] = {"architectures": [fields.pop("architecture")], "model_type": ctx["model_type"]}
+        before, after = old.resolve(**dict(fields)), new.resolve(**dict(fields))
+        assert (dict(before.values), dict(before.decided_by), sorted(d.id for d in before.diagnostics)) != (
+            dict(after.values), dict(after.decided_by), sorted(d.id for d in after.diagnostics)
+        ), ctx
+
+
+def test_files_and_folders_are_accepted(capsys, tmp_path) -> None:
+    from kvpolicy.loader import shipped_root
+
+    old = shipped_root() / "2026.08.11.toml"
+    code, out, _ = run(capsys, "diff", str(old), str(shipped_root()))  # a folder: its newest version
+    assert code == 0 and "2026.08.11 -> 2026.09.10" in out
+    code, out, _ = run(capsys, "diff", str(old), f"{shipped_root()}@2026.08.11")
+    assert code == 0 and "no change" in out
+
+
+def test_unknown_version_is_a_usage_error(capsys) -> None:
+    code, _, err = run(capsys, "diff", "2026.01.01", "2026.08.11")
+    assert code == 2
+    assert "OLD:" in err and "2026.01.01" in err

@@ -1,0 +1,193 @@
+"""``kvpolicy impact``: real configs under two versions, malformed input reported per file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvpolicy.cli import main
+from kvpolicy.impact import impact_of, load_architecture_map
+
+from .conftest import REPO, check_golden
+
+EXAMPLES = "examples/configs"
+ARCH_MAP = "examples/configs/arch-map.yaml"
+
+DISAGG = """\
+model: {model}
+backend: pytorch
+context_servers:
+  num_instances: 1
+  cache_transceiver_config:
+    backend: {ctx_backend}
+generation_servers:
+  num_instances: 1
+  cache_transceiver_config:
+    backend: {gen_backend}
+"""
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def in_repo(monkeypatch) -> Path:
+    monkeypatch.chdir(REPO)
+    return REPO
+
+
+def test_examples_golden(capsys, in_repo) -> None:
+    code, out, _ = run(capsys, "impact", "--configs", EXAMPLES, "--from", "2026.08.11", "--to", "2026.08.24", "--arch-map", ARCH_MAP)
+    assert code == 1  # the UCX metrics config starts failing
+    check_golden("impact_examples_2026.08.11_2026.08.24.txt", out)
+
+
+def test_examples_github(capsys, in_repo) -> None:
+    code, out, _ = run(
+        capsys, "impact", "--configs", EXAMPLES, "--from", "2026.08.11", "--to", "2026.08.24", "--arch-map", ARCH_MAP,
+        "--format", "github",
+    )
+    assert code == 1
+    check_golden("impact_examples_github.txt", out)
+    assert "::error file=examples/configs/disaggregated/llama-3.1-8b-ucx-metrics.yaml,line=10::" in out
+
+
+def test_examples_json(capsys, in_repo) -> None:
+    code, out, _ = run(
+        capsys, "impact", "--configs", EXAMPLES, "--from", "2026.08.11", "--to", "2026.08.24", "--arch-map", ARCH_MAP,
+        "--format", "json", "--fail-on", "never",
+    )
+    assert code == 0
+    data = json.loads(out)
+    by_path = {c["path"]: c for c in data["configs"]}
+    llama = by_path["examples/configs/disaggregated/llama-3.1-8b-ucx-metrics.yaml"]
+    assert llama["status"] == "starts failing"
+    assert [s["new"]["values"]["transceiver_runtime"] for s in llama["sections"]] == ["PYTHON", "PYTHON"]
+    assert "examples/configs/single/llm-api-options.yaml" in data["skipped"]
+    assert by_path["examples/configs/single/mistral-7b-context.yaml"]["architecture"] is None
+
+
+def test_fail_on_change(capsys, in_repo) -> None:
+    argv = ("impact", "--configs", "examples/configs/disaggregated/kimi-k2.5-nixl.json", "--from", "2026.08.11",
+            "--to", "2026.08.24", "--arch-map", ARCH_MAP)
+    assert run(capsys, *argv)[0] == 0
+    assert run(capsys, *argv, "--fail-on", "change")[0] == 1
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_malformed_configs_are_reported_per_file_and_do_not_stop_the_report(tmp_path, shipped) -> None:
+    write(tmp_path, "a-bad-yaml.yaml", "model: x\ncontext_servers:\n  cache_transceiver_config: {backend: NIXL\n")
+    write(tmp_path, "b-wrong-type.yaml", "cache_transceiver_config:\n  backend: NIXL\n  kv_transfer_timeout_ms: soon\n")
+    write(tmp_path, "c-unknown-backend.yaml", DISAGG.format(model="m", ctx_backend="NIXX", gen_backend="NIXL"))
+    write(tmp_path, "d-not-a-mapping.yaml", "context_servers:\n  - cache_transceiver_config: {}\n")
+    write(tmp_path, "e-bad.json", '{"cache_transceiver_config": {"backend": "NIXL",}}')
+    write(tmp_path, "f-good.yaml", DISAGG.format(model="m", ctx_backend="NIXL", gen_backend="NIXL"))
+    write(tmp_path, "g-list-config.yaml", "cache_transceiver_config: [NIXL]\n")
+    results = {Path(r.path).name: r for r in impact_of([tmp_path], shipped["2026.08.11"], shipped["2026.08.24"])}
+    problems = {name: [str(p) for p in r.problems] for name, r in results.items()}
+    assert problems["a-bad-yaml.yaml"][0].endswith("invalid YAML: expected ',' or '}', but got '<stream end>'") or "a-bad-yaml.yaml:4" in problems["a-bad-yaml.yaml"][0]
+    assert problems["a-bad-yaml.yaml"][0].startswith(str(tmp_path / "a-bad-yaml.yaml") + ":")
+    assert problems["b-wrong-type.yaml"] == [
+        f"{tmp_path / 'b-wrong-type.yaml'}:3: cache_transceiver_config: kv_transfer_timeout_ms: "
+        "expected a positive number of milliseconds or null, got 'soon'"
+    ]
+    (unknown,) = problems["c-unknown-backend.yaml"]
+    assert unknown.startswith(f"{tmp_path / 'c-unknown-backend.yaml'}:6: context_servers/cache_transceiver_config: backend:")
+    assert "'NIXX'" in unknown and "NIXL" in unknown
+    # The good side of the file with a bad side is still resolved.
+    assert [s.name for s in results["c-unknown-backend.yaml"].sections] == ["generation_servers"]
+    assert "context_servers: expected a mapping, got a list" in problems["d-not-a-mapping.yaml"][0]
+    assert problems["e-bad.json"][0].startswith(f"{tmp_path / 'e-bad.json'}:1:")
+    assert "cache_transceiver_config: expected a mapping, got a list" in problems["g-list-config.yaml"][0]
+    assert results["f-good.yaml"].status == "runtime changes" and not results["f-good.yaml"].problems
+    assert all(results[n].status == "malformed" for n in problems if problems[n])
+
+
+def test_malformed_text_report_keeps_going(capsys, tmp_path) -> None:
+    write(tmp_path, "bad.yaml", "cache_transceiver_config: {backend: [\n")
+    write(tmp_path, "good.yaml", "cache_transceiver_config: {backend: NIXL}\n")
+    code, out, _ = run(capsys, "impact", "--configs", str(tmp_path), "--from", "2026.08.11", "--to", "2026.08.24")
+    assert code == 1
+    assert f"{tmp_path / 'bad.yaml'}:2:1: error: invalid YAML" in out
+    assert "good.yaml" in out and "runtime changes" in out
+
+
+def test_architecture_from_models_root(tmp_path, shipped) -> None:
+    root = tmp_path / "models"
+    write(root, "glm/GLM-5/config.json", json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "glm_moe_dsa"}))
+    config = write(tmp_path / "configs", "glm.yaml", DISAGG.format(model="${LLM_MODELS_ROOT}/glm/GLM-5", ctx_backend="NIXL", gen_backend="NIXL"))
+    (result,) = impact_of([config], shipped["2026.08.11"], shipped["2026.09.10"], models_root=root)
+    assert result.architecture == "DeepseekV3ForCausalLM" and result.model_type == "glm_moe_dsa"
+    assert result.architecture_source.startswith("config.json")
+    # GLM checkpoints preferred PYTHON through the model_type-qualified row; 2026.09.10 for every DeepSeek-V3.
+    assert [s.old.resolution.decided_by["transceiver_runtime"] for s in result.sections] == [
+        "runtime-preference[DeepseekV3ForCausalLM,model_type=glm_moe_dsa]"
+    ] * 2
+    # Without the models root, the arch map decides; without either, the architecture is unknown.
+    arch_map = load_architecture_map(write(tmp_path, "map.yaml", '"*GLM-5*": {architecture: GlmMoeDsaForCausalLM}\n'))
+    (mapped,) = impact_of([config], shipped["2026.08.11"], shipped["2026.09.10"], architecture_map=arch_map)
+    assert mapped.architecture == "GlmMoeDsaForCausalLM" and mapped.architecture_source == "arch-map (*GLM-5*)"
+    (unknown,) = impact_of([config], shipped["2026.08.11"], shipped["2026.09.10"])
+    assert unknown.architecture is None
+
+
+def test_sides_that_disagree_are_an_error(tmp_path, shipped) -> None:
+    config = write(tmp_path, "split.yaml", DISAGG.format(model="Llama-3.1-8B", ctx_backend="NIXL", gen_backend="UCX"))
+    arch_map = load_architecture_map(write(tmp_path, "map.json", '{"*Llama-3.1-8B*": "LlamaForCausalLM"}'))
+    results = impact_of([tmp_path], shipped["2026.07.09"], shipped["2026.08.11"], architecture_map=arch_map)
+    (result,) = [r for r in results if r.path == str(config)]
+    assert result.mismatch_old is not None and "backend NIXL vs UCX" in result.mismatch_old
+    assert "runtime PYTHON vs CPP" in (result.mismatch_new or "")
+    assert result.status == "fails differently"
+
+
+def test_env_and_features_are_read(tmp_path, shipped) -> None:
+    text = (
+        "env: {TRTLLM_USE_UCX_KVCACHE: 1}\n"
+        "kvpolicy_features: [serialized_state]\n"
+        "cache_transceiver_config: {backend: DEFAULT}\n"
+    )
+    config = write(tmp_path, "env.yaml", text)
+    (result,) = impact_of([config], shipped["2026.08.24"], shipped["2026.09.10"])
+    (section,) = result.sections
+    assert section.new.resolution.backend == "UCX"
+    assert section.new.resolution.decided_by["transceiver_runtime"] == "serialized-state-requires-cpp"
+
+
+def test_unknown_policy_and_arch_map_are_usage_errors(capsys, tmp_path) -> None:
+    code, _, err = run(capsys, "impact", "--configs", str(tmp_path), "--from", "1999.01.01", "--to", "2026.08.24")
+    assert code == 2 and "--from" in err
+    bad = write(tmp_path, "map.yaml", "- just a list\n")
+    code, _, err = run(capsys, "impact", "--configs", str(tmp_path), "--from", "2026.08.11", "--to", "2026.08.24", "--arch-map", str(bad))
+    assert code == 2 and "--arch-map" in err
+
+
+def test_missing_configs_are_a_usage_error(capsys, tmp_path) -> None:
+    code, _, err = run(capsys, "impact", "--configs", str(tmp_path / "nope"), "--from", "2026.08.11", "--to", "2026.08.24")
+    assert code == 2 and "no such file or folder" in err
+
+
+def test_parallel_sizes_are_in_json(capsys, in_repo) -> None:
+    code, out, _ = run(capsys, "impact", "--configs", "examples/configs/disaggregated/gemma-3-1b-nixl.yaml",
+                       "--from", "2026.08.11", "--to", "2026.08.24", "--format", "json")
+    assert code == 0
+    (config,) = json.loads(out)["configs"]
+    assert [s["parallel"]["tensor_parallel_size"] for s in config["sections"]] == [2, 1]
+
+
+def test_a_null_transceiver_config_means_disaggregation_off(tmp_path, shipped) -> None:
+    config = write(tmp_path, "off.yaml", "cache_transceiver_config: null\n")
+    (result,) = impact_of([config], shipped["2026.08.11"], shipped["2026.08.24"])
+    (section,) = result.sections
+    assert section.old.short() == section.new.short() == "off" and result.status == "unchanged"
