@@ -15,7 +15,7 @@ from kvpolicy.diff import Change, diff_policies, outcome_of, points
 from kvpolicy.diff import _resolution_key as resolution_key
 from kvpolicy.loader import parse_policy
 
-from .strategies import policies
+from tests.engine.strategies import policies
 
 
 def context_of(dimensions: Any, point: tuple[Any, ...]) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""Hypothesis strategies: contexts over a policy's domain, and small random policies."""
+"""Hypothesis strategies: contexts over the shipped vocabulary, and small random policies.
+
+The random policies are deliberately wide: model_type-qualified rows, environment matchers that
+name '' (unset), lists and negations, notices, features read by every stage, and a backend set
+that can differ between two versions. The engine, lint and diff suites all draw from them.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +36,12 @@ def contexts(architectures: tuple[str, ...] = ARCHITECTURES) -> st.SearchStrateg
 
 # -- random policies ------------------------------------------------------------------------------
 
-_RUNTIMES = ("CPP", "PYTHON")
-_BACKENDS = ("NIXL", "UCX", "MPI")
+RANDOM_ARCHITECTURES = ("ArchA", "ArchB", "ArchC")
+MODEL_TYPES = ("t1",)
+RUNTIMES = ("CPP", "PYTHON")
+BACKENDS = ("NIXL", "UCX", "MPI")
+#: A later version may accept a backend an earlier one rejects.
+BACKEND_SETS = (BACKENDS, (*BACKENDS, "MOONCAKE"))
 
 
 def _matcher(values: tuple[str, ...]) -> st.SearchStrategy[Any]:
@@ -45,25 +54,29 @@ def _matcher(values: tuple[str, ...]) -> st.SearchStrategy[Any]:
 
 def _condition(reads: tuple[str, ...]) -> st.SearchStrategy[dict[str, Any]]:
     parts: dict[str, st.SearchStrategy[Any]] = {
-        "architecture": _matcher(ARCHITECTURES[:3]),
+        "architecture": _matcher(RANDOM_ARCHITECTURES[:2]),
+        "model_type": _matcher(MODEL_TYPES),
         "kv_transfer_timeout_ms": st.sampled_from(("finite", "null")),
         "features": st.dictionaries(st.sampled_from(("f1", "f2")), st.booleans(), min_size=1, max_size=2),
-        "env": st.dictionaries(st.sampled_from(("E1", "E2")), st.sampled_from(("1", "x")), min_size=1, max_size=1),
+        "env": st.fixed_dictionaries(
+            {"E1": st.one_of(st.sampled_from(("1", "")), st.lists(st.sampled_from(("1", "", "x")), min_size=1, max_size=2, unique=True))}
+        ),
     }
-    if "backend" in reads:
-        parts["backend"] = _matcher(_BACKENDS)
-    if "transceiver_runtime" in reads:
-        parts["transceiver_runtime"] = _matcher(_RUNTIMES)
+    for decision, values in (("backend", BACKENDS), ("transceiver_runtime", RUNTIMES)):
+        if decision in reads:
+            parts[decision] = _matcher(values)
     return st.fixed_dictionaries({}, optional=parts)
 
 
 @st.composite
-def _rules(draw: Any, prefix: str, values: tuple[str, ...], reads: tuple[str, ...], max_size: int) -> list[dict[str, Any]]:
-    count = draw(st.integers(0, max_size))
-    return [
-        {"id": f"{prefix}-{i}", "when": draw(_condition(reads)), "value": draw(st.sampled_from(values))}
-        for i in range(count)
-    ]
+def _rules(draw: Any, prefix: str, values: tuple[str, ...], reads: tuple[str, ...], max_size: int, notice: bool) -> list[dict[str, Any]]:
+    rules = []
+    for i in range(draw(st.integers(0, max_size))):
+        rule = {"id": f"{prefix}-{i}", "when": draw(_condition(reads)), "value": draw(st.sampled_from(values))}
+        if notice and draw(st.booleans()):
+            rule["notice"] = {"severity": draw(st.sampled_from(("info", "warning"))), "message": "note"}
+        rules.append(rule)
+    return rules
 
 
 @st.composite
@@ -71,19 +84,24 @@ def _decision(draw: Any, name: str, values: tuple[str, ...], auto: str, reads: t
     spec: dict[str, Any] = {"description": name, "values": list(values), "auto": auto}
     if reads:
         spec["inputs"] = list(reads)
-    requirements = draw(_rules(f"{name}-req", values, reads, 2))
+    requirements = draw(_rules(f"{name}-req", values, reads, 2, True))
     if requirements:
         spec["requirement"] = requirements
-    archs = draw(st.lists(st.sampled_from(ARCHITECTURES), max_size=3, unique=True))
-    if archs or draw(st.booleans()):
-        preference: dict[str, Any] = {
-            "id": f"{name}-pref",
-            "rows": [{"architecture": a, "value": draw(st.sampled_from(values))} for a in archs],
-        }
+    archs = draw(st.lists(st.sampled_from(RANDOM_ARCHITECTURES), max_size=3, unique=True))
+    if archs:
+        rows = []
+        for a in archs:
+            row: dict[str, Any] = {"architecture": a, "value": draw(st.sampled_from(values))}
+            if draw(st.integers(0, 3)) == 0:
+                row["model_type"] = draw(st.sampled_from(MODEL_TYPES))
+            rows.append(row)
+        preference: dict[str, Any] = {"id": f"{name}-pref", "rows": rows}
         if draw(st.booleans()):
             preference["adopt_when"] = draw(_condition(reads))
+            if draw(st.booleans()):
+                preference["on_not_adopted"] = {"severity": "info", "message": "not adopted"}
         spec["preference"] = preference
-    conditionals = draw(_rules(f"{name}-cond", values, reads, 3))
+    conditionals = draw(_rules(f"{name}-cond", values, reads, 2, True))
     if conditionals:
         spec["conditional"] = conditionals
     spec["default"] = {"id": f"{name}-default", "value": draw(st.sampled_from(values))}
@@ -100,26 +118,17 @@ def policies(draw: Any, version: str = "2026.01.01") -> str:
         "source": "hypothesis",
         "features": {"f1": {"description": "one"}, "f2": {"description": "two", "env": "E2"}},
         "decisions": {
-            "backend": draw(_decision("backend", _BACKENDS, "DEFAULT", ())),
-            "transceiver_runtime": draw(_decision("transceiver_runtime", _RUNTIMES, "auto", ("backend",))),
-            "kv_cache_manager": draw(
-                _decision("kv_cache_manager", ("V1", "V2"), "auto", ("backend", "transceiver_runtime"))
-            ),
+            "backend": draw(_decision("backend", draw(st.sampled_from(BACKEND_SETS)), "DEFAULT", ())),
+            "transceiver_runtime": draw(_decision("transceiver_runtime", RUNTIMES, "auto", ("backend",))),
+            "kv_cache_manager": draw(_decision("kv_cache_manager", ("V1", "V2"), "auto", ("backend", "transceiver_runtime"))),
         },
     }
     constraints = []
-    for i in range(draw(st.integers(0, 3))):
-        condition = draw(_condition(("backend", "transceiver_runtime")))
-        if not condition:
-            condition = {"backend": "UCX"}
+    for i in range(draw(st.integers(0, 2))):
+        condition = draw(_condition(("backend", "transceiver_runtime"))) or {"backend": "UCX"}
         constraints.append(
-            {
-                "id": f"check-{i}",
-                "severity": draw(st.sampled_from(("warning", "error"))),
-                "when": condition,
-                "message": "runtime {transceiver_runtime} on {backend}.",
-                "fix": "change it",
-            }
+            {"id": f"check-{i}", "severity": draw(st.sampled_from(("warning", "error"))), "when": condition,
+             "message": "runtime {transceiver_runtime} on {backend}.", "fix": "change it"}
         )
     if constraints:
         data["constraints"] = constraints
@@ -130,12 +139,16 @@ def random_contexts() -> st.SearchStrategy[dict[str, Any]]:
     """Contexts over the random policies' vocabulary."""
     return st.fixed_dictionaries(
         {
-            "architecture": st.sampled_from((*ARCHITECTURES[:3], None)),
-            "backend": st.sampled_from(("DEFAULT", *_BACKENDS)),
-            "transceiver_runtime": st.sampled_from(("auto", *_RUNTIMES)),
+            "pretrained_config": st.builds(
+                lambda a, t: {"architectures": [a] if a else None, "model_type": t},
+                st.sampled_from((*RANDOM_ARCHITECTURES, None)),
+                st.sampled_from((*MODEL_TYPES, None)),
+            ),
+            "backend": st.sampled_from(("DEFAULT", *BACKENDS)),
+            "transceiver_runtime": st.sampled_from(("auto", *RUNTIMES)),
             "kv_cache_manager": st.sampled_from(("auto", "V1", "V2")),
             "kv_transfer_timeout_ms": st.sampled_from((1000, None)),
             "features": st.frozensets(st.sampled_from(("f1", "f2"))),
-            "env": st.dictionaries(st.sampled_from(("E1", "E2")), st.sampled_from(("1", "x")), max_size=2),
+            "env": st.dictionaries(st.sampled_from(("E1", "E2")), st.sampled_from(("1", "x", "")), max_size=2),
         }
     )
