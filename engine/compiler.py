@@ -203,14 +203,13 @@ def _decision(src: _Source, index: int, compiled: _CompiledDecision, decided: di
         src.emit(2, f"if {var} is None:")
         depth = 3
     if compiled.rows:
-        plain = {arch: entry[1] for arch, entry in compiled.rows.items() if entry[1] is not None}
-        qualified = {
-            (arch, model_type): row for arch, entry in compiled.rows.items() for model_type, row in entry[0].items()
-        }
-        if qualified:
-            src.emit(depth, f"row = {src.const(qualified)}.get((arch, mtype)) or {src.const(plain)}.get(arch)")
+        if compiled.rows.qualified:
+            src.emit(
+                depth,
+                f"row = {src.const(compiled.rows.qualified)}.get((arch, mtype)) or {src.const(compiled.rows.plain)}.get(arch)",
+            )
         else:
-            src.emit(depth, f"row = {src.const(plain)}.get(arch)")
+            src.emit(depth, f"row = {src.const(compiled.rows.plain)}.get(arch)")
         src.emit(depth, "if row is not None:")
         preference = compiled.preference
         assert preference is not None

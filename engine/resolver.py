@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import graphlib
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -21,7 +21,7 @@ from .loader import suggest
 from .model import Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
 from .resolution import Diagnostic, Resolution, Trace, TraceStep
 
-__all__ = ["CONTEXT_FIELDS", "Program", "compile_policy"]
+__all__ = ["CONTEXT_FIELDS", "Program", "RowIndex", "compile_policy"]
 
 Test = Callable[[dict[str, Any], dict[str, Any]], bool]
 
@@ -105,6 +105,39 @@ class _Messages(dict):  # type: ignore[type-arg]
         return "none"
 
 
+class RowIndex:
+    """A preference table by architecture: the row for a checkpoint, in O(1) whatever the size.
+
+    A row qualified by ``model_type`` wins over the architecture's plain row when the checkpoint's
+    model_type matches; among equal duplicates the first is kept (the loader refuses conflicting
+    ones), so the answer never depends on row order.
+    """
+
+    __slots__ = ("plain", "qualified")
+
+    def __init__(self, rows: Iterable[Row]) -> None:
+        self.plain: dict[str, Row] = {}
+        self.qualified: dict[tuple[str, str], Row] = {}
+        for row in rows:
+            if row.model_type is None:
+                self.plain.setdefault(row.architecture, row)
+            else:
+                self.qualified.setdefault((row.architecture, row.model_type), row)
+
+    def __bool__(self) -> bool:
+        return bool(self.plain or self.qualified)
+
+    def get(self, architecture: str | None, model_type: str | None) -> Row | None:
+        """The row that applies to this checkpoint, or None."""
+        if architecture is None:
+            return None
+        if model_type is not None and self.qualified:
+            row = self.qualified.get((architecture, model_type))
+            if row is not None:
+                return row
+        return self.plain.get(architecture)
+
+
 class _CompiledRule:
     __slots__ = ("rule", "test", "value", "id", "notice")
 
@@ -141,28 +174,10 @@ class _CompiledDecision:
         self.default = _CompiledRule(decision.default, decisions)
         self.preference = decision.preference
         self.adopt = compile_condition(decision.preference.adopt_when, decisions) if decision.preference else _always
-        # architecture -> (rows qualified by model_type, the unqualified row or None)
-        rows: dict[str, tuple[dict[str, Row], Row | None]] = {}
-        for row in decision.preference.rows if decision.preference else ():
-            qualified, plain = rows.get(row.architecture, ({}, None))
-            if row.model_type is not None:
-                qualified = {**qualified}
-                qualified.setdefault(row.model_type, row)
-            elif plain is None:
-                plain = row
-            rows[row.architecture] = (qualified, plain)
-        self.rows = rows
+        self.rows = RowIndex(decision.preference.rows if decision.preference else ())
 
     def row_for(self, architecture: str | None, model_type: str | None) -> Row | None:
-        entry = self.rows.get(architecture) if architecture is not None else None
-        if entry is None:
-            return None
-        qualified, plain = entry
-        if model_type is not None and qualified:
-            row = qualified.get(model_type)
-            if row is not None:
-                return row
-        return plain
+        return self.rows.get(architecture, model_type)
 
 
 class _CompiledConstraint:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import Condition, Decision, Policy, Row
-from ..resolver import compile_condition
+from ..resolver import RowIndex, compile_condition
 
 __all__ = ["Analysis", "AnalysisLimit", "analyse", "context_of", "describe_context"]
 
@@ -155,26 +155,10 @@ class _Step:
         self.default = decision.default
         pref = decision.preference
         self.adopt = compile_condition(pref.adopt_when, names) if pref else None
-        self.rows: dict[str, tuple[dict[str, Row], Row | None]] = {}
-        for row in pref.rows if pref else ():
-            qualified, plain = self.rows.get(row.architecture, ({}, None))
-            if row.model_type is not None:
-                qualified = {**qualified}
-                qualified.setdefault(row.model_type, row)
-            elif plain is None:
-                plain = row
-            self.rows[row.architecture] = (qualified, plain)
+        self.rows = RowIndex(pref.rows if pref else ())
 
     def row_for(self, architecture: str | None, model_type: str | None) -> Row | None:
-        entry = self.rows.get(architecture) if architecture is not None else None
-        if entry is None:
-            return None
-        qualified, plain = entry
-        if model_type is not None and qualified:
-            row = qualified.get(model_type)
-            if row is not None:
-                return row
-        return plain
+        return self.rows.get(architecture, model_type)
 
 
 def _architecture_levels(
