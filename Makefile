@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 EXTRAS ?= transfer,demo,test
 
-.PHONY: install demo test test-engine lint bench fuzz clean
+.PHONY: install demo test test-engine lint bench bench-hosts soak fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ fuzz: $(STAMP)
 	$(PY) -m pip install --quiet atheris==3.0.0
 	$(PY) bench/fuzz.py load --seconds 60
 	$(PY) bench/fuzz.py resolve --seconds 60
+
+soak: $(STAMP)
+	KVPOLICY_SOAK_REQUESTS=1000 $(PY) -m pytest -q -s tests/transports/test_hosts.py -k soak
+
+bench-hosts: $(STAMP)
+	$(PY) bench/transfer.py --quick --hosts netns
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,6 +1,6 @@
 """KV block transfer, three ways, side by side in one run.
 
-    python bench/transfer.py [--quick] [--format table|json] [--device cpu|cuda]
+    python bench/transfer.py [--quick] [--format table|json] [--device cpu|cuda] [--hosts same|netns]
 
 1. torch: ``copy_`` (contiguous) and a per-block ``copy_`` loop / ``index_copy_`` (scattered) inside one
    process: the memory-bandwidth limit of this machine.
@@ -17,6 +17,11 @@ Payloads (Llama-3.1-8B cache shape: 32 layers, 8 kv heads, head dim 128, 32 toke
 - scattered-512: 512 randomly scattered blocks (2 GiB; full run only), and 512 randomly scattered
   128 KiB block-layers (64 MiB, a layer-split pool) in both runs
 - one-block: a single 4 MiB block, for per-request overhead
+
+``--hosts netns`` (root, iproute2) runs 2. and 3. twice more, next to the same-host figures: with UCX
+on TCP over loopback in one namespace (what TCP costs on one host), and with the two processes in
+two network namespaces joined by a veth pair, UCX on TCP over the veth device: the bytes cross a real
+link (its byte counters are reported). Only the namespaces' own addresses (10.231.7.0/24) are used.
 
 Ratios compare figures measured in this run; figures themselves move 15-25% between runs.
 """
@@ -130,8 +135,29 @@ def bench_torch(payloads: list[Payload], block_pool: int, layer_pool: int, reps:
 # --------------------------------------------------------------------------- the two processes ----
 
 
-def _rank(role: str, conn: Any, block_pool: int, layer_pool: int, device: str, payloads: list[Payload]) -> None:
-    """One process: pools, a transceiver per pool, and a raw NIXL agent over the same memory."""
+def _rank(
+    role: str,
+    conn: Any,
+    block_pool: int,
+    layer_pool: int,
+    device: str,
+    payloads: list[Payload],
+    placement: dict[str, Any] | None = None,
+) -> None:
+    """One process: pools, a transceiver per pool, and a raw NIXL agent over the same memory.
+
+    ``placement``: ``netns`` (enter that network namespace first), ``env`` (UCX variables to set or,
+    with None, unset before NIXL loads) and ``host`` (where the control sockets listen)."""
+    placement = placement or {}
+    if placement.get("netns"):
+        from kvpolicy.transports.testbed import enter_namespace
+
+        enter_namespace(placement["netns"])
+    for key, value in placement.get("env", {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     import numpy as np
     import torch
 
@@ -145,8 +171,13 @@ def _rank(role: str, conn: Any, block_pool: int, layer_pool: int, device: str, p
     if role == "sender":
         for pool in pools.values():  # cheap, distinct-per-block contents
             pool.tensor.view(pool.num_blocks, -1).view(torch.int16)[:] = torch.arange(pool.num_blocks, dtype=torch.int16)[:, None]
-    transceivers = {kind: NixlTransceiver(pool, name=f"{role}-{kind}", timeout_s=60) for kind, pool in pools.items()}
-    settings = NixlSettings()
+    host = placement.get("host", "127.0.0.1")
+    # NIXL's defaults only for what the placement leaves alone (no CMA tuning when UCX runs on TCP).
+    env = placement.get("env", {})
+    settings = NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in env))
+    transceivers = {
+        kind: NixlTransceiver(pool, name=f"{role}-{kind}", timeout_s=60, host=host, settings=settings) for kind, pool in pools.items()
+    }
     raw = create_agent(f"raw-{role}-{os.getpid()}", settings)
     registrations = [
         raw.register_memory([(p.base_address, p.nbytes, p.device_id, "")], p.memory_type) for p in pools.values()
@@ -254,9 +285,21 @@ class Rank:
             self.process.join(10)
 
 
-def bench_nixl(payloads: list[Payload], block_pool: int, layer_pool: int, reps: int, device: str) -> dict[str, dict[str, Any]]:
-    sender = Rank("sender", block_pool, layer_pool, device, payloads)
-    receiver = Rank("receiver", block_pool, layer_pool, device, payloads)
+def bench_nixl(
+    payloads: list[Payload],
+    block_pool: int,
+    layer_pool: int,
+    reps: int,
+    device: str,
+    placements: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    link_bytes: Any = None,
+) -> dict[str, dict[str, Any]]:
+    """Raw NIXL and the transceiver between two processes. ``placements``: where the sender and the
+    receiver run (see :func:`_rank`); ``link_bytes()``: bytes the link has carried so far, read
+    around each payload's repetitions to show how much of it crossed the link."""
+    sender_at, receiver_at = placements or ({}, {})
+    sender = Rank("sender", block_pool, layer_pool, device, payloads, sender_at)
+    receiver = Rank("receiver", block_pool, layer_pool, device, payloads, receiver_at)
     results: dict[str, dict[str, Any]] = {}
     try:
         sender("peer", receiver.info)
@@ -264,6 +307,7 @@ def bench_nixl(payloads: list[Payload], block_pool: int, layer_pool: int, reps: 
         counter = 0
         for payload in payloads:
             raw_times, tx_metrics = [], []
+            crossed = link_bytes() if link_bytes else 0
             # one warm-up each, then alternate so that both see the same machine state
             for rep in range(reps + 1):
                 raw_t = sender("raw", payload.name)
@@ -274,6 +318,7 @@ def bench_nixl(payloads: list[Payload], block_pool: int, layer_pool: int, reps: 
                 if rep:
                     raw_times.append(raw_t)
                     tx_metrics.append(metrics)
+            crossed = (link_bytes() - crossed) if link_bytes else 0
             identical = receiver("digests", (payload.layout, list(payload.dst))) == sender("digests", (payload.layout, list(payload.src)))
             total = statistics.median(m["total_us"] for m in tx_metrics) / 1e6
             raw_s = statistics.median(raw_times)
@@ -287,11 +332,74 @@ def bench_nixl(payloads: list[Payload], block_pool: int, layer_pool: int, reps: 
                 "descriptors_before": tx_metrics[-1]["descriptors_before"],
                 "descriptors": tx_metrics[-1]["descriptors"],
                 "bit_identical": identical,
+                # payload bytes moved (raw + transceiver, warm-up included) vs bytes the link carried
+                "link_vs_payload": crossed / (2 * (reps + 1) * payload.nbytes) if link_bytes else None,
             }
     finally:
         receiver.stop()
         sender.stop()
     return results
+
+
+# ------------------------------------------------------------------------------- two hosts ----
+
+
+def bench_hosts(payloads: list[Payload], block_pool: int, layer_pool: int, reps: int, device: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """The two-process figures again, twice: UCX over TCP on loopback (one namespace), and across two
+    network namespaces joined by a veth link (UCX over TCP on the veth device)."""
+    from kvpolicy.transports.testbed import HostPair
+
+    tcp_lo = {"env": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_CMA_SEG_SIZE": None}}
+    results = {"tcp_lo": bench_nixl(payloads, block_pool, layer_pool, reps, device, (tcp_lo, tcp_lo))}
+    with HostPair() as pair:
+        placements = tuple(
+            {"netns": host.netns, "env": pair.ucx_env(host), "host": host.address} for host in (pair.prefill, pair.decode)
+        )
+        results["netns"] = bench_nixl(
+            payloads, block_pool, layer_pool, reps, device, placements, link_bytes=lambda: pair.link_bytes(pair.prefill)[1]
+        )
+    return results
+
+
+def across_summary(rows: list[dict[str, Any]], across: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Per payload: the transceiver's GB/s on one host (CMA), over TCP on loopback, across the veth."""
+    table = []
+    for row in rows:
+        lo, ns = across["tcp_lo"][row["payload"]], across["netns"][row["payload"]]
+        table.append(
+            {
+                "payload": row["payload"],
+                "same_host_gbps": round(row["transceiver_gbps"], 3),
+                "tcp_lo_gbps": round(lo["transceiver_gbps"], 3),
+                "netns_gbps": round(ns["transceiver_gbps"], 3),
+                "netns_nixl_gbps": round(ns["nixl_gbps"], 3),
+                "netns_vs_same_host": round(ns["transceiver_gbps"] / row["transceiver_gbps"], 3),
+                "netns_vs_tcp_lo": round(ns["transceiver_gbps"] / lo["transceiver_gbps"], 3),
+                "netns_us": round(ns["transceiver_us"], 1),
+                "link_vs_payload": round(ns["link_vs_payload"], 3),
+                "bit_identical": lo["bit_identical"] and ns["bit_identical"],
+            }
+        )
+    return {
+        "payloads": table,
+        "bit_identical": all(r["bit_identical"] for r in table),
+        # Every payload byte crossed the link (TCP/IP headers make the link carry a little more).
+        "crossed_link": all(r["link_vs_payload"] >= 1.0 for r in table),
+    }
+
+
+def print_hosts(hosts: dict[str, Any]) -> None:
+    print("\nAcross two hosts (network namespaces + veth, UCX over TCP), kvpolicy transceiver GB/s\n")
+    header = f"{'payload':<26}{'same host':>10}{'TCP lo':>8}{'veth':>8}{'veth/same':>11}{'veth/TCP lo':>13}{'link/payload':>14}  bits"
+    print(header)
+    print("-" * len(header))
+    for r in hosts["payloads"]:
+        print(
+            f"{r['payload']:<26}{r['same_host_gbps']:>10.2f}{r['tcp_lo_gbps']:>8.2f}{r['netns_gbps']:>8.2f}"
+            f"{r['netns_vs_same_host']:>11.2f}{r['netns_vs_tcp_lo']:>13.2f}{r['link_vs_payload']:>14.2f}  "
+            f"{'ok' if r['bit_identical'] else 'MISMATCH'}"
+        )
+    print(f"every payload byte crossed the veth link: {'yes' if hosts['crossed_link'] else 'NO'}")
 
 
 # ------------------------------------------------------------------------------------- report ----
@@ -303,7 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the pools live")
     parser.add_argument("--reps", type=int, default=None, help="repetitions per payload (default 5 quick, 15 full)")
+    parser.add_argument(
+        "--hosts",
+        choices=("same", "netns"),
+        default="same",
+        help="netns: also run across two network namespaces joined by a veth link (needs root)",
+    )
     args = parser.parse_args(argv)
+    if args.hosts == "netns":
+        from kvpolicy.transports.testbed import netns_unavailable
+
+        why = netns_unavailable()
+        if why:
+            print(f"--hosts netns: cannot create network namespaces here: {why}", file=sys.stderr)
+            return 2
     reps = args.reps or (5 if args.quick else 15)
     # Pools: the quick run holds 160 x 4 MiB + 1024 x 128 KiB per side (0.8 GiB); the full run
     # 576 x 4 MiB + 1024 x 128 KiB (2.4 GiB) per side: both sides together stay under 8 GiB.
@@ -313,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     torch_results = bench_torch(payloads, block_pool, layer_pool, reps, args.device)
     nixl_results = bench_nixl(payloads, block_pool, layer_pool, reps, args.device)
+    across = bench_hosts(payloads, block_pool, layer_pool, reps, args.device) if args.hosts == "netns" else None
     rows = []
     for payload in payloads:
         row = {"payload": payload.name, "bytes": payload.nbytes, "torch_gbps": torch_results[payload.name]["gbps"], **nixl_results[payload.name]}
@@ -347,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
         "scattered_at_least_80pct_of_contiguous": summary["scattered_vs_contiguous"] >= 0.8,
         "one_block_overhead_under_300us": summary["one_block_overhead_us"] < 300,
     }
+    if across is not None:
+        summary["hosts"] = across_summary(rows, across)
+        summary["bit_identical"] = summary["bit_identical"] and summary["hosts"]["bit_identical"]
+        summary["seconds"] = round(time.perf_counter() - started, 1)
     if args.format == "json":
         print(json.dumps(summary))
     else:
@@ -367,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"one-block request overhead:         {summary['one_block_overhead_us']:.0f} us")
         for target, met in summary["targets"].items():
             print(f"  {'met' if met else 'MISSED':<7}{target}")
+        if across is not None:
+            print_hosts(summary["hosts"])
         print(f"\n({summary['seconds']} s)")
     return 0 if summary["bit_identical"] else 1
 

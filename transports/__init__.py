@@ -2,12 +2,14 @@
 
 ``open_transceiver(resolution, pool)`` opens the transceiver for the decided runtime and backend. The
 PYTHON runtime over NIXL is implemented here (:class:`NixlTransceiver`); other runtimes plug in through
-the entry-point group ``kvpolicy.transceivers``. Importing this package imports torch lazily (on the
-first :class:`BlockPool`) and NIXL only when a transceiver starts.
+the entry-point group ``kvpolicy.transceivers``. Ranks on different hosts find each other through
+etcd with :class:`EtcdRegistry`. Importing this package imports torch lazily (on the first
+:class:`BlockPool`) and NIXL only when a transceiver starts.
 """
 
 from .agent import NixlSettings, nixl_available
 from .control import ControlMessageError
+from .discovery import EtcdRegistry, RankWatch, Registration, RegistryError, RegistryUnavailable
 from .layout import KVLayout
 from .mapping import DescriptorPlan, Overlap, RankMapping, block_segments, map_ranks, overlap, plan_descriptors
 from .pool import BlockPool
@@ -36,12 +38,17 @@ __all__ = [
     "ControlMessageError",
     "DescriptorPlan",
     "ENTRY_POINT_GROUP",
+    "EtcdRegistry",
     "KVLayout",
     "NixlSettings",
     "NixlTransceiver",
     "Overlap",
     "Peer",
     "RankMapping",
+    "RankWatch",
+    "Registration",
+    "RegistryError",
+    "RegistryUnavailable",
     "RequestState",
     "Transceiver",
     "TransceiverSelectionError",

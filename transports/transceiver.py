@@ -39,6 +39,7 @@ import zmq
 
 from . import control
 from .agent import NixlSettings, create_agent
+from .discovery import EtcdClient, RegistryError, nixl_metadata_key
 from .layout import KVLayout
 from .mapping import BlockSegments, block_segments, map_ranks, overlap, plan_descriptors
 from .pool import BlockPool
@@ -50,6 +51,9 @@ log = logging.getLogger("kvpolicy.transports")
 #: counting them as foreign.
 _REMEMBERED = 4096
 _MAX_FRAME = 16 << 20
+#: How often to read etcd again for a receiver's metadata it did not have yet (sender), and half
+#: the interval between publications while waiting for a welcome (receiver).
+_REFETCH_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class _Connection:
     future: Future
     deadline: float
     peer: Peer | None = None
+    republish: float = 0.0
 
 
 class NixlTransceiver:
@@ -143,6 +148,12 @@ class NixlTransceiver:
         settings: NIXL agent settings (progress-thread delay, UCX environment).
         log_requests: emit one structured (JSON) log line per finished request on the
             ``kvpolicy.transports`` logger at INFO.
+        metadata: how a sender learns this side's NIXL agent metadata. ``"inline"`` (default): inside
+            the hello frame. ``"etcd"``: NIXL's own etcd support publishes it to the etcd named by
+            ``NIXL_ETCD_ENDPOINTS`` (which must be set; again on every connect, in case etcd was
+            away), the hello carries only the agent name, and the sender reads NIXL's entry from
+            etcd, retrying until its timeout. NIXL's entries carry no lease: a killed process leaves
+            a stale one behind (harmless: agent names are unique per process).
     """
 
     runtime = "PYTHON"
@@ -158,11 +169,17 @@ class NixlTransceiver:
         port: int = 0,
         settings: NixlSettings | None = None,
         log_requests: bool = False,
+        metadata: str = "inline",
     ) -> None:
         if not isinstance(pool, BlockPool):
             raise TypeError(f"pool must be a BlockPool, got {type(pool).__name__}")
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
             raise ValueError(f"timeout_s must be a finite positive number of seconds, got {timeout_s!r}")
+        if metadata not in ("inline", "etcd"):
+            raise ValueError(f"metadata must be 'inline' or 'etcd', got {metadata!r}")
+        if metadata == "etcd" and not os.environ.get("NIXL_ETCD_ENDPOINTS"):
+            raise ValueError("metadata='etcd' needs NIXL_ETCD_ENDPOINTS (etcd client URLs) in the environment")
+        self.metadata = metadata
         self.pool = pool
         self.layout = pool.layout
         self.timeout_s = float(timeout_s)
@@ -184,6 +201,9 @@ class NixlTransceiver:
             [(pool.base_address, pool.nbytes, pool.device_id, "")], pool.memory_type
         )
         self._registrations = 1
+        if metadata == "etcd":
+            # After registering: the published metadata must describe the pool.
+            self._agent.send_local_metadata()
 
         self._zmq = zmq.Context.instance()
         self._router = self._zmq.socket(zmq.ROUTER)
@@ -205,6 +225,7 @@ class NixlTransceiver:
 
         # Service-thread state.
         self._remotes: dict[bytes, _Remote] = {}
+        self._fetching: dict[bytes, object] = {}
         self._offers: dict[str, _Offer] = {}
         self._parked: dict[str, list[_Ask]] = {}
         self._writes: list[_Write] = []
@@ -236,6 +257,20 @@ class NixlTransceiver:
     def registrations(self) -> int:
         """Live NIXL memory registrations of this transceiver: 1 while open, 0 after :meth:`close`."""
         return self._registrations
+
+    def rank_record(self) -> dict[str, Any]:
+        """What a registry publishes about this transceiver (JSON-able): where its control socket
+        listens, its NIXL agent name, pool layout and size. Agent metadata is not included: it goes
+        in the hello frame or, with ``metadata="etcd"``, through NIXL's own etcd entry."""
+        return {
+            "name": self.name,
+            "address": self.address,
+            "agent": self._agent_name,
+            "layout": self.layout.to_wire(),
+            "num_blocks": self.pool.num_blocks,
+            "memory_type": self.pool.memory_type,
+            "metadata": self.metadata,
+        }
 
     def connect(self, address: str, *, timeout_s: float | None = None) -> Peer:
         """Connect to the sender listening at ``address`` and exchange rank info.
@@ -500,10 +535,68 @@ class NixlTransceiver:
             segments = block_segments(self.layout, rank.layout)
             if identity in self._remotes:
                 self._agent.remove_remote_agent(self._remotes[identity].rank.agent)
-            self._agent.add_remote_agent(rank.metadata)
+                del self._remotes[identity]
+            if rank.metadata:
+                self._agent.add_remote_agent(rank.metadata)
+            else:
+                # The receiver published its metadata to etcd: read it there (in the background);
+                # the welcome waits until it has arrived, or is never sent.
+                self._start_fetch(identity, hello)
+                return
         except Exception as exc:
             self._drop("malformed", f"hello from {rank.name!r} rejected: {exc}")
             return
+        self._welcome(identity, rank, segments)
+
+    def _start_fetch(self, identity: bytes, hello: control.Hello) -> None:
+        """Read the NIXL metadata that ``hello``'s agent published to etcd, retrying until the
+        transceiver timeout, on a short-lived thread; the service thread gets it as a command.
+
+        NIXL 1.5.1's own fetch (``fetch_remote_metadata``) also watches the key; that watch does not
+        survive an etcd restart and then wedges the agent's communication thread, so that even
+        closing the agent hangs. Reading the same key through the JSON gateway, with a timeout on
+        every call, has no such state.
+        """
+        token = object()
+        self._fetching[identity] = token
+        agent = hello.rank.agent
+        key = nixl_metadata_key(agent)
+        deadline = time.monotonic() + self.timeout_s
+        endpoints = os.environ["NIXL_ETCD_ENDPOINTS"]
+
+        def fetch() -> None:
+            client = EtcdClient(endpoints, timeout_s=1.0)
+            blob, error = None, "not published"
+            while not blob and not self._closed and time.monotonic() < deadline:
+                try:
+                    blob = client.get(key)
+                except RegistryError as exc:
+                    error = str(exc)
+                if not blob:
+                    time.sleep(_REFETCH_S)
+            try:
+                self._submit(lambda: self._on_fetched(identity, token, hello, blob, error))
+            except RuntimeError:  # closed meanwhile
+                pass
+
+        threading.Thread(target=fetch, name=f"kvpolicy-fetch-{agent}", daemon=True).start()
+
+    def _on_fetched(self, identity: bytes, token: object, hello: control.Hello, blob: bytes | None, error: str) -> None:
+        if self._fetching.get(identity) is not token:
+            return  # superseded by a newer hello from the same peer
+        del self._fetching[identity]
+        rank = hello.rank
+        if not blob:
+            log.warning("transceiver %s: metadata of agent %s not found in etcd in time: %s", self.name, rank.agent, error)
+            return
+        try:
+            self._agent.add_remote_agent(blob)
+        except Exception as exc:
+            self._drop("malformed", f"etcd metadata of {rank.name!r} rejected: {exc}")
+            return
+        self._welcome(identity, rank, block_segments(self.layout, rank.layout))
+
+    def _welcome(self, identity: bytes, rank: control.RankInfo, segments: BlockSegments) -> None:
         self._remotes[identity] = _Remote(identity, rank, segments)
         try:
             # Wire up now rather than inside the first request's write (~30 ms on first use).
@@ -518,7 +611,7 @@ class NixlTransceiver:
         return control.RankInfo(
             name=self.name,
             agent=self._agent_name,
-            metadata=self._agent.get_agent_metadata() if with_metadata else b"",
+            metadata=self._agent.get_agent_metadata() if with_metadata and self.metadata == "inline" else b"",
             layout=self.layout,
             base_address=self.pool.base_address,
             num_blocks=self.pool.num_blocks,
@@ -738,11 +831,18 @@ class NixlTransceiver:
                 future.set_result(conn.peer)
                 return
             self._close_connection(conn)
+        if self.metadata == "etcd":
+            # Publish again before every hello: a publication made while etcd was unreachable was
+            # lost (NIXL only logs it), and the sender reads etcd as soon as the hello arrives.
+            try:
+                self._agent.send_local_metadata()
+            except Exception as exc:
+                log.warning("transceiver %s: could not publish its metadata to etcd: %s", self.name, exc)
         socket = self._zmq.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
         socket.connect(address)
-        conn = _Connection(address, socket, future, deadline)
+        conn = _Connection(address, socket, future, deadline, republish=time.monotonic() + _REFETCH_S * 2)
         self._connections[address] = conn
         self._poller.register(socket, zmq.POLLIN)
         socket.send(control.encode(control.Hello(self._rank_info(with_metadata=True))))
@@ -906,8 +1006,19 @@ class NixlTransceiver:
         for conn in list(self._connections.values()):
             if conn.peer is None and now >= conn.deadline:
                 if not conn.future.done():
-                    conn.future.set_exception(TimeoutError(f"no answer from a sender at {conn.address}"))
+                    reason = f"no answer from a sender at {conn.address}"
+                    if self.metadata == "etcd":
+                        reason += " (it may not have found this side's NIXL metadata in etcd)"
+                    conn.future.set_exception(TimeoutError(reason))
                 self._close_connection(conn)
+            elif conn.peer is None and self.metadata == "etcd" and now >= conn.republish:
+                # Until the welcome: publish again, in case etcd was away (NIXL's etcd client may
+                # fail the first puts after an outage while it reconnects).
+                conn.republish = now + _REFETCH_S * 2
+                try:
+                    self._agent.send_local_metadata()
+                except Exception as exc:
+                    log.debug("transceiver %s: publishing metadata failed: %s", self.name, exc)
 
     def _abort_writes(self, offer: _Offer) -> None:
         """Past the deadline with writes in flight: ask NIXL to abort them; only a confirmed abort
@@ -959,6 +1070,11 @@ class NixlTransceiver:
                 pass
         self._remotes.clear()
         self._router.close(0)
+        if self.metadata == "etcd":
+            try:
+                self._agent.invalidate_local_metadata()
+            except Exception as exc:  # etcd may be gone; the entry is then stale, not harmful
+                log.warning("transceiver %s: could not withdraw its etcd metadata: %s", self.name, exc)
         if self._registrations:
             self._agent.deregister_memory(self._registration)
             self._registrations = 0

@@ -23,15 +23,38 @@ def fill_pattern(pool: Any, seed: int) -> None:
 
 
 def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
+    import os
+
+    if config.get("netns"):
+        # First, before any socket or thread exists: both keep the namespace they were made in.
+        from kvpolicy.transports.testbed import enter_namespace
+
+        enter_namespace(config["netns"])
+    for key, value in config.get("env", {}).items():  # None unsets a variable inherited from the test
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
     import torch
 
-    from kvpolicy.transports import BlockPool, KVLayout, NixlTransceiver, TransferError
+    from kvpolicy.transports import BlockPool, KVLayout, NixlSettings, NixlTransceiver, TransferError
 
     layout = KVLayout(**config["layout"])
     pool = BlockPool(layout, config.get("num_blocks", 64))
     fill_pattern(pool, config.get("seed", 0))
-    tx = NixlTransceiver(pool, name=name, timeout_s=config.get("timeout_s", 20.0))
+    tx = NixlTransceiver(
+        pool,
+        name=name,
+        timeout_s=config.get("timeout_s", 20.0),
+        host=config.get("host", "127.0.0.1"),
+        metadata=config.get("metadata", "inline"),
+        # Defaults only for what the test's environment leaves alone (e.g. no CMA tuning over TCP).
+        settings=NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in config.get("env", {}))),
+    )
     handles: dict[str, Any] = {}
+    registry = None
+    delayed_results: list[float] = []
 
     def outcome(request_id: str, timeout: float | None) -> dict[str, Any]:
         handle = handles[request_id]
@@ -71,7 +94,33 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 result = None
             elif op == "stats":
                 result = {**tx.stats, "registrations": tx.registrations}
+            elif op == "register":  # publish this rank in etcd: (endpoints, namespace, ttl_s)
+                from kvpolicy.transports.discovery import EtcdRegistry
+
+                endpoints, namespace, ttl_s = args
+                registry = EtcdRegistry(endpoints, namespace=namespace)
+                registry.register(name, tx.rank_record(), ttl_s=ttl_s)
+                result = None
+            elif op == "lookup":  # (endpoints, namespace, rank name, timeout_s) -> record or error text
+                from kvpolicy.transports.discovery import EtcdRegistry, RegistryError
+
+                endpoints, namespace, rank, timeout_s = args
+                try:
+                    result = EtcdRegistry(endpoints, namespace=namespace).lookup(rank, timeout_s=timeout_s)
+                except (LookupError, RegistryError) as exc:
+                    result = f"{type(exc).__name__}: {exc}"
+            elif op == "connect_by_name":  # (endpoints, namespace, rank name): look up, then connect
+                from kvpolicy.transports.discovery import EtcdRegistry
+
+                endpoints, namespace, rank = args
+                address = EtcdRegistry(endpoints, namespace=namespace).lookup_address(rank, timeout_s=kwargs.get("timeout_s", 10.0))
+                result = tx.connect(address, **kwargs).name
+            elif op == "delay_results":  # fault injection: hold every result frame this many seconds
+                _delay_results(tx, args[0])
+                result = None
             elif op == "close":
+                if registry is not None:
+                    registry.close()
                 tx.close()
                 result = tx.registrations
             elif op == "exit":
@@ -82,6 +131,32 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
             conn.send(("ok", result))
         except Exception as exc:  # report to the test, keep serving
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _delay_results(tx: Any, seconds: float) -> None:
+    """Make ``tx`` (a sender) hold each result frame for ``seconds`` before sending it, as a slow or
+    congested link would; 0 restores prompt results. The frame is still sent from the service
+    thread (ZMQ sockets are not thread-safe): a timer hands it back through the command queue."""
+    import threading
+
+    original = getattr(tx, "_undelayed_reply", None) or tx._reply
+    tx._undelayed_reply = original
+    if seconds <= 0:
+        tx._reply = original
+        return
+
+    def delayed(remote: Any, result: Any) -> None:
+        def later() -> None:
+            try:
+                tx._submit(lambda: original(remote, result))
+            except RuntimeError:  # closed meanwhile
+                pass
+
+        timer = threading.Timer(seconds, later)
+        timer.daemon = True
+        timer.start()
+
+    tx._reply = delayed
 
 
 class WorkerError(RuntimeError):

@@ -1,0 +1,209 @@
+"""The etcd registry: rank records under a namespaced key with a lease, against a real etcd."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from conftest import requires_etcd, requires_nixl
+
+from kvpolicy.transports import KVLayout
+from kvpolicy.transports.discovery import EtcdClient, EtcdRegistry, RegistryError, RegistryUnavailable
+from kvpolicy.transports.testbed import free_port
+
+RECORD = {"address": "tcp://127.0.0.1:5555", "agent": "prefill-1", "num_blocks": 64}
+
+
+def wait_until(check, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+@requires_etcd
+def test_register_lookup_list_and_close(etcd):
+    registry = EtcdRegistry(etcd.endpoint, namespace="unit")
+    other = EtcdRegistry(etcd.endpoint, namespace="other")
+    try:
+        registration = registry.register("prefill-0", RECORD, ttl_s=5)
+        assert registration.key == "/kvpolicy/unit/ranks/prefill-0"
+        assert registry.lookup("prefill-0", timeout_s=1.0) == RECORD
+        assert registry.lookup_address("prefill-0", timeout_s=1.0) == "tcp://127.0.0.1:5555"
+        assert registry.list() == {"prefill-0": RECORD}
+        assert other.list() == {}  # namespaces do not see each other
+        # The key carries a lease: revoking it (close) deletes the record at once.
+        registration.close()
+        assert registry.get("prefill-0") is None
+    finally:
+        registry.close()
+        other.close()
+
+
+@requires_etcd
+def test_lookup_waits_for_a_late_registration(etcd):
+    registry = EtcdRegistry(etcd.endpoint, namespace="late")
+    timer = threading.Timer(0.5, lambda: registry.register("decode-0", RECORD, ttl_s=5))
+    timer.start()
+    try:
+        assert registry.lookup("decode-0", timeout_s=10.0) == RECORD
+    finally:
+        timer.join(5)
+        registry.close()
+    with pytest.raises(LookupError, match="no rank 'missing'"):
+        registry.lookup("missing", timeout_s=0.3)
+
+
+@requires_etcd
+def test_watch_reports_ranks_appearing_changing_and_going(etcd):
+    registry = EtcdRegistry(etcd.endpoint, namespace="watched")
+    events: list[tuple[dict, set]] = []
+    watch = registry.watch(lambda changed, gone: events.append((changed, gone)), poll_s=0.05)
+    try:
+        registry.register("a", RECORD, ttl_s=5)
+        wait_until(lambda: ({"a": RECORD}, set()) in events)
+        registry.register("a", {**RECORD, "num_blocks": 128}, ttl_s=5)
+        wait_until(lambda: any(c.get("a", {}).get("num_blocks") == 128 for c, _ in events))
+        registry.unregister("a")
+        wait_until(lambda: ({}, {"a"}) in events)
+        etcd.stop()
+        wait_until(lambda: bool(watch.last_error))
+        etcd.start()
+        wait_until(lambda: not watch.last_error)
+    finally:
+        watch.stop()
+        registry.close()
+    assert not watch._thread.is_alive()
+
+
+@requires_etcd
+def test_a_dead_workers_entry_expires_with_its_lease(etcd):
+    registry = EtcdRegistry(etcd.endpoint, namespace="dead")
+    registration = registry.register("prefill-0", RECORD, ttl_s=2)
+    # Die without clean-up: the keep-alive thread stops, nobody revokes the lease.
+    registration._stop.set()
+    registration._thread.join(5)
+    assert registry.get("prefill-0") == RECORD
+    wait_until(lambda: registry.get("prefill-0") is None, timeout_s=8.0)
+
+
+@requires_etcd
+def test_keepalive_holds_the_entry_and_rewrites_a_lost_lease(etcd):
+    registry = EtcdRegistry(etcd.endpoint, namespace="renew")
+    try:
+        registration = registry.register("prefill-0", RECORD, ttl_s=1)
+        time.sleep(2.5)  # longer than the TTL: only renewals keep it
+        assert registry.get("prefill-0") == RECORD
+        assert registration.renewals >= 2
+        # etcd loses the lease (an operator revokes it, or an outage outlives it): written again.
+        registry.client.revoke(registration.lease)
+        wait_until(lambda: registration.reregistrations >= 1 and registry.get("prefill-0") == RECORD)
+    finally:
+        registry.close()
+
+
+@requires_etcd
+def test_stopped_etcd_raises_within_the_timeout_and_recovers(etcd):
+    registry = EtcdRegistry(etcd.endpoint, namespace="outage", timeout_s=0.5)
+    try:
+        registration = registry.register("prefill-0", RECORD, ttl_s=2)
+        etcd.stop()
+        started = time.monotonic()
+        with pytest.raises(RegistryUnavailable, match="looking up rank 'prefill-0'"):
+            registry.lookup("prefill-0", timeout_s=1.0)
+        with pytest.raises(RegistryUnavailable):
+            registry.list()
+        assert time.monotonic() - started < 4.0
+        wait_until(lambda: bool(registration.last_error))
+        etcd.start()
+        wait_until(lambda: registry.get("prefill-0") == RECORD and not registration.last_error)
+    finally:
+        registry.close()
+
+
+def test_nothing_listening_is_unavailable_not_a_hang():
+    registry = EtcdRegistry(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(RegistryUnavailable, match="no etcd endpoint answered"):
+        registry.register("prefill-0", RECORD)
+    with pytest.raises(RegistryUnavailable):
+        registry.lookup("prefill-0", timeout_s=0.5)
+    assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../x", "-x", "x" * 200, "sp ace"])
+def test_bad_names_are_refused(name):
+    registry = EtcdRegistry("http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="rank name"):
+        registry.key(name)
+
+
+@pytest.mark.parametrize("endpoints", ["", "127.0.0.1:2379", ["ftp://x"]])
+def test_bad_endpoints_are_refused(endpoints):
+    with pytest.raises(ValueError):
+        EtcdClient(endpoints)
+
+
+def test_bad_namespace_and_ttl_are_refused():
+    with pytest.raises(ValueError, match="namespace"):
+        EtcdRegistry("http://127.0.0.1:1", namespace="a/b")
+    registry = EtcdRegistry("http://127.0.0.1:1")
+    for ttl in (0, -1, 1.5, True, 10_000):
+        with pytest.raises(ValueError, match="ttl_s"):
+            registry.register("x", RECORD, ttl_s=ttl)
+
+
+@requires_etcd
+def test_foreign_entries_are_skipped_not_trusted(etcd):
+    registry = EtcdRegistry(etcd.endpoint, namespace="foreign")
+    registry.client.put(registry.key("garbage"), b"\xff not json")
+    registry.client.put(registry.key("array"), json.dumps([1, 2]).encode())
+    registry.register("good", RECORD, ttl_s=5)
+    try:
+        assert registry.list() == {"good": RECORD}
+        with pytest.raises(RegistryError, match="not JSON"):
+            registry.get("garbage")
+        with pytest.raises(RegistryError, match="not a map"):
+            registry.lookup("array", timeout_s=0.5)
+        registry.register("no-address", {"address": "tcp://10.0.0.1:5555; rm -rf"}, ttl_s=5)
+        with pytest.raises(RegistryError, match="no usable control address"):
+            registry.lookup_address("no-address", timeout_s=0.5)
+    finally:
+        registry.close()
+
+
+@requires_nixl
+@requires_etcd
+def test_nixl_metadata_through_etcd_on_loopback(etcd, workers):
+    """Both ranks publish their NIXL agent metadata to etcd; the hello carries only the agent name,
+    and the decode side finds the prefill side by name in the registry."""
+    layout = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
+    config = dict(layout=layout.to_wire(), metadata="etcd", env={"NIXL_ETCD_ENDPOINTS": etcd.endpoint})
+    prefill = workers("prefill", seed=1, **config)
+    decode = workers("decode", seed=2, **config)
+    prefill.call("register", etcd.endpoint, "loop", 5)
+    assert decode.call("connect_by_name", etcd.endpoint, "loop", "prefill") == "prefill"
+    prefill.call("send", "r", [1, 2, 3])
+    decode.call("receive", "r", [4, 5, 6])
+    assert decode.call("wait", "r")["state"] == "completed"
+    assert decode.call("digests", [4, 5, 6]) == prefill.call("digests", [1, 2, 3])
+    # NIXL's own entries live beside ours in the same etcd.
+    keys = EtcdClient(etcd.endpoint).get_prefix("/")
+    assert any(not k.startswith("/kvpolicy/") for k in keys), sorted(keys)
+
+
+def test_etcd_metadata_needs_the_endpoints(monkeypatch):
+    from conftest import NIXL_OK
+
+    if not NIXL_OK:
+        pytest.skip("NIXL cannot load here")
+    from kvpolicy.transports import BlockPool, NixlTransceiver
+
+    monkeypatch.delenv("NIXL_ETCD_ENDPOINTS", raising=False)
+    pool = BlockPool(KVLayout(num_layers=1, kv_heads=1, tokens_per_block=4, head_dim=8), 2, huge_pages=False)
+    with pytest.raises(ValueError, match="NIXL_ETCD_ENDPOINTS"):
+        NixlTransceiver(pool, metadata="etcd")
+    with pytest.raises(ValueError, match="metadata must be"):
+        NixlTransceiver(pool, metadata="zookeeper")

@@ -1,0 +1,260 @@
+"""Two hosts and a metadata service on one machine, for tests and benchmarks.
+
+* :class:`EtcdServer`: a throwaway ``etcd`` (Debian's ``etcd-server``) with a temporary data dir,
+  listening on one address and free ports; :meth:`~EtcdServer.stop` / :meth:`~EtcdServer.start` let a
+  test take it away mid-run and bring it back with its data.
+* :class:`HostPair`: two network namespaces joined by a veth pair (iproute2), addresses
+  ``10.231.7.1/24`` (prefill) and ``10.231.7.2/24`` (decode). A process enters one with
+  :func:`enter_namespace`; :meth:`HostPair.ucx_env` gives the UCX settings that make NIXL use TCP over
+  the veth device, so the bytes really cross the link (on one kernel UCX would otherwise see the peer as
+  local and copy through CMA). :meth:`~HostPair.link_bytes` reads the link's byte counters.
+
+Only loopback and addresses inside namespaces made here are ever used. Everything has a finite
+timeout, and :meth:`close` removes what was made even after a failure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+
+__all__ = ["EtcdServer", "HostPair", "enter_namespace", "etcd_binary", "free_port", "netns_unavailable"]
+
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 16384
+_MS_SLAVE = 1 << 19
+_MNT_DETACH = 2
+
+
+def etcd_binary() -> str | None:
+    """Path of the ``etcd`` server binary, or None (install Debian's ``etcd-server``)."""
+    return shutil.which("etcd") or next((p for p in ("/usr/bin/etcd", "/usr/local/bin/etcd") if os.access(p, os.X_OK)), None)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _run(args: list[str], timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+class EtcdServer:
+    """A single-member etcd on ``host`` with a temporary data dir.
+
+    ``netns``: run it inside that network namespace (through ``ip netns exec``); ``host`` must then be
+    an address of the namespace. Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", *, netns: str | None = None, start_timeout_s: float = 20.0) -> None:
+        binary = etcd_binary()
+        if binary is None:
+            raise FileNotFoundError("the etcd binary is not installed (apt-get install etcd-server)")
+        self.binary = binary
+        self.host = host
+        self.netns = netns
+        self.start_timeout_s = start_timeout_s
+        self.data_dir = tempfile.mkdtemp(prefix="kvpolicy-etcd-")
+        self.client_port = free_port() if netns is None else 23790 + (os.getpid() % 97)
+        self.peer_port = free_port() if netns is None else self.client_port + 100
+        self.endpoint = f"http://{host}:{self.client_port}"
+        self.process: subprocess.Popen | None = None
+        self._log = open(os.path.join(self.data_dir, "etcd.log"), "ab")
+        self.start()
+
+    def start(self) -> None:
+        """Start (or restart, with the same data) the server and wait until it answers."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        peer = f"http://{self.host}:{self.peer_port}"
+        args = [
+            self.binary,
+            "--name", "kvpolicy",
+            "--data-dir", os.path.join(self.data_dir, "data"),
+            "--listen-client-urls", self.endpoint,
+            "--advertise-client-urls", self.endpoint,
+            "--listen-peer-urls", peer,
+            "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"kvpolicy={peer}",
+            "--log-level", "error",
+        ]  # fmt: skip
+        if self.netns:
+            args = ["ip", "netns", "exec", self.netns, *args]
+        self.process = subprocess.Popen(args, stdout=self._log, stderr=self._log, start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.process.returncode}; see {self._log.name}")
+            if self.healthy(timeout_s=0.5):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"etcd did not become healthy at {self.endpoint} within {self.start_timeout_s}s")
+
+    def healthy(self, timeout_s: float = 1.0) -> bool:
+        """Whether the server answers its health check."""
+        if self.netns:
+            try:
+                out = _run(["ip", "netns", "exec", self.netns, sys.executable, "-c",
+                            f"import urllib.request;print(urllib.request.urlopen('{self.endpoint}/health',timeout={timeout_s}).read().decode())"],
+                           timeout=timeout_s + 5, check=False).stdout  # fmt: skip
+            except subprocess.TimeoutExpired:
+                return False
+            return '"true"' in out
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=timeout_s) as response:
+                return json.loads(response.read()).get("health") == "true"
+        except (OSError, ValueError):
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL); its data dir stays for :meth:`start`."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout_s)
+
+    def close(self) -> None:
+        """Stop the server and delete its data."""
+        self.stop()
+        self._log.close()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EtcdServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def netns_unavailable() -> str:
+    """Why network namespaces cannot be made here (empty when they can): not root, no ``ip``, no
+    CAP_NET_ADMIN. Tries for real: makes a namespace and deletes it."""
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    name = f"kvprobe-{uuid.uuid4().hex[:6]}"
+    try:
+        made = _run(["ip", "netns", "add", name], check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`ip netns add` failed: {exc}"
+    if made.returncode != 0:
+        return f"`ip netns add` failed (needs root / CAP_NET_ADMIN): {made.stderr.strip()}"
+    _run(["ip", "netns", "del", name], check=False)
+    return ""
+
+
+def enter_namespace(name: str) -> None:
+    """Move the calling process into network namespace ``name`` (made by ``ip netns add``).
+
+    Call it first thing in a fresh process, before any socket or thread exists: sockets keep the
+    namespace they were made in, and only the calling thread moves.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"{what} (network namespace {name!r}): {os.strerror(errno)}")
+
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        check(libc.setns(fd, _CLONE_NEWNET), "setns")
+    finally:
+        os.close(fd)
+    # As `ip netns exec` does: a private mount namespace with /sys mounted afresh, so that
+    # /sys/class/net lists this namespace's devices (UCX finds its devices there).
+    check(libc.unshare(_CLONE_NEWNS), "unshare mounts")
+    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "make mounts private")
+    check(libc.umount2(b"/sys", _MNT_DETACH), "unmount /sys")
+    check(libc.mount(name.encode(), b"/sys", b"sysfs", 0, None), "mount /sys")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One side of a :class:`HostPair`."""
+
+    netns: str
+    device: str
+    address: str
+
+
+class HostPair:
+    """Two network namespaces, ``prefill`` and ``decode``, joined by one veth pair.
+
+    Names get a random suffix so that runs never collide; :meth:`close` deletes both namespaces (the
+    veth pair goes with them). ``subnet`` must be a private /24 used by nothing else here.
+    """
+
+    def __init__(self, subnet: str = "10.231.7") -> None:
+        reason = netns_unavailable()
+        if reason:
+            raise PermissionError(reason)
+        tag = uuid.uuid4().hex[:6]
+        self.prefill = Host(f"kvpf-{tag}", f"kvpf{tag}", f"{subnet}.1")
+        self.decode = Host(f"kvdc-{tag}", f"kvdc{tag}", f"{subnet}.2")
+        self._made: list[str] = []
+        try:
+            for host in (self.prefill, self.decode):
+                _run(["ip", "netns", "add", host.netns])
+                self._made.append(host.netns)
+            _run(["ip", "link", "add", self.prefill.device, "type", "veth", "peer", "name", self.decode.device])
+            for host in (self.prefill, self.decode):
+                _run(["ip", "link", "set", host.device, "netns", host.netns])
+                _run(["ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.device])
+                _run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+            self.set_link(True)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def hosts(self) -> tuple[Host, Host]:
+        """``(prefill, decode)``."""
+        return self.prefill, self.decode
+
+    def ucx_env(self, host: Host) -> dict[str, str | None]:
+        """UCX settings for a process in ``host``: TCP only, over its veth device. ``None`` means
+        "unset": the CMA segment size means nothing without CMA, and UCX warns about it."""
+        return {"UCX_TLS": "tcp", "UCX_NET_DEVICES": host.device, "UCX_MODULES": "^ib", "UCX_CMA_SEG_SIZE": None}
+
+    def set_link(self, up: bool) -> None:
+        """Bring both ends of the veth link up or down (``down`` drops the link for both sides)."""
+        for host in (self.prefill, self.decode):
+            _run(["ip", "-n", host.netns, "link", "set", host.device, "up" if up else "down"])
+
+    def link_bytes(self, host: Host) -> tuple[int, int]:
+        """``(rx_bytes, tx_bytes)`` of ``host``'s end of the link."""
+        out = _run(["ip", "-n", host.netns, "-s", "-j", "link", "show", "dev", host.device]).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return int(stats["rx"]["bytes"]), int(stats["tx"]["bytes"])
+
+    def close(self) -> None:
+        """Delete the namespaces (and with them the veth pair). Safe to call twice."""
+        while self._made:
+            _run(["ip", "netns", "del", self._made.pop()], check=False)
+
+    def __enter__(self) -> HostPair:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
