@@ -8,12 +8,10 @@
 The engine never imports torch or nixl; the transfer layer lives in :mod:`kvpolicy.transports`.
 """
 
-from .decisionlog import DecisionLog
 from .errors import ContextError, PolicyError, PolicyProblem, ResolutionError
 from .policyset import PolicySet, load, resolve
 from .resolution import Diagnostic, Resolution, Trace, TraceStep
 from .source import Location
-from .watch import PolicyWatcher
 
 __all__ = [
     "ContextError",
@@ -33,3 +31,16 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # Imported on first use: the decision log pulls in logging.handlers (tens of ms of a cold start).
+    if name == "DecisionLog":
+        from .decisionlog import DecisionLog
+
+        return DecisionLog
+    if name == "PolicyWatcher":
+        from .watch import PolicyWatcher
+
+        return PolicyWatcher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,6 +31,22 @@ COMMANDS: dict[str, str] = {
     "demo": ".demo",
 }
 
+#: One line per command for `kvpolicy --help`, so listing them imports none of their modules.
+SUMMARIES: dict[str, str] = {
+    "resolve": "resolve one serving context: values, deciding rules, errors",
+    "explain": "resolve one serving context and print every step of the decision",
+    "versions": "list the policy versions",
+    "table": "print what a version resolves for every architecture it names and every backend",
+    "lint": "check policy files (rule catalogue, CI output formats)",
+    "rule": "print the documentation of one lint rule",
+    "rules": "list the lint rules",
+    "test": "run policy test cases, with coverage",
+    "fmt": "format policy files canonically",
+    "diff": "every context two policy versions resolve differently",
+    "impact": "how serving configs resolve under two policy versions",
+    "demo": "run prefill -> decode on real models through the runtime the policy chose",
+}
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -39,8 +55,10 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every command."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser. Only the module of the command in ``argv`` is imported (all of them
+    when ``argv`` is None); the others get a placeholder that lists them in ``--help``: a cold
+    `kvpolicy resolve` must not pay for importing lint, diff or the demo."""
     parser = _Parser(
         prog="kvpolicy",
         description="Declarative, checkable selection of the KV-cache transceiver runtime.",
@@ -48,11 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvpolicy {_package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    seen: set[str] = set()
-    for module in COMMANDS.values():
-        if module not in seen:
-            seen.add(module)
-            importlib.import_module(module, __name__).register(sub)
+    wanted = set(COMMANDS) if argv is None else {a for a in argv if a in COMMANDS}
+    modules = {COMMANDS[name] for name in wanted}
+    for module in sorted(modules):
+        importlib.import_module(module, __name__).register(sub)
+    registered = set(sub.choices)
+    for name in COMMANDS:
+        if name not in registered:
+            sub.add_parser(name, help=SUMMARIES[name], description=SUMMARIES[name])
     return parser
 
 
@@ -64,7 +85,10 @@ def _package_version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The command is the first argument that is not an option.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser([command] if command else [])
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
