@@ -118,6 +118,12 @@ def main() -> int:
     result: dict = {"calibration": calibrate()}
     shipped = kvpolicy.load()
     result["shipped"] = latency(shipped, SHIPPED_CONTEXTS, seconds)
+    result["per_context"] = [
+        {"context": {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in fields.items()},
+         "diagnostics": len(shipped.resolve(**fields).diagnostics),
+         **latency(shipped, [fields], seconds / 4)}
+        for fields in SHIPPED_CONTEXTS
+    ]
     result["sizes"] = {}
     for rows in SIZES:
         raw, contexts = generated_policy(rows)
@@ -143,6 +149,9 @@ def main() -> int:
         f"shipped policy 2026.09.10: p50 {s['p50_us']:.2f} us, p99 {s['p99_us']:.2f} us, "
         f"{s['per_second']:,.0f} resolutions/s (p50 = {s['p50_in_calls']:.0f} Python calls)"
     )
+    print("\nper context (p50 us, diagnostics):")
+    for entry in result["per_context"]:
+        print(f"  {entry['p50_us']:6.2f}  {entry['diagnostics']}  {entry['context']}")
     print(f"\n{'rows':>7}  {'p50 us':>8}  {'p99 us':>8}  {'per s':>10}  {'p50 vs 10':>9}  {'load+compile':>12}")
     for rows, f in result["sizes"].items():
         print(

@@ -138,15 +138,17 @@ def generate_evaluator(program: Program, *, lean: bool = False, entry: bool = Fa
 
 def _entry_prologue(src: _Source, program: Program) -> None:
     """``resolve(config, fields, policy_set)``: inline normalisation of the common case."""
-    fast_keys = frozenset({"architecture", "kv_transfer_timeout_ms", *program.decision_names})
+    fast_keys = frozenset({"architecture", "kv_transfer_timeout_ms", "features", *program.decision_names})
     src.emit(0, "def resolve(config, fields, policy_set):")
     src.emit(1, f"if config is None and fields.keys() <= {src.const(fast_keys)}:")
     src.emit(2, "get = fields.get")
     src.emit(2, "arch = get('architecture')")
     src.emit(2, f"timeout = get('kv_transfer_timeout_ms', {src.const(program.default_timeout_ms)})")
+    src.emit(2, "feats = get('features', NO_FEATURES)")
     checks = [
         "(arch is None or (arch.__class__ is str and arch != ''))",
         "(timeout is None or (timeout.__class__ is int and timeout > 0))",
+        f"(feats.__class__ is frozenset or feats.__class__ is set) and feats <= {src.const(program.features)}",
     ]
     requested = []
     for index, decision in enumerate(program.decisions):
@@ -159,7 +161,8 @@ def _entry_prologue(src: _Source, program: Program) -> None:
     src.emit(
         3,
         "ctx = {'architecture': arch, 'model_type': None, 'kv_transfer_timeout_ms': timeout, "
-        f"'features': NO_FEATURES, 'env': NO_ENV, {', '.join(requested)}}}",
+        "'features': feats if feats.__class__ is frozenset else frozenset(feats), "
+        f"'env': NO_ENV, {', '.join(requested)}}}",
     )
     src.emit(2, "else:")
     src.emit(3, "ctx = normalise(None, fields)")

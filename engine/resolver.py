@@ -98,13 +98,6 @@ def _env_test(variable: str, matcher: Matcher) -> Test:
     return lambda c, v: (c["env"].get(variable, "") in accepted) != negate
 
 
-class _Messages(dict):  # type: ignore[type-arg]
-    """Placeholder values for notice and constraint messages; unknown values read as 'none'."""
-
-    def __missing__(self, key: str) -> str:
-        return "none"
-
-
 class RowIndex:
     """A preference table by architecture: the row for a checkpoint, in O(1) whatever the size.
 
@@ -218,8 +211,8 @@ class Program:
             (d.name, d.auto, frozenset((d.auto, *d.decision.values))) for d in self.decisions
         )
         # Caches of the diagnostics path; keyed by parts of this (immutable) policy only.
-        self._placeholders: dict[str, frozenset[str]] = {}
-        self._locations: dict[int, str] = {}
+        self._renderers: dict[str, Callable[..., str]] = {}
+        self._facts: dict[int, tuple[Any, ...]] = {}
         self.default_timeout_ms = _DEFAULT_TIMEOUT_MS
         self._fast = generate_evaluator(self)
         self._entry = generate_evaluator(self, entry=True)
@@ -532,32 +525,10 @@ class Program:
     # -- diagnostics ---------------------------------------------------------------------------
 
     def _format(self, template: str, ctx: dict[str, Any], values: dict[str, Any], preferred: str | None = None) -> str:
-        fields = self._placeholders.get(template)
-        if fields is None:
-            fields = self._placeholders[template] = frozenset(
-                f for _, f, _, _ in string.Formatter().parse(template) if f
-            )
-        if not fields:
-            return template.replace("{{", "{").replace("}}", "}")
-        names = _Messages(values)
-        if "architecture" in fields:
-            names["architecture"] = ctx["architecture"] or "this architecture"
-        if "model_type" in fields:
-            names["model_type"] = ctx["model_type"] or "none"
-        if "kv_transfer_timeout_ms" in fields:
-            timeout = ctx["kv_transfer_timeout_ms"]
-            names["kv_transfer_timeout_ms"] = "null" if timeout is None else str(timeout)
-        if preferred is not None:
-            names["preferred"] = preferred
-        return template.format_map(names)
-
-    def _where(self, part: Any) -> str:
-        """``file:line:col`` of a rule, notice or constraint (formatted once per part)."""
-        key = id(part)
-        where = self._locations.get(key)
-        if where is None:
-            where = self._locations[key] = str(part.location)
-        return where
+        render = self._renderers.get(template)
+        if render is None:
+            render = self._renderers[template] = compile_message(template, self.decision_names)
+        return render(ctx, values, preferred)
 
     def settle_requirements(
         self,
@@ -601,20 +572,35 @@ class Program:
 
     def constraint_diagnostic(self, constraint: Constraint, ctx: dict[str, Any], values: dict[str, Any]) -> Diagnostic:
         """The diagnostic of a constraint that fired."""
-        text = self._format(constraint.message, ctx, values)
-        fix = self._format(constraint.fix, ctx, values)
-        return Diagnostic(
-            constraint.id, constraint.severity, f"{text} To fix: {fix}.", constraint.decision, self._where(constraint), fix
+        facts = self._facts.get(id(constraint))
+        if facts is None:
+            facts = self._facts[id(constraint)] = (
+                constraint.id,
+                constraint.severity,
+                constraint.decision,
+                str(constraint.location),
+                compile_message(constraint.message, self.decision_names),
+                compile_message(constraint.fix, self.decision_names),
+            )
+        rule_id, severity, decision, where, message, fix = facts
+        fixed = fix(ctx, values, None)
+        return _new_diagnostic(
+            Diagnostic, (rule_id, severity, f"{message(ctx, values, None)} To fix: {fixed}.", decision, where, fixed)
         )
 
     def notice_diagnostic(
         self, notice: Notice, decision: str, ctx: dict[str, Any], values: dict[str, Any], value: str | None, preferred: str | None
     ) -> Diagnostic:
         """The diagnostic of a rule's notice (``value``: the value it decided, if any)."""
-        scope = values if value is None else {**values, decision: value}
-        return Diagnostic(
-            notice.id, notice.severity, self._format(notice.message, ctx, scope, preferred), decision, self._where(notice)
-        )
+        facts = self._facts.get(id(notice))
+        if facts is None:
+            facts = self._facts[id(notice)] = (
+                notice.id, notice.severity, str(notice.location), compile_message(notice.message, self.decision_names)
+            )
+        rule_id, severity, where, message = facts
+        if value is not None and values.get(decision) != value:
+            values = {**values, decision: value}
+        return _new_diagnostic(Diagnostic, (rule_id, severity, message(ctx, values, preferred), decision, where, ""))
 
     @staticmethod
     def _explicit_conflict(decision: _CompiledDecision, rule: _CompiledRule, value: str) -> Diagnostic:
@@ -660,6 +646,49 @@ def _env(value: Any) -> Mapping[str, str]:
 
 
 _new_resolution = tuple.__new__
+_new_diagnostic = tuple.__new__
+
+
+def compile_message(template: str, decisions: frozenset[str]) -> Callable[[dict[str, Any], dict[str, Any], str | None], str]:
+    """Turn a message with ``{placeholders}`` into a function of (context, values, preferred).
+
+    Messages are formatted on the hot path whenever a rule fires; splitting the template once
+    into literal text and value getters makes that a concatenation instead of a ``format_map``.
+    """
+    pieces: list[tuple[str, Callable[[dict[str, Any], dict[str, Any], str | None], str] | None, str]] = []
+    for literal, field, spec, _ in string.Formatter().parse(template):
+        pieces.append((literal, _getter(field, decisions) if field else None, spec or ""))
+    if all(getter is None for _, getter, _ in pieces):
+        text = "".join(literal for literal, _, _ in pieces)
+        return lambda ctx, values, preferred: text
+    if len(pieces) <= 2 and pieces[0][1] is not None and not pieces[0][2] and all(g is None for _, g, _ in pieces[1:]):
+        head, getter, _ = pieces[0]
+        tail = pieces[1][0] if len(pieces) == 2 else ""
+        return lambda ctx, values, preferred: head + getter(ctx, values, preferred) + tail
+
+    def render(ctx: dict[str, Any], values: dict[str, Any], preferred: str | None) -> str:
+        out = []
+        for literal, getter, spec in pieces:
+            out.append(literal)
+            if getter is not None:
+                out.append(format(getter(ctx, values, preferred), spec) if spec else getter(ctx, values, preferred))
+        return "".join(out)
+
+    return render
+
+
+def _getter(field: str, decisions: frozenset[str]) -> Callable[[dict[str, Any], dict[str, Any], str | None], str]:
+    if field in decisions:
+        return lambda ctx, values, preferred: values.get(field) or "none"
+    if field == "architecture":
+        return lambda ctx, values, preferred: ctx["architecture"] or "this architecture"
+    if field == "model_type":
+        return lambda ctx, values, preferred: ctx["model_type"] or "none"
+    if field == "kv_transfer_timeout_ms":
+        return lambda ctx, values, preferred: "null" if ctx["kv_transfer_timeout_ms"] is None else str(ctx["kv_transfer_timeout_ms"])
+    if field == "preferred":
+        return lambda ctx, values, preferred: preferred or "none"
+    return lambda ctx, values, preferred: "none"  # the loader refuses unknown placeholders
 
 
 def _raise(error: Exception) -> Any:
