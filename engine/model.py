@@ -186,6 +186,22 @@ class Policy(_Frozen):
     decisions: dict[str, Decision]
     constraints: tuple[Constraint, ...] = ()
 
+    def decision_order(self) -> list[str]:
+        """Decision names in evaluation order: inputs first, ties by name (never by file order).
+
+        The loader refuses cycles, so every declared decision appears exactly once.
+        """
+        import graphlib
+
+        sorter = graphlib.TopologicalSorter({n: set(d.inputs) for n, d in self.decisions.items()})
+        sorter.prepare()
+        order: list[str] = []
+        while sorter.is_active():
+            ready = sorted(sorter.get_ready())
+            order += ready
+            sorter.done(*ready)
+        return order
+
     def rules(self) -> list[Rule]:
         """Every requirement, conditional and default, decision by decision."""
         found: list[Rule] = []

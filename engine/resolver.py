@@ -9,7 +9,6 @@ disagree.
 
 from __future__ import annotations
 
-import graphlib
 import string
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -188,13 +187,7 @@ class Program:
         self.policy = policy
         names = frozenset(policy.decisions)
         self.decision_names = names
-        sorter = graphlib.TopologicalSorter({n: set(d.inputs) for n, d in policy.decisions.items()})
-        sorter.prepare()
-        order: list[str] = []
-        while sorter.is_active():
-            ready = sorted(sorter.get_ready())
-            order += ready
-            sorter.done(*ready)
+        order = policy.decision_order()
         self.order = tuple(order)
         self.decisions = tuple(_CompiledDecision(policy.decisions[n], names) for n in order)
         self.constraints = tuple(

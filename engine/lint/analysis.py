@@ -437,16 +437,7 @@ def _named(policy: Policy, subject: str) -> set[str]:
 
 
 def _order(policy: Policy) -> list[str]:
-    import graphlib
-
-    sorter = graphlib.TopologicalSorter({n: set(d.inputs) for n, d in policy.decisions.items()})
-    sorter.prepare()
-    order: list[str] = []
-    while sorter.is_active():
-        ready = sorted(sorter.get_ready())
-        order += ready
-        sorter.done(*ready)
-    return order
+    return policy.decision_order()
 
 
 def _note(stats: dict[str, RuleStats], rule_id: str, witness: dict[str, Any], *, decided: bool) -> None:

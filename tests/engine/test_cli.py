@@ -7,8 +7,6 @@ with ``KVPOLICY_UPDATE_GOLDEN=1 pytest tests/engine/test_cli.py`` and review the
 from __future__ import annotations
 
 import json
-import re
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
+from tests import golden
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
@@ -28,15 +27,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def check_golden(name: str, text: str) -> None:
-    # Digests change with every byte of a policy (a comment too); tests of the digest itself live
-    # in test_resolve.py, so golden files hold a placeholder.
-    text = re.sub(r"sha256 [0-9a-f]{12}", "sha256 <digest>", text)
-    text = re.sub(r"  [0-9a-f]{12}  ", "  <digest>      ", text)
-    path = GOLDEN / name
-    if os.environ.get("KVPOLICY_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"missing golden file {path}; run with KVPOLICY_UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8")
+    golden.check_golden(GOLDEN / name, text)
 
 
 @pytest.fixture(autouse=True)

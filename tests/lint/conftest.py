@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
 from kvpolicy.cli import main
+from tests import golden
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"
@@ -20,12 +21,7 @@ def check_golden(name: str, text: str) -> None:
     After an intended change of output, regenerate every golden file with
     ``KVPOLICY_UPDATE_GOLDEN=1 pytest tests/lint`` and review the diff.
     """
-    path = GOLDEN / name
-    if os.environ.get("KVPOLICY_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"missing golden file {path}; run with KVPOLICY_UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8")
+    golden.check_golden(GOLDEN / name, text)
 
 
 @pytest.fixture(autouse=True)
