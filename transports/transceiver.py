@@ -73,6 +73,14 @@ class _Remote:
     identity: bytes
     rank: control.RankInfo
     segments: BlockSegments
+    prepped: Any = None
+    """NIXL's prepared descriptor list of the receiver's whole blocks (made on the first write)."""
+
+    @property
+    def whole_blocks(self) -> bool:
+        """Both sides hold the same layers and heads: a block is one run, block to block."""
+        runs = self.segments.runs
+        return len(runs) == 1 and int(runs[0, 0]) == 0 and int(runs[0, 1]) == 0 and int(runs[0, 2]) == self.rank.layout.block_bytes
 
 
 @dataclass
@@ -201,6 +209,8 @@ class NixlTransceiver:
             [(pool.base_address, pool.nbytes, pool.device_id, "")], pool.memory_type
         )
         self._registrations = 1
+        self._local_prepped: Any = None
+        """NIXL's prepared descriptor list of this pool's blocks (made on the first whole-block write)."""
         if metadata == "etcd":
             # After registering: the published metadata must describe the pool.
             self._agent.send_local_metadata()
@@ -534,8 +544,7 @@ class NixlTransceiver:
         try:
             segments = block_segments(self.layout, rank.layout)
             if identity in self._remotes:
-                self._agent.remove_remote_agent(self._remotes[identity].rank.agent)
-                del self._remotes[identity]
+                self._forget_remote(self._remotes.pop(identity))
             if rank.metadata:
                 self._agent.add_remote_agent(rank.metadata)
             else:
@@ -681,17 +690,10 @@ class NixlTransceiver:
             self._complete_write(_Write(offer, ask, None, 0, 0, 0, posted), ok=True, reason="")
             return
         try:
-            runs = plan.runs
-            local = np.empty((len(runs), 3), dtype=np.uint64)
-            local[:, 0], local[:, 1], local[:, 2] = runs[:, 0], runs[:, 2], self.pool.device_id
-            remote_descs = np.empty((len(runs), 3), dtype=np.uint64)
-            remote_descs[:, 0], remote_descs[:, 1], remote_descs[:, 2] = runs[:, 1], runs[:, 2], remote.rank.device_id
-            xfer = self._agent.initialize_xfer(
-                "WRITE",
-                self._agent.get_xfer_descs(local, self.pool.memory_type),
-                self._agent.get_xfer_descs(remote_descs, remote.rank.memory_type),
-                remote.rank.agent,
-            )
+            if remote.whole_blocks:
+                xfer = self._prepped_write(remote, source, request.blocks)
+            else:
+                xfer = self._listed_write(remote, plan)
             status = self._agent.transfer(xfer)
         except Exception as exc:
             self._complete_write(_Write(offer, ask, None, 0, 0, 0, posted), ok=False, reason=f"NIXL: {exc}")
@@ -705,6 +707,61 @@ class NixlTransceiver:
             self._complete_write(write, ok=False, reason="NIXL reported an error posting the write")
         else:
             self._writes.append(write)
+
+    def _prepped_write(self, remote: _Remote, source: Sequence[int], destination: Sequence[int]) -> Any:
+        """Whole blocks to whole blocks: by index into descriptor lists prepared once per side
+        (NIXL merges runs adjacent on both sides), instead of building and checking lists per request."""
+        if self._local_prepped is None:
+            self._local_prepped = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", self._block_descriptors(
+                self.pool.base_address, self.pool.block_bytes, self.pool.num_blocks, self.pool.device_id
+            ), self.pool.memory_type)
+        if remote.prepped is None:
+            rank = remote.rank
+            remote.prepped = self._agent.prep_xfer_dlist(rank.agent, self._block_descriptors(
+                rank.base_address, rank.layout.block_bytes, rank.num_blocks, rank.device_id
+            ), rank.memory_type)
+        return self._agent.make_prepped_xfer(
+            "WRITE",
+            self._local_prepped,
+            np.asarray(source, dtype=np.int32),
+            remote.prepped,
+            np.asarray(destination, dtype=np.int32),
+        )
+
+    @staticmethod
+    def _block_descriptors(base: int, block_bytes: int, num_blocks: int, device_id: int) -> np.ndarray:
+        descriptors = np.empty((num_blocks, 3), dtype=np.uint64)
+        descriptors[:, 0] = base + np.arange(num_blocks, dtype=np.uint64) * np.uint64(block_bytes)
+        descriptors[:, 1] = block_bytes
+        descriptors[:, 2] = device_id
+        return descriptors
+
+    def _listed_write(self, remote: _Remote, plan: Any) -> Any:
+        """Any overlap (head or layer splits): the planned, coalesced runs as one descriptor list."""
+        runs = plan.runs
+        local = np.empty((len(runs), 3), dtype=np.uint64)
+        local[:, 0], local[:, 1], local[:, 2] = runs[:, 0], runs[:, 2], self.pool.device_id
+        remote_descs = np.empty((len(runs), 3), dtype=np.uint64)
+        remote_descs[:, 0], remote_descs[:, 1], remote_descs[:, 2] = runs[:, 1], runs[:, 2], remote.rank.device_id
+        return self._agent.initialize_xfer(
+            "WRITE",
+            self._agent.get_xfer_descs(local, self.pool.memory_type),
+            self._agent.get_xfer_descs(remote_descs, remote.rank.memory_type),
+            remote.rank.agent,
+        )
+
+    def _forget_remote(self, remote: _Remote) -> None:
+        """Drop a receiver's prepared list and NIXL's record of its agent."""
+        if remote.prepped is not None:
+            try:
+                self._agent.release_dlist_handle(remote.prepped)
+            except Exception as exc:
+                log.debug("transceiver %s: releasing the prepared list of %s failed: %s", self.name, remote.rank.name, exc)
+            remote.prepped = None
+        try:
+            self._agent.remove_remote_agent(remote.rank.agent)
+        except Exception as exc:
+            log.debug("transceiver %s: removing agent %s failed: %s", self.name, remote.rank.agent, exc)
 
     def _progress_writes(self) -> bool:
         progressed = False
@@ -1064,11 +1121,14 @@ class NixlTransceiver:
         for conn in list(self._connections.values()):
             self._close_connection(conn)
         for remote in self._remotes.values():
-            try:
-                self._agent.remove_remote_agent(remote.rank.agent)
-            except Exception:
-                pass
+            self._forget_remote(remote)
         self._remotes.clear()
+        if self._local_prepped is not None:
+            try:
+                self._agent.release_dlist_handle(self._local_prepped)
+            except Exception as exc:
+                log.debug("transceiver %s: releasing the local prepared list failed: %s", self.name, exc)
+            self._local_prepped = None
         self._router.close(0)
         if self.metadata == "etcd":
             try:
