@@ -18,9 +18,9 @@ from .compiler import generate_evaluator
 from .errors import ContextError
 from .loader import suggest
 from .model import Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
-from .resolution import Diagnostic, Resolution, Trace, TraceStep
+from .resolution import Diagnostic, Trace, TraceStep
 
-__all__ = ["CONTEXT_FIELDS", "Program", "RowIndex", "compile_policy"]
+__all__ = ["CONTEXT_FIELDS", "Program", "RowIndex"]
 
 Test = Callable[[dict[str, Any], dict[str, Any]], bool]
 
@@ -207,7 +207,7 @@ class Program:
         self._renderers: dict[str, Callable[..., str]] = {}
         self._facts: dict[int, tuple[Any, ...]] = {}
         self.default_timeout_ms = _DEFAULT_TIMEOUT_MS
-        self._fast = generate_evaluator(self)
+        self._fast: Callable[[dict[str, Any]], Any] | None = None  # generated on first use (tests, tooling)
         self._entry = generate_evaluator(self, entry=True)
         self._lean: Callable[[dict[str, Any]], Any] | None = None
 
@@ -306,14 +306,8 @@ class Program:
             return value
         choices = (decision.auto, *decision.values)
         hint = suggest(str(value), choices)
-        return _raise(
-            ContextError(
-                name,
-                f"{value!r} is not a value of {name}{hint} (one of {', '.join(choices)}"
-                + (f", or null for {decision.null}" if decision.null else "")
-                + ")",
-            )
-        )
+        null = f", or null for {decision.null}" if decision.null else ""
+        raise ContextError(name, f"{value!r} is not a value of {name}{hint} (one of {', '.join(choices)}{null})")
 
     def _features(self, value: Any) -> frozenset[str]:
         if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
@@ -357,10 +351,6 @@ class Program:
 
     # -- resolution ----------------------------------------------------------------------------
 
-    def resolve(self, config: Mapping[str, Any] | None, fields: dict[str, Any], policy_set: Any) -> Resolution:
-        """Normalise a context and resolve it (one generated function does both)."""
-        return self._entry(config, fields, policy_set)
-
     def trace(self, ctx: dict[str, Any]) -> Trace:
         """The full trace of a normalised context."""
         if ctx["backend"] is None:
@@ -377,6 +367,8 @@ class Program:
         Without a trace this runs the generated evaluator; with one, the reference interpreter.
         """
         if trace is None:
+            if self._fast is None:
+                self._fast = generate_evaluator(self)
             return self._fast(ctx)
         return self.interpret(ctx, trace)
 
@@ -624,11 +616,6 @@ class Program:
         )
 
 
-def compile_policy(policy: Policy) -> Program:
-    """Compile a checked policy for resolution."""
-    return Program(policy)
-
-
 def _env(value: Any) -> Mapping[str, str]:
     if not isinstance(value, Mapping):
         raise ContextError("env", f"expected a mapping of environment variables, got {type(value).__name__}")
@@ -638,7 +625,6 @@ def _env(value: Any) -> Mapping[str, str]:
     return value
 
 
-_new_resolution = tuple.__new__
 _new_diagnostic = tuple.__new__
 
 
@@ -682,7 +668,3 @@ def _getter(field: str, decisions: frozenset[str]) -> Callable[[dict[str, Any], 
     if field == "preferred":
         return lambda ctx, values, preferred: preferred or "none"
     return lambda ctx, values, preferred: "none"  # the loader refuses unknown placeholders
-
-
-def _raise(error: Exception) -> Any:
-    raise error
