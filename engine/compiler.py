@@ -65,6 +65,8 @@ def _condition(src: _Source, condition: Condition, decided: dict[str, str]) -> s
             terms.append(_matcher(src, decided[subject], matcher))
         else:
             terms.append(_matcher(src, {"architecture": "arch", "model_type": "mtype"}[subject], matcher))
+    for subject, matcher in sorted(condition.requested.items()):
+        terms.append(_matcher(src, f"ctx[{src.const(subject)}]", matcher))
     if condition.timeout is not None:
         terms.append("timeout is None" if condition.timeout == "null" else "timeout is not None")
     for feature, on in sorted(condition.features.items()):
@@ -153,7 +155,7 @@ def _entry_prologue(src: _Source, program: Program) -> None:
     requested = []
     for index, decision in enumerate(program.decisions):
         name = src.const(decision.name)
-        accepted = src.const(frozenset((decision.auto, *decision.decision.values)))
+        accepted = src.const(frozenset(decision.decision.requests))
         src.emit(2, f"r{index} = get({name}, {src.const(decision.auto)})")
         checks.append(f"r{index}.__class__ is str and r{index} in {accepted}")
         requested.append(f"{name}: r{index}")
@@ -185,7 +187,10 @@ def _decision(src: _Source, index: int, compiled: _CompiledDecision, decided: di
     rule = f"b{index}"
     name = src.const(compiled.name)
     src.emit(1, f"{var} = ctx[{name}]")
-    src.emit(1, f"if {var} != {src.const(compiled.auto)}:")
+    if len(compiled.undecided) == 1:
+        src.emit(1, f"if {var} != {src.const(compiled.auto)}:")
+    else:
+        src.emit(1, f"if {var} not in {src.const(compiled.undecided)}:")
     src.emit(2, f"{rule} = 'explicit'")
     if compiled.requirements:
         conflicts = [

@@ -341,7 +341,7 @@ class _Evaluator:
             )
             default = (decision.default.value, decision.default.id, _notice_key(decision.default.notice, name))
             self.plan.append(
-                (name, self.index[name], frozenset([decision.auto]), requirements, rows, adopt, not_adopted, conditionals, default)
+                (name, self.index[name], decision.undecided, requirements, rows, adopt, not_adopted, conditionals, default)
             )
         self.constraints = tuple(
             (self._compile(c.when), (c.id, c.severity, c.decision)) for c in sorted(policy.constraints, key=lambda c: c.id)
@@ -349,7 +349,7 @@ class _Evaluator:
         # Requested values this policy accepts (the other policy may know more values), and
         # features it does not declare (``resolve`` rejects a context that carries one).
         self.accepted = tuple(
-            (name, self.index[name], frozenset((policy.decisions[name].auto, *policy.decisions[name].values)))
+            (name, self.index[name], frozenset(policy.decisions[name].requests))
             for name in order
         )
         self.undeclared = tuple(
@@ -368,6 +368,9 @@ class _Evaluator:
             else:
                 position = 0 if subject == "architecture" else 1
                 tests.append((0, frozenset(m for m in self.models if matcher.matches(m[position]))))
+        for subject, matcher in sorted(condition.requested.items()):
+            i = self.index[subject]
+            tests.append((i, frozenset(v for v in self.dimensions[i].values if matcher.matches(v))))
         if condition.timeout is not None:
             i = self.index["kv_transfer_timeout_ms"]
             want_null = condition.timeout == "null"
@@ -467,7 +470,7 @@ def outcome_of(policy_set: Any, ctx: dict[str, Any]) -> Outcome:
     :class:`Outcome` (for tests and benchmarks; the diff itself never evaluates points)."""
     for name in policy_set.decisions:
         decision = policy_set.policy.decisions[name]
-        if ctx[name] != decision.auto and ctx[name] not in decision.values:
+        if ctx[name] not in decision.requests:
             return rejected(name)
     if not ctx["features"] <= policy_set.features:
         return rejected("features")

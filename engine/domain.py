@@ -52,8 +52,10 @@ class Domain:
     models: tuple[tuple[str | None, str | None], ...]
     """(architecture, model_type) pairs; ``(None, None)`` is every architecture no policy names."""
     requests: dict[str, tuple[Any, ...]]
-    """Per decision: its auto value first, then every explicit value."""
-    autos: dict[str, Any]
+    """Per decision: its auto value first, then null where the policy decides it, then every
+    explicit value."""
+    autos: dict[str, frozenset[Any]]
+    """Per decision: the requests that leave it to the policy (auto, and null where it decides)."""
     timeouts: tuple[int | None, ...] = (_FINITE_TIMEOUT, None)
     features_always: tuple[str, ...] = ()
     features_when_auto: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -72,7 +74,7 @@ class Domain:
             features = list(self.features_always)
             env = dict(self.env_always)
             for name in names:
-                if chosen[name] == self.autos[name]:
+                if chosen[name] in self.autos[name]:
                     features += [f for f in self.features_when_auto.get(name, ()) if f not in features]
                     for variable, options in self.env_when_auto.get(name, {}).items():
                         env.setdefault(variable, options)
@@ -125,7 +127,7 @@ def domain_of(*policies: Policy) -> Domain:
     qualified: dict[str, set[str]] = {}
     reads_model_type = False
     requests: dict[str, list[Any]] = {}
-    autos: dict[str, Any] = {}
+    autos: dict[str, frozenset[Any]] = {}
     features_always: set[str] = set()
     features_when_auto: dict[str, set[str]] = {}
     env_always: dict[str, set[str]] = {}
@@ -152,9 +154,9 @@ def domain_of(*policies: Policy) -> Domain:
 
     for policy in policies:
         for name, decision in policy.decisions.items():
-            autos.setdefault(name, decision.auto)
+            autos[name] = autos.get(name, frozenset()) | decision.undecided
             values = requests.setdefault(name, [decision.auto])
-            values += [v for v in decision.values if v not in values]
+            values += [v for v in decision.requests if v not in values]
             for rule in decision.requirements:
                 read(rule.when, None)
             for rule in (*decision.conditionals, decision.default):

@@ -288,11 +288,13 @@ class _Builder:
             self.problem(
                 base + ("auto",), "unknown-name", f"auto = {spec['auto']!r} must differ from the decided values"
             )
-        if "null" in spec and spec["null"] not in values:
+        null_decides = spec.get("null") == "policy"
+        if "null" in spec and not null_decides and spec["null"] not in values:
             self.problem(
                 base + ("null",),
                 "unknown-name",
-                f"null = {spec['null']!r} is not one of this decision's values ({', '.join(values)})",
+                f"null = {spec['null']!r} is not one of this decision's values ({', '.join(values)}) "
+                'nor "policy" (null is a request the policy decides)',
             )
         scope = set(inputs)
         requirements = tuple(
@@ -312,7 +314,8 @@ class _Builder:
             description=spec.get("description", ""),
             values=values,
             auto=spec["auto"],
-            null=spec.get("null"),
+            null=None if null_decides else spec.get("null"),
+            null_decides=null_decides,
             inputs=inputs,
             requirements=requirements,
             preference=preference,
@@ -427,8 +430,23 @@ class _Builder:
 
     def _condition(self, spec: dict[str, Any], path: tuple[Any, ...], scope: set[str]) -> Condition:
         subjects: dict[str, Matcher] = {}
+        requested: dict[str, Matcher] = {}
+        for key, raw in spec.get("requested", {}).items():
+            matcher = _matcher(raw)
+            decision = self.declared.get(key)
+            if decision is None:
+                self.problem(
+                    path + ("requested", key),
+                    "unknown-name",
+                    f"requested.{key}: {key!r} is not a decision{suggest(key, self.declared)}",
+                )
+            else:
+                known = (decision["auto"], *(("null",) if decision.get("null") == "policy" else ()), *decision["values"])
+                for value in sorted(matcher.values):
+                    self._check_value(value, known, path + ("requested", key), f"requested {key}")
+            requested[key] = matcher
         for key, raw in spec.items():
-            if key in ("kv_transfer_timeout_ms", "features", "env"):
+            if key in ("kv_transfer_timeout_ms", "features", "env", "requested"):
                 continue
             matcher = _matcher(raw)
             if key in DECISIONS:
@@ -454,6 +472,7 @@ class _Builder:
             timeout=spec.get("kv_transfer_timeout_ms"),
             features=dict(spec.get("features", {})),
             env={name: _matcher(raw) for name, raw in spec.get("env", {}).items()},
+            requested=requested,
         )
 
     def _check_value(self, value: str, values: tuple[str, ...], path: tuple[Any, ...], decision: str) -> None:

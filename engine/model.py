@@ -15,6 +15,7 @@ from .source import Location
 
 __all__ = [
     "DECISIONS",
+    "NULL_REQUEST",
     "STAGES",
     "Condition",
     "Constraint",
@@ -35,6 +36,12 @@ DECISIONS: tuple[str, ...] = ("backend", "transceiver_runtime", "kv_cache_manage
 STAGES: tuple[str, ...] = ("explicit", "requirement", "preference", "conditional", "default")
 
 Severity = Literal["info", "warning", "error"]
+
+#: How a null request reads in a context and in conditions (``requested.NAME = "null"``) when the
+#: decision declares ``null = "policy"``: null is then no explicit value but a request the policy
+#: decides, as upstream treats ``transceiver_runtime: null`` ("C++ by default", switched to PYTHON
+#: for pipelined transfer on NIXL).
+NULL_REQUEST = "null"
 
 
 class _Frozen(BaseModel):
@@ -66,14 +73,18 @@ class Condition(_Frozen):
     timeout: Literal["finite", "null"] | None = None
     features: dict[str, bool] = {}
     env: dict[str, Matcher] = {}
+    requested: dict[str, Matcher] = {}
+    """Tests of the value the user *wrote* for a decision (e.g. the literal backend ``DEFAULT``),
+    where ``subjects`` test the value decided."""
 
     @property
     def empty(self) -> bool:
         """True when the condition holds for every context."""
-        return not (self.subjects or self.timeout or self.features or self.env)
+        return not (self.subjects or self.timeout or self.features or self.env or self.requested)
 
     def __str__(self) -> str:
         parts = [f"{name} is {matcher}" for name, matcher in sorted(self.subjects.items())]
+        parts += [f"{name} is set to {matcher}" for name, matcher in sorted(self.requested.items())]
         if self.timeout:
             parts.append(f"kv_transfer_timeout_ms is {self.timeout}")
         parts += [f"feature {name} is {'on' if on else 'off'}" for name, on in sorted(self.features.items())]
@@ -140,12 +151,26 @@ class Decision(_Frozen):
     values: tuple[str, ...]
     auto: str
     null: str | None = None
+    """The explicit value a null request stands for (None: null is not a value, or see below)."""
+    null_decides: bool = False
+    """``null = "policy"``: a null request is decided by the policy like ``auto``; conditions tell
+    the two apart with ``requested.NAME``."""
     inputs: tuple[str, ...] = ()
     requirements: tuple[Rule, ...] = ()
     preference: Preference | None = None
     conditionals: tuple[Rule, ...] = ()
     default: Rule
     location: Location
+
+    @property
+    def undecided(self) -> frozenset[str]:
+        """The requests that leave this decision to the policy: auto, and null where it decides."""
+        return frozenset((self.auto, NULL_REQUEST)) if self.null_decides else frozenset((self.auto,))
+
+    @property
+    def requests(self) -> tuple[str, ...]:
+        """Every value a context may request: auto first, then null where it decides, then values."""
+        return (self.auto, *((NULL_REQUEST,) if self.null_decides else ()), *self.values)
 
 
 class Constraint(_Frozen):

@@ -17,7 +17,7 @@ from typing import Any
 from .compiler import generate_evaluator
 from .errors import ContextError
 from .loader import suggest
-from .model import Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
+from .model import NULL_REQUEST, Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
 from .resolution import Diagnostic, Trace, TraceStep
 
 __all__ = ["CONTEXT_FIELDS", "Program", "RowIndex"]
@@ -49,6 +49,9 @@ def compile_condition(condition: Condition, decisions: frozenset[str]) -> Test:
     tests: list[Test] = []
     for subject, matcher in condition.subjects.items():
         tests.append(_subject_test(subject, matcher, subject in decisions))
+    for subject, matcher in condition.requested.items():
+        # The context holds what the user requested under the decision's own name.
+        tests.append(_subject_test(subject, matcher, False))
     if condition.timeout is not None:
         want_null = condition.timeout == "null"
         tests.append(lambda c, v: (c["kv_transfer_timeout_ms"] is None) is want_null)
@@ -146,6 +149,7 @@ class _CompiledDecision:
         "decision",
         "name",
         "auto",
+        "undecided",
         "requirements",
         "rows",
         "preference",
@@ -158,6 +162,7 @@ class _CompiledDecision:
         self.decision = decision
         self.name = decision.name
         self.auto = decision.auto
+        self.undecided = decision.undecided
         # Sorted by id so that, when several requirements agree, the one named is order-independent.
         self.requirements = tuple(
             _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.id)
@@ -201,7 +206,7 @@ class Program:
             {*CONTEXT_FIELDS, *self.decision_names, *self._flag_features, *_PASSIVE_FIELDS}
         )
         self._requests = tuple(
-            (d.name, d.auto, frozenset((d.auto, *d.decision.values))) for d in self.decisions
+            (d.name, d.auto, frozenset(d.decision.requests)) for d in self.decisions
         )
         # Caches of the diagnostics path; keyed by parts of this (immutable) policy only.
         self._renderers: dict[str, Callable[..., str]] = {}
@@ -299,12 +304,14 @@ class Program:
         if value is None:
             if name == "backend":
                 return None  # disaggregation off
+            if decision.null_decides:
+                return NULL_REQUEST
             if decision.null is not None:
                 return decision.null
             raise ContextError(name, f"null is not a value of {name}; use {decision.auto!r} to let the policy decide")
-        if value == decision.auto or value in decision.values:
+        if value in decision.requests:
             return value
-        choices = (decision.auto, *decision.values)
+        choices = tuple(v for v in decision.requests if v != NULL_REQUEST)
         hint = suggest(str(value), choices)
         null = f", or null for {decision.null}" if decision.null else ""
         raise ContextError(name, f"{value!r} is not a value of {name}{hint} (one of {', '.join(choices)}{null})")
@@ -417,7 +424,7 @@ class Program:
         rule_id = ""
 
         # 1. explicit
-        if requested != decision.auto:
+        if requested not in decision.undecided:
             value, rule_id = requested, "explicit"
             if trace is not None:
                 trace.append(TraceStep(name, "explicit", "explicit", "decided", f"the user set {name} = {requested}"))

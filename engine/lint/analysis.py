@@ -53,6 +53,7 @@ def _condition_dims(condition: Condition, decisions: Iterable[str]) -> tuple[set
     values: set[str] = set()
     for subject in condition.subjects:
         (values if subject in names else dims).add(subject)
+    dims.update(f"request:{name}" for name in condition.requested)
     if condition.timeout is not None:
         dims.add("kv_transfer_timeout_ms")
     dims.update(f"feature:{f}" for f in condition.features)
@@ -150,6 +151,7 @@ class _Step:
         self.decision = decision
         self.name = decision.name
         self.auto = decision.auto
+        self.undecided = decision.undecided
         self.requirements = [(r, compile_condition(r.when, names)) for r in sorted(decision.requirements, key=lambda r: r.id)]
         self.conditionals = [(r, compile_condition(r.when, names)) for r in decision.conditionals]
         self.default = decision.default
@@ -244,7 +246,7 @@ def analyse(policy: Policy) -> Analysis:
     for variable, named in env_named.items():
         alphabet[f"env:{variable}"] = _env_options(named)
     for name, decision in policy.decisions.items():
-        alphabet[f"request:{name}"] = (decision.auto, *decision.values)
+        alphabet[f"request:{name}"] = decision.requests
 
     # What each step reads, and what is read after it.
     reads: list[tuple[set[str], set[str]]] = []
@@ -463,7 +465,7 @@ def _decide(
     """Decide one decision as the resolver does, noting which rules held and which decided."""
     stats = result.rules
     requested = ctx[step.name]
-    auto = requested == step.auto
+    auto = requested in step.undecided
     value: str | None = None
     rule_id = ""
     held = [r for r, test in step.requirements if test(ctx, values)]
