@@ -1,10 +1,9 @@
 """Which real serving configs a policy change affects, and how.
 
-Reads serving configs as people keep them: TensorRT-LLM disaggregated configs (YAML or JSON with a
-top-level ``model`` and ``context_servers`` / ``generation_servers`` sections, each with its own
-``cache_transceiver_config``) and single-server configs (one top-level ``cache_transceiver_config``).
-Each server section is resolved under the old and the new policy; the context and generation sides
-must agree on the runtime and the backend, or they cannot talk.
+Reads serving configs in every layout TensorRT-LLM reads (see :mod:`kvpolicy.serving`:
+disaggregated, perf-sanity, single server, the TensorRT backend's C++-only path). Each server is
+resolved under the old and the new policy; the context and generation sides must agree on the
+runtime and the backend, or they cannot talk.
 
 What a config may say besides TensorRT-LLM's own fields:
 
@@ -32,6 +31,7 @@ from typing import Any
 from .errors import ContextError
 from .policyset import PolicySet
 from .resolution import Resolution
+from .serving import Server, kind, servers_of
 
 __all__ = [
     "ArchitectureMap",
@@ -43,9 +43,6 @@ __all__ = [
     "load_architecture_map",
 ]
 
-#: Section names of a disaggregated config, and the name given to a single-server config.
-SIDES = ("context_servers", "generation_servers")
-SINGLE = "server"
 _SUFFIXES = (".yaml", ".yml", ".json")
 _MODELS_ROOT_VARIABLES = ("${LLM_MODELS_ROOT}/", "$LLM_MODELS_ROOT/", "LLM_MODELS_ROOT/")
 
@@ -81,9 +78,13 @@ class Side:
     invalid: str | None = None
     field: str | None = None
     """The context field that made the section invalid."""
+    fixed: str | None = None
+    """Why no policy decides this server (the TensorRT backend's C++-only path)."""
 
     @property
     def runtime(self) -> str | None:
+        if self.fixed is not None:
+            return "CPP"
         return self.resolution.runtime if self.resolution else None
 
     @property
@@ -105,6 +106,8 @@ class Side:
         """``PYTHON/NIXL``, ``off``, ``invalid`` (with ``!`` when it cannot start)."""
         if self.invalid is not None:
             return "invalid"
+        if self.fixed is not None:
+            return "CPP (not resolved)"
         r = self.resolution
         assert r is not None
         if not r.enabled:
@@ -123,6 +126,10 @@ class SectionImpact:
     new: Side
     parallel: tuple[tuple[str, Any], ...] = ()
     """The section's parallel sizes as written (tensor, pipeline, ...), for the report."""
+    used: tuple[str, ...] = ()
+    """Every config field read for this server (``path = value``)."""
+    role: str = "server"
+    """``context``, ``generation`` or ``server``."""
 
     @property
     def status(self) -> str:
@@ -139,7 +146,8 @@ class SectionImpact:
             return "runtime changes"
         if old.backend != new.backend:
             return "backend changes"
-        assert old.resolution is not None and new.resolution is not None
+        if old.resolution is None or new.resolution is None:
+            return "unchanged"
         if dict(old.resolution.values) != dict(new.resolution.values):
             return "changes"
         return "unchanged"
@@ -345,25 +353,13 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
     if not isinstance(document, Mapping):
         if document is None or not _mentions_transceiver(document):
             return ConfigImpact(name, skipped=True)
-        return ConfigImpact(name, problems=(ConfigProblem(name, 1, f"expected a mapping at the top, got {_kind(document)}"),))
+        return ConfigImpact(name, problems=(ConfigProblem(name, 1, f"expected a mapping at the top, got {kind(document)}"),))
 
-    sections: list[tuple[str, Any, tuple[Any, ...]]] = []
     problems: list[ConfigProblem] = []
-    disaggregated = any(side in document for side in SIDES)
-    if disaggregated:
-        for side in SIDES:
-            if side not in document:
-                continue
-            section = document[side]
-            if not isinstance(section, Mapping):
-                problems.append(ConfigProblem(name, _line_of(node, side), f"{side}: expected a mapping, got {_kind(section)}"))
-                continue
-            if "cache_transceiver_config" in section:
-                sections.append((side, section, (side,)))
-    elif "cache_transceiver_config" in document:
-        sections.append((SINGLE, document, ()))
-    if not sections and not problems:
+    servers = servers_of(document)
+    if servers is None:
         return ConfigImpact(name, skipped=True)
+    disaggregated = any(s.role != "server" for s in servers)
 
     model = document.get("model")
     model_text = model if isinstance(model, str) else None
@@ -383,14 +379,20 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
                 architecture, model_type, pattern = mapped
                 source = f"arch-map ({pattern})"
 
-    top_env = document.get("env", {})
-    top_features = document.get("kvpolicy_features", [])
     impacts: list[SectionImpact] = []
-    for side, section, keys in sections:
-        line = _line_of(node, *keys, "cache_transceiver_config")
-        fields = _section_fields(name, node, keys, section, top_env, top_features, problems)
-        if fields is None:
+    for server in servers:
+        line = _line_of(node, *server.keys)
+        for problem in server.problems:
+            problems.append(ConfigProblem(name, _line_of(node, *problem.keys), problem.message))
+        if server.problems:
             continue
+        if server.fixed is not None:
+            side = Side(None, fixed=server.fixed)
+            impacts.append(SectionImpact(server.name, line, side, side, server.parallel, server.used, server.role))
+            continue
+        if server.fields is None:
+            continue
+        fields = dict(server.fields)
         if architecture is not None:
             if model_type is not None:
                 fields["pretrained_config"] = {"architectures": [architecture], "model_type": model_type}
@@ -399,12 +401,10 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
         before, after = _resolve(old, fields), _resolve(new, fields)
         if before.invalid is not None and after.invalid is not None:
             # Neither policy accepts it: the config itself is wrong (unknown backend, wrong type).
-            at = _line_of(node, *keys, "cache_transceiver_config", after.field) if after.field in config_keys(section) else None
-            label = "/".join((*keys, "cache_transceiver_config"))
-            problems.append(ConfigProblem(name, at or line, f"{label}: {after.invalid}"))
+            at = _line_of(node, *server.keys, after.field) if after.field in server.fields else None
+            problems.append(ConfigProblem(name, at or line, f"{'/'.join(map(str, server.keys))}: {after.invalid}"))
             continue
-        parallel = tuple((k, v) for k, v in section.items() if isinstance(k, str) and k.endswith("_parallel_size"))
-        impacts.append(SectionImpact(side, line, before, after, parallel))
+        impacts.append(SectionImpact(server.name, line, before, after, server.parallel, server.used, server.role))
     if problems:
         return ConfigImpact(name, model_text, architecture, model_type, source, tuple(impacts), tuple(problems))
     return ConfigImpact(
@@ -420,62 +420,8 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
     )
 
 
-def _kind(value: Any) -> str:
-    """How a config value reads in a message: a list, a string, a number, ..."""
-    if isinstance(value, bool):
-        return f"a boolean ({value})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"a string ({value!r})"
-    if isinstance(value, list):
-        return "a list"
-    if value is None:
-        return "null"
-    return type(value).__name__
-
-
-def config_keys(section: Mapping[str, Any]) -> set[str]:
-    """The keys of a section's ``cache_transceiver_config``."""
-    config = section.get("cache_transceiver_config")
-    return {str(k) for k in config} if isinstance(config, Mapping) else set()
-
-
 def _mentions_transceiver(document: Any) -> bool:
     return "cache_transceiver_config" in json.dumps(document, default=str)
-
-
-def _section_fields(
-    name: str, node: Any, keys: tuple[Any, ...], section: Mapping[str, Any], top_env: Any, top_features: Any,
-    problems: list[ConfigProblem],
-) -> dict[str, Any] | None:
-    """The ``resolve`` fields of a section, or None after recording why it has none."""
-    where = "/".join((*keys, "cache_transceiver_config"))
-    config = section["cache_transceiver_config"]
-    if config is None:  # no transceiver: disaggregation off
-        config = {"backend": None}
-    if not isinstance(config, Mapping):
-        problems.append(
-            ConfigProblem(name, _line_of(node, *keys, "cache_transceiver_config"), f"{where}: expected a mapping, got {_kind(config)}")
-        )
-        return None
-    env: dict[str, str] = {}
-    for value, at in ((top_env, ("env",)), (section.get("env", {}), (*keys, "env"))):
-        if not isinstance(value, Mapping):
-            problems.append(ConfigProblem(name, _line_of(node, *at), f"{'/'.join(at)}: expected a mapping of variables, got {_kind(value)}"))
-            return None
-        for key, item in value.items():
-            env[str(key)] = "" if item is None else str(item).lower() if isinstance(item, bool) else str(item)
-    features: set[str] = set()
-    for value, at in ((top_features, ("kvpolicy_features",)), (section.get("kvpolicy_features", []) if keys else [], (*keys, "kvpolicy_features"))):
-        if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
-            problems.append(ConfigProblem(name, _line_of(node, *at), f"{'/'.join(at)}: expected a list of feature names, got {value!r}"))
-            return None
-        features.update(value)
-    fields = dict(config)
-    fields["env"] = env
-    fields["features"] = frozenset(features)
-    return fields
 
 
 def _resolve(policy_set: PolicySet, fields: dict[str, Any]) -> Side:
@@ -487,8 +433,8 @@ def _resolve(policy_set: PolicySet, fields: dict[str, Any]) -> Side:
 
 
 def _mismatch(sections: list[SectionImpact], which: str) -> str | None:
-    sides = {s.name: getattr(s, which) for s in sections}
-    context, generation = sides.get(SIDES[0]), sides.get(SIDES[1])
+    sides = {s.role: getattr(s, which) for s in sections}
+    context, generation = sides.get("context"), sides.get("generation")
     if context is None or generation is None or context.resolution is None or generation.resolution is None:
         return None
     differences = [

@@ -19,6 +19,7 @@ from .errors import ContextError
 from .loader import suggest
 from .model import NULL_REQUEST, Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
 from .resolution import Diagnostic, Trace, TraceStep
+from .serving import CACHE_TRANSCEIVER_FIELDS
 
 __all__ = ["CONTEXT_FIELDS", "Program", "RowIndex"]
 
@@ -33,7 +34,7 @@ CONTEXT_FIELDS = (
     "env",
 )
 #: ``cache_transceiver_config`` fields that no rule reads; accepted so a whole config can be passed.
-_PASSIVE_FIELDS = frozenset({"kv_cache_bounce_size_mb", "max_tokens_in_buffer"})
+_PASSIVE_FIELDS = CACHE_TRANSCEIVER_FIELDS - {"backend", "transceiver_runtime", "kv_transfer_timeout_ms", "enable_pipelined_transfer"}
 _DEFAULT_TIMEOUT_MS = 60000
 _NO_FEATURES: frozenset[str] = frozenset()
 _NO_ENV: Mapping[str, str] = MappingProxyType({})

@@ -13,7 +13,13 @@ from .policies import load_policy_argument
 
 __all__ = ["register", "render_github", "render_text", "to_json"]
 
-_SIDE_LABELS = {"context_servers": "context", "generation_servers": "generation", "server": "server"}
+_SIDE_LABELS = {
+    "context_servers": "context",
+    "generation_servers": "generation",
+    "worker_config.ctx": "context (worker_config.ctx)",
+    "worker_config.gen": "generation (worker_config.gen)",
+    "server": "server",
+}
 #: Statuses that make ``--fail-on failing`` (the default) exit 1.
 _FAILING = {"starts failing", "fails differently", "malformed"}
 _CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes"}
@@ -188,6 +194,9 @@ def _details(result: ConfigImpact, old: str, new: str) -> str:
     for (status, old_lines, new_lines), sections in shown.items():
         names = " and ".join(f"{_SIDE_LABELS.get(s.name, s.name)} (line {s.line})" for s in sections)
         lines.append(f"  {names}: {status}")
+        for used in dict.fromkeys(s.used for s in sections):
+            if used:
+                lines.append(f"    read: {'; '.join(used)}")
         # A diagnostic both versions report is shown once, after both.
         both = [line for line in old_lines[1:] if line in new_lines[1:]]
         lines += [f"    {line}" for line in (old_lines[0], *(l for l in old_lines[1:] if l not in both))]
@@ -202,6 +211,8 @@ def _details(result: ConfigImpact, old: str, new: str) -> str:
 def _side_lines(label: str, side: Side) -> list[str]:
     if side.invalid is not None:
         return [f"{label}: invalid: {side.invalid}"]
+    if side.fixed is not None:
+        return [f"{label}: CPP, not resolved ({side.fixed})"]
     r = side.resolution
     assert r is not None
     if not r.enabled:
@@ -216,6 +227,8 @@ def _side_lines(label: str, side: Side) -> list[str]:
 def _side_json(side: Side) -> dict[str, Any]:
     if side.invalid is not None:
         return {"invalid": side.invalid}
+    if side.fixed is not None:
+        return {"enabled": True, "values": {"transceiver_runtime": "CPP"}, "not_resolved": side.fixed}
     assert side.resolution is not None
     return side.resolution.to_dict()
 
@@ -238,7 +251,7 @@ def to_json(results: list[ConfigImpact], old: str, new: str) -> dict[str, Any]:
                 "mismatch": {"old": r.mismatch_old, "new": r.mismatch_new},
                 "sections": [
                     {"name": s.name, "line": s.line, "status": s.status, "parallel": dict(s.parallel),
-                     "old": _side_json(s.old), "new": _side_json(s.new)}
+                     "old": _side_json(s.old), "new": _side_json(s.new), "used": list(s.used)}
                     for s in r.sections
                 ],
             }
