@@ -104,6 +104,9 @@ def generate_evaluator(program: Program, *, lean: bool = False, entry: bool = Fa
     for index, decision in enumerate(program.decisions):
         _decision(src, index, decision, decided)
         decided[decision.name] = f"v{index}"
+    index_of = {decision.name: index for index, decision in enumerate(program.decisions)}
+    for name, undecided, rules in program.adjustments:
+        _adjustments(src, index_of[name], name, undecided, rules, decided)
     for compiled in program.constraints:
         condition = _condition(src, compiled.constraint.when, decided)
         src.emit(1, f"if {condition}:")
@@ -248,6 +251,19 @@ def _decision(src: _Source, index: int, compiled: _CompiledDecision, decided: di
     _settle(src, depth, var, rule, compiled.default, name)
     src.emit(1, f"values[{name}] = {var}")
     src.emit(1, f"by[{name}] = {rule}")
+
+
+def _adjustments(src: _Source, index: int, name: str, undecided: frozenset[str], rules: Any, decided: dict[str, str]) -> None:
+    """Creation-time rewrites: the first that holds, unless the decision was explicit."""
+    var, key = f"v{index}", src.const(name)
+    src.emit(1, f"if ctx[{key}] in {src.const(undecided)}:")
+    keyword = "if"
+    for r in rules:
+        src.emit(2, f"{keyword} {_condition(src, r.rule.when, decided)}:")
+        _settle(src, 3, var, f"b{index}", r, key)
+        src.emit(3, f"values[{key}] = {var}")
+        src.emit(3, f"by[{key}] = b{index}")
+        keyword = "elif"
 
 
 def _settle(src: _Source, depth: int, var: str, rule: str, compiled: Any, name: str) -> None:

@@ -343,6 +343,16 @@ class _Evaluator:
             self.plan.append(
                 (name, self.index[name], decision.undecided, requirements, rows, adopt, not_adopted, conditionals, default)
             )
+        self.adjustments = tuple(
+            (
+                name,
+                self.index[name],
+                policy.decisions[name].undecided,
+                tuple((self._compile(r.when), r.value, r.id, _notice_key(r.notice, name)) for r in policy.decisions[name].adjustments),
+            )
+            for name in order
+            if policy.decisions[name].adjustments
+        )
         self.constraints = tuple(
             (self._compile(c.when), (c.id, c.severity, c.decision)) for c in sorted(policy.constraints, key=lambda c: c.id)
         )
@@ -447,6 +457,15 @@ class _Evaluator:
                         diags.append((rule_id, "error", name))
             values[name] = value
             by[name] = rule
+        for name, index, undecided, rules in self.adjustments:
+            if not _member(cube, index, undecided):
+                continue
+            for condition, value, rule, notice in rules:
+                if holds(condition, cube, values):
+                    values[name], by[name] = value, rule
+                    if notice is not None:
+                        diags.append(notice)
+                    break
         for condition, key in self.constraints:
             if holds(condition, cube, values):
                 diags.append(key)

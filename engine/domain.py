@@ -161,6 +161,8 @@ def domain_of(*policies: Policy) -> Domain:
                 read(rule.when, None)
             for rule in (*decision.conditionals, decision.default):
                 read(rule.when, name)
+            for rule in decision.adjustments:
+                read(rule.when, None)
             if decision.preference is not None:
                 read(decision.preference.adopt_when, name)
                 for row in decision.preference.rows:

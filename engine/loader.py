@@ -306,6 +306,11 @@ class _Builder:
             for i, r in enumerate(spec.get("conditional", []))
         )
         default = self._rule(name, "default", base + ("default",), spec["default"], values, scope)
+        # Adjustments run once every decision is made, so they may read all of them.
+        adjustments = tuple(
+            self._rule(name, "adjustment", base + ("adjustment", i), r, values, set(self.declared), order=i)
+            for i, r in enumerate(spec.get("adjustment", []))
+        )
         preference = None
         if "preference" in spec:
             preference = self._preference(name, spec["preference"], values, scope)
@@ -321,6 +326,7 @@ class _Builder:
             preference=preference,
             conditionals=conditionals,
             default=default,
+            adjustments=adjustments,
             location=self.doc.locate(base),
         )
 

@@ -34,6 +34,8 @@ DECISIONS: tuple[str, ...] = ("backend", "transceiver_runtime", "kv_cache_manage
 
 #: The precedence of a decision's stages, highest first.
 STAGES: tuple[str, ...] = ("explicit", "requirement", "preference", "conditional", "default")
+#: After every decision's stages: upstream's creation-time rewrites of values it did not take verbatim.
+ADJUSTMENT = "adjustment"
 
 Severity = Literal["info", "warning", "error"]
 
@@ -102,11 +104,11 @@ class Notice(_Frozen):
 
 
 class Rule(_Frozen):
-    """A requirement, conditional default or default of one decision."""
+    """A requirement, conditional default, default or adjustment of one decision."""
 
     id: str
     decision: str
-    stage: Literal["requirement", "conditional", "default"]
+    stage: Literal["requirement", "conditional", "default", "adjustment"]
     when: Condition = Condition.model_construct()
     value: str
     notice: Notice | None = None
@@ -160,6 +162,8 @@ class Decision(_Frozen):
     preference: Preference | None = None
     conditionals: tuple[Rule, ...] = ()
     default: Rule
+    adjustments: tuple[Rule, ...] = ()
+    """Applied after every decision is made, in order, the first that holds; never to an explicit value."""
     location: Location
 
     @property
@@ -231,7 +235,7 @@ class Policy(_Frozen):
         """Every requirement, conditional and default, decision by decision."""
         found: list[Rule] = []
         for decision in self.decisions.values():
-            found += [*decision.requirements, *decision.conditionals, decision.default]
+            found += [*decision.requirements, *decision.conditionals, decision.default, *decision.adjustments]
         return found
 
     def architectures(self) -> list[str]:

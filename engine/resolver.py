@@ -199,6 +199,11 @@ class Program:
         self.constraints = tuple(
             _CompiledConstraint(c, names) for c in sorted(policy.constraints, key=lambda c: c.id)
         )
+        self.adjustments = tuple(
+            (d.name, d.undecided, tuple(_CompiledRule(r, names) for r in d.decision.adjustments))
+            for d in self.decisions
+            if d.decision.adjustments
+        )
         self._rank = {name: index for index, name in enumerate(order)}
         self.features = frozenset(policy.features)
         self._env_features = tuple((f.env, f.name) for f in policy.features.values() if f.env)
@@ -389,6 +394,8 @@ class Program:
         diagnostics: list[Diagnostic] = []
         for decision in self.decisions:
             self._decide(decision, ctx, values, decided_by, diagnostics, trace)
+        for name, undecided, rules in self.adjustments:
+            self._adjust(name, undecided, rules, ctx, values, decided_by, diagnostics, trace)
         for compiled in self.constraints:
             if compiled.test(ctx, values):
                 constraint = compiled.constraint
@@ -514,6 +521,39 @@ class Program:
             trace.append(TraceStep(name, "default", decision.default.id, "lost", f"would be {decision.default.value}"))
         values[name] = value
         decided_by[name] = rule_id
+
+    def _adjust(
+        self,
+        name: str,
+        undecided: frozenset[str],
+        rules: tuple[_CompiledRule, ...],
+        ctx: dict[str, Any],
+        values: dict[str, Any],
+        decided_by: dict[str, str],
+        diagnostics: list[Diagnostic],
+        trace: list[TraceStep] | None,
+    ) -> None:
+        """Upstream's creation-time rewrites: the first adjustment that holds changes the value,
+        unless the user set it explicitly."""
+        if ctx[name] not in undecided:
+            if trace is not None:
+                for r in rules:
+                    trace.append(TraceStep(name, "adjustment", r.id, "skipped", f"{name} was set explicitly"))
+            return
+        adjusted = False
+        for r in rules:
+            if not adjusted and r.test(ctx, values):
+                adjusted = True
+                before = values[name]
+                values[name] = r.value
+                decided_by[name] = r.id
+                if r.notice is not None:
+                    diagnostics.append(self.notice_diagnostic(r.notice, name, ctx, values, r.value, None))
+                if trace is not None:
+                    trace.append(TraceStep(name, "adjustment", r.id, "decided", f"{r.rule.when}: {before} -> {r.value}"))
+            elif trace is not None:
+                outcome = "lost" if adjusted else "skipped"
+                trace.append(TraceStep(name, "adjustment", r.id, outcome, f"not ({r.rule.when})" if not adjusted else f"{r.rule.when}: {r.value}"))
 
     # -- diagnostics ---------------------------------------------------------------------------
 

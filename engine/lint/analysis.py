@@ -267,6 +267,15 @@ def analyse(policy: Policy) -> Analysis:
         reads.append((dims, values))
     constraint_tests = []
     final_dims: set[str] = set()
+    # Adjustments run after every decision, just before the constraints: they belong to the last stage.
+    adjustments = []
+    for step in steps:
+        rules = [(r, compile_condition(r.when, names)) for r in step.decision.adjustments]
+        if rules:
+            adjustments.append((step.name, step.undecided, rules))
+            final_dims.add(f"request:{step.name}")
+            for r, _ in rules:
+                final_dims |= _condition_dims(r.when, names)[0]
     for constraint in sorted(policy.constraints, key=lambda c: c.id):
         d, v = _condition_dims(constraint.when, names)
         final_dims |= d
@@ -384,6 +393,18 @@ def analyse(policy: Policy) -> Analysis:
         values = dict(values_t)
         by = dict(by_t)
         for witness, ctx in expand(witness0, ctx0, final_dims, len(steps)):
+            if adjustments:
+                values = dict(values_t)
+                by = dict(by_t)
+                for name, undecided, rules in adjustments:
+                    if ctx[name] not in undecided:
+                        continue
+                    for rule, test in rules:
+                        if test(ctx, values):
+                            values[name] = rule.value
+                            by[name] = rule.id
+                            _note(result.rules, rule.id, witness, decided=True)
+                            break
             for constraint, test, reads_values in constraint_tests:
                 if not test(ctx, values):
                     continue

@@ -85,7 +85,7 @@ def _kind(path: tuple[str, ...]) -> str:
     if path[0] == "decisions":
         if len(path) == 2:
             return "decision"
-        if len(path) == 3 and path[2] in ("requirement", "conditional", "default"):
+        if len(path) == 3 and path[2] in ("requirement", "conditional", "default", "adjustment"):
             return "rule"
         if len(path) == 3 and path[2] == "preference":
             return "preference"
