@@ -10,6 +10,7 @@ to the cases file). Each case::
     expect = { transceiver_runtime = "PYTHON" }                        # the values it checks
     decided_by = { transceiver_runtime = "runtime-preference[LlamaForCausalLM]" }   # optional
     diagnostics = ["python-requires-nixl"]   # optional: exactly these diagnostic ids, any severity
+    starts = false                           # optional: whether the configuration can start (no errors)
 
 Like Cedar's ``run-tests``, a case can assert the decision *and* the rule that made it.
 Coverage counts a requirement, conditional, default or preference row as exercised when it
@@ -34,7 +35,7 @@ from ..source import Location, TomlSyntaxError, parse_document
 
 __all__ = ["CaseResult", "CoverageItem", "TestRun", "run_tests"]
 
-_CASE_KEYS = {"name", "context", "expect", "decided_by", "diagnostics"}
+_CASE_KEYS = {"name", "context", "expect", "decided_by", "diagnostics", "starts"}
 
 
 class CasesUsageError(Exception):
@@ -186,6 +187,8 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
         problems.append("context, expect and decided_by must be tables")
     if diagnostics is not None and (not isinstance(diagnostics, list) or not all(isinstance(d, str) for d in diagnostics)):
         problems.append("diagnostics must be a list of diagnostic ids")
+    if "starts" in case and not isinstance(case["starts"], bool):
+        problems.append("starts must be true or false")
     if "context" not in case:
         problems.append("the case has no context")
     if problems:
@@ -215,6 +218,10 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
         got = resolution.decided_by.get(key)
         if got != want:
             failures.append(f"{key} decided by: expected {want}, got {got}")
+    starts = case.get("starts")
+    if starts is not None and starts is not resolution.ok:
+        errors = ", ".join(d.id for d in resolution.errors) or "none"
+        failures.append(f"starts: expected {str(starts).lower()}, got {str(resolution.ok).lower()} (errors: {errors})")
     if diagnostics is not None and sorted(set(diagnostics)) != sorted(set(ids)):
         missing = sorted(set(diagnostics) - set(ids))
         extra = sorted(set(ids) - set(diagnostics))
@@ -239,6 +246,8 @@ def _coverage(policy: Policy, exercised: set[str]) -> list[CoverageItem]:
         for rule in decision.conditionals:
             items.append(CoverageItem("conditional", rule.id, rule.location, rule.id in exercised))
         items.append(CoverageItem("default", decision.default.id, decision.default.location, decision.default.id in exercised))
+        for rule in decision.adjustments:
+            items.append(CoverageItem("adjustment", rule.id, rule.location, rule.id in exercised))
     for constraint in policy.constraints:
         items.append(CoverageItem("constraint", constraint.id, constraint.location, constraint.id in exercised))
     return items

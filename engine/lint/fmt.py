@@ -41,7 +41,7 @@ _ORDER: dict[str, tuple[str, ...]] = {
     "row": ("architecture", "model_type", "value", "reason", "source"),
     "constraint": ("id", "decision", "severity", "when", "message", "fix", "reason", "source"),
     "notice": ("id", "severity", "message"),
-    "case": ("name", "context", "expect", "decided_by", "diagnostics"),
+    "case": ("name", "context", "expect", "starts", "decided_by", "diagnostics"),
 }
 
 

@@ -11,7 +11,7 @@ from tests import golden
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
-VERSIONS = ("2026.07.09", "2026.08.11", "2026.08.24", "2026.09.10")
+VERSIONS = tuple(kvpolicy.load().versions())
 
 
 def check_golden(name: str, text: str) -> None:

@@ -73,8 +73,9 @@ def test_examples_json(capsys, in_repo) -> None:
 
 
 def test_fail_on_change(capsys, in_repo) -> None:
-    argv = ("impact", "--configs", "examples/configs/disaggregated/kimi-k2.5-nixl.json", "--from", "2026.08.11",
-            "--to", "2026.08.24", "--arch-map", ARCH_MAP)
+    # Kimi K2.5's PYTHON preference arrives with 2026.07.21: the runtime changes, nothing fails.
+    argv = ("impact", "--configs", "examples/configs/disaggregated/kimi-k2.5-nixl.json", "--from", "2026.07.20",
+            "--to", "2026.07.21", "--arch-map", ARCH_MAP)
     assert run(capsys, *argv)[0] == 0
     assert run(capsys, *argv, "--fail-on", "change")[0] == 1
 
@@ -127,10 +128,10 @@ def test_architecture_from_models_root(tmp_path, shipped) -> None:
     root = tmp_path / "models"
     write(root, "glm/GLM-5/config.json", json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "glm_moe_dsa"}))
     config = write(tmp_path / "configs", "glm.yaml", DISAGG.format(model="${LLM_MODELS_ROOT}/glm/GLM-5", ctx_backend="NIXL", gen_backend="NIXL"))
-    (result,) = impact_of([config], shipped["2026.08.11"], shipped["2026.09.10"], models_root=root)
+    (result,) = impact_of([config], shipped["2026.07.23"], shipped["2026.09.10"], models_root=root)
     assert result.architecture == "DeepseekV3ForCausalLM" and result.model_type == "glm_moe_dsa"
     assert result.architecture_source.startswith("config.json")
-    # GLM checkpoints preferred PYTHON through the model_type-qualified row; 2026.09.10 for every DeepSeek-V3.
+    # GLM checkpoints preferred PYTHON through the model_type-qualified row (#16524); later every DeepSeek-V3.
     assert [s.old.resolution.decided_by["transceiver_runtime"] for s in result.sections] == [
         "runtime-preference[DeepseekV3ForCausalLM,model_type=glm_moe_dsa]"
     ] * 2
@@ -162,7 +163,8 @@ def test_env_and_features_are_read(tmp_path, shipped) -> None:
     (result,) = impact_of([config], shipped["2026.08.24"], shipped["2026.09.10"])
     (section,) = result.sections
     assert section.new.resolution.backend == "UCX"
-    assert section.new.resolution.decided_by["transceiver_runtime"] == "serialized-state-requires-cpp"
+    assert "serialized_state" in section.new.resolution.context["features"]
+    assert section.new.resolution.decided_by["transceiver_runtime"] == "auto-cpp-off-nixl"
 
 
 def test_unknown_policy_and_arch_map_are_usage_errors(capsys, tmp_path) -> None:

@@ -9,7 +9,8 @@ import pytest
 import kvpolicy
 from kvpolicy.loader import shipped_root
 
-VERSIONS = ("2026.07.09", "2026.08.11", "2026.08.24", "2026.09.10")
+#: Every shipped version, oldest first.
+VERSIONS = tuple(kvpolicy.load().versions())
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def _in_repo(monkeypatch):
         ("resolve_llama_ucx.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "UCX"], 1),
         ("resolve_off.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "null"], 0),
         ("resolve_env.txt", ["resolve", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--version", "2026.07.09"], 0),
-        ("explain_kimi_cpp.txt", ["explain", "--arch", "KimiK3ForCausalLM", "--runtime", "CPP"], 1),
+        ("explain_kimi_cpp.txt", ["explain", "--arch", "KimiLinearForCausalLM", "--runtime", "CPP"], 1),
         ("versions.txt", ["versions"], 0),
         ("table_2026.08.11.txt", ["table", "--version", "2026.08.11"], 0),
     ],
@@ -110,7 +110,7 @@ def test_broken_policy_exits_2_with_location(capsys, tmp_path):
     "argv",
     [
         ["resolve", "--arch", "LlamaForCausalLM"],
-        ["explain", "--arch", "KimiK3ForCausalLM"],
+        ["explain", "--arch", "KimiLinearForCausalLM"],
         ["versions"],
         ["lint", "policies/"],
         ["diff", "2026.08.11", "2026.08.24"],
@@ -131,7 +131,7 @@ def test_policy_commands_never_import_torch_or_nixl(argv):
 
 def test_python_dash_m(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "kvpolicy", "resolve", "--arch", "KimiK3ForCausalLM", "--runtime", "CPP"],
+        [sys.executable, "-m", "kvpolicy", "resolve", "--arch", "KimiLinearForCausalLM", "--runtime", "CPP"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     assert done.returncode == 1

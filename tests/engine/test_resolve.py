@@ -11,27 +11,31 @@ from kvpolicy import ContextError, ResolutionError
 
 from .conftest import VERSIONS, write
 
-# -- the history in background.md, version by version -------------------------------------------
+# -- upstream's history, version by version (tests/engine/test_upstream.py checks every context) ----
 
 HISTORY = [
     # (version, architecture, backend, expected runtime, expected deciding rule)
-    ("2026.07.09", "GptOssForCausalLM", "NIXL", "PYTHON", "runtime-preference[GptOssForCausalLM]"),
-    ("2026.07.09", "GptOssForCausalLM", "UCX", "CPP", "runtime-default-cpp"),
-    ("2026.07.09", "GlmMoeDsaForCausalLM", "DEFAULT", "PYTHON", "runtime-preference[GlmMoeDsaForCausalLM]"),
-    ("2026.07.09", "LlamaForCausalLM", "NIXL", "CPP", "runtime-default-cpp"),
-    ("2026.07.09", None, "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.07.09", "GptOssForCausalLM", "NIXL", "CPP", "runtime-default-cpp"),  # #16164: no preference yet
+    ("2026.07.20", "GptOssForCausalLM", "NIXL", "PYTHON", "runtime-preference[GptOssForCausalLM]"),
+    ("2026.07.20", "GptOssForCausalLM", "UCX", "CPP", "runtime-default-cpp"),
+    ("2026.07.23", "GlmMoeDsaForCausalLM", "DEFAULT", "PYTHON", "runtime-preference[GlmMoeDsaForCausalLM]"),
+    ("2026.07.23", "DeepseekV3ForCausalLM", "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.08.03", "DeepseekV3ForCausalLM", "NIXL", "PYTHON", "runtime-preference[DeepseekV3ForCausalLM]"),
+    ("2026.08.03", "DeepseekV3ForCausalLM", "UCX", "CPP", "runtime-default-cpp"),
     ("2026.08.11", "LlamaForCausalLM", "NIXL", "PYTHON", "runtime-preference[LlamaForCausalLM]"),
     ("2026.08.11", "Gemma3ForCausalLM", "DEFAULT", "PYTHON", "runtime-preference[Gemma3ForCausalLM]"),
     ("2026.08.11", "LlamaForCausalLM", "UCX", "CPP", "runtime-default-cpp"),
     ("2026.08.11", "Llama4ForConditionalGeneration", "NIXL", "CPP", "runtime-default-cpp"),
     ("2026.08.11", "MistralForCausalLM", "NIXL", "CPP", "runtime-default-cpp"),
     ("2026.08.11", "Gemma3ForConditionalGeneration", "NIXL", "CPP", "runtime-default-cpp"),
+    ("2026.08.18", "Gemma3ForConditionalGeneration", "NIXL", "PYTHON", "runtime-preference[Gemma3ForConditionalGeneration]"),
     ("2026.08.24", "MistralForCausalLM", "NIXL", "PYTHON", "runtime-default-python"),
     ("2026.08.24", "MistralForCausalLM", "UCX", "CPP", "auto-cpp-off-nixl"),
     ("2026.08.24", "LlamaForCausalLM", "UCX", "PYTHON", "runtime-preference[LlamaForCausalLM]"),
-    ("2026.09.10", "DeepseekV3ForCausalLM", "NIXL", "PYTHON", "runtime-preference[DeepseekV3ForCausalLM]"),
-    ("2026.09.10", "KimiK3ForCausalLM", "NIXL", "PYTHON", "kimi-k3-requires-python"),
-    ("2026.09.10", "Qwen3_5VLModel", "NIXL", "PYTHON", "runtime-preference[Qwen3_5VLModel]"),
+    ("2026.08.24", "DeepseekV3ForCausalLM", "UCX", "PYTHON", "runtime-preference[DeepseekV3ForCausalLM]"),
+    ("2026.09.10", "KimiLinearForCausalLM", "NIXL", "PYTHON", "runtime-preference[KimiLinearForCausalLM]"),
+    ("2026.09.10", "Qwen3_5ForConditionalGeneration", "NIXL", "PYTHON", "runtime-preference[Qwen3_5ForConditionalGeneration]"),
+    ("2026.09.10", "Llama4ForConditionalGeneration", "NIXL", "PYTHON", "runtime-preference[Llama4ForConditionalGeneration]"),
     ("2026.09.10", None, "MOONCAKE", "CPP", "auto-cpp-off-nixl"),
 ]
 
@@ -59,7 +63,7 @@ def test_python_preference_on_ucx_fails_from_2026_08_24(shipped):
 def test_glm_checkpoint_through_deepseek_class(shipped):
     glm = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "glm_moe_dsa"}
     deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
-    old = shipped["2026.07.09"]
+    old = shipped["2026.07.23"]
     assert old.resolve(pretrained_config=glm, backend="NIXL").runtime == "PYTHON"
     assert old.resolve(pretrained_config=deepseek, backend="NIXL").runtime == "CPP"
     new = shipped["2026.09.10"]
@@ -88,34 +92,68 @@ def test_explicit_beats_everything_and_is_checked(newest):
     assert steps[0].outcome == "lost"
 
 
-def test_null_runtime_means_explicit_cpp(newest):
+def test_null_runtime_is_cpp_decided_by_the_policy(newest):
+    # Upstream keeps a null runtime (C++), but rewrites it at creation for pipelined transfer on NIXL.
     resolution = newest.resolve(architecture="LlamaForCausalLM", backend="NIXL", transceiver_runtime=None)
-    assert resolution.runtime == "CPP" and resolution.decided_by["transceiver_runtime"] == "explicit"
+    assert resolution.runtime == "CPP" and resolution.decided_by["transceiver_runtime"] == "null-runtime-cpp"
+    assert resolution.context["transceiver_runtime"] == "null"
+    pipelined = newest.resolve(backend="NIXL", transceiver_runtime=None, enable_pipelined_transfer=True)
+    assert pipelined.runtime == "PYTHON" and pipelined.ok
+    assert pipelined.decided_by["transceiver_runtime"] == "pipelined-selects-python"
+    assert [d.id for d in pipelined.warnings] == ["pipelined-selects-python"]
 
 
-def test_requirement_beats_preference(newest):
-    resolution = newest.resolve(architecture="LlamaForCausalLM", backend="NIXL", features={"serialized_state"})
+def test_adjustment_never_rewrites_an_explicit_value(newest):
+    explicit = newest.resolve(backend="NIXL", transceiver_runtime="CPP", enable_pipelined_transfer=True)
+    assert explicit.runtime == "CPP" and explicit.decided_by["transceiver_runtime"] == "explicit"
+    assert [d.id for d in explicit.errors] == ["pipelined-transfer-explicit-cpp"]
+
+
+#: A requirement and a second one that disagrees, added to the newest shipped policy's text.
+REQUIREMENTS = """
+[[decisions.transceiver_runtime.requirement]]
+id = "serialized-state-requires-cpp"
+when = { features.serialized_state = true }
+value = "CPP"
+notice = { severity = "info", message = "resolved to CPP for the serialized state protocol." }
+
+[[decisions.transceiver_runtime.requirement]]
+id = "timing-requires-python"
+when = { features.sync_timing_output = true }
+value = "PYTHON"
+"""
+
+
+@pytest.fixture
+def with_requirements(tmp_path, policy_text):
+    head, tail = policy_text.split("[decisions.kv_cache_manager]", 1)
+    return kvpolicy.load(write(tmp_path, head + REQUIREMENTS + "\n[decisions.kv_cache_manager]" + tail))
+
+
+def test_requirement_beats_preference(with_requirements):
+    resolution = with_requirements.resolve(architecture="LlamaForCausalLM", backend="NIXL", features={"serialized_state"})
     assert resolution.runtime == "CPP"
     assert resolution.decided_by["transceiver_runtime"] == "serialized-state-requires-cpp"
-    assert [d.id for d in resolution.notes] == ["serialized-state-requires-cpp"]
+    assert "serialized-state-requires-cpp" in [d.id for d in resolution.notes]
 
 
-def test_requirement_against_explicit_is_an_error(newest):
-    resolution = newest.resolve(architecture="KimiK3ForCausalLM", backend="NIXL", transceiver_runtime="CPP")
-    assert resolution.runtime == "CPP"  # never rewritten
-    (error,) = resolution.errors
-    assert error.id == "kimi-k3-requires-python"
-    assert "explicitly CPP" in error.message and "set transceiver_runtime to PYTHON or auto" in error.message
+def test_requirement_against_explicit_is_an_error(with_requirements):
+    resolution = with_requirements.resolve(
+        architecture="LlamaForCausalLM", backend="NIXL", transceiver_runtime="PYTHON", features={"serialized_state"}
+    )
+    assert resolution.runtime == "PYTHON"  # never rewritten
+    (error,) = [d for d in resolution.errors if d.id == "serialized-state-requires-cpp"]
+    assert "explicitly PYTHON" in error.message and "set transceiver_runtime to CPP or auto" in error.message
 
 
-def test_two_requirements_disagreeing_name_both(newest):
-    resolution = newest.resolve(
-        architecture="MistralForCausalLM", backend="NIXL", features={"inflight_cancel"}, enable_pipelined_transfer=True
+def test_two_requirements_disagreeing_name_both(with_requirements):
+    resolution = with_requirements.resolve(
+        architecture="MistralForCausalLM", backend="NIXL", features={"serialized_state", "sync_timing_output"}
     )
     conflict = [d for d in resolution.errors if d.id == "requirements-conflict"]
     assert conflict
-    assert "inflight-cancel-requires-cpp" in conflict[0].message
-    assert "pipelined-transfer-requires-python" in conflict[0].message
+    assert "serialized-state-requires-cpp" in conflict[0].message
+    assert "timing-requires-python" in conflict[0].message
 
 
 def test_ordered_conditionals_first_match_wins(shipped):
@@ -181,7 +219,9 @@ def test_env_turns_on_inflight_cancel(newest):
         architecture="LlamaForCausalLM", backend="NIXL", env={"TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL": "1"}
     )
     assert "inflight_cancel" in resolution.context["features"]
-    assert resolution.runtime == "CPP"
+    # Upstream resolves auto as usual (PYTHON here) and then fails the in-flight-cancel gate.
+    assert resolution.runtime == "PYTHON"
+    assert [d.id for d in resolution.errors] == ["inflight-cancel-requires-cpp"]
 
 
 def test_process_environment_is_never_read(newest, monkeypatch):
@@ -194,13 +234,14 @@ def test_process_environment_is_never_read(newest, monkeypatch):
 STARTUP_ERRORS = [
     (dict(transceiver_runtime="PYTHON", backend="UCX"), "python-requires-nixl"),
     (dict(transceiver_runtime="PYTHON", backend="NIXL", kv_transfer_timeout_ms=None), "python-requires-finite-timeout"),
-    (dict(transceiver_runtime="CPP", backend="NIXL", enable_pipelined_transfer=True), "pipelined-transfer-requires-python"),
-    (dict(backend="UCX", enable_pipelined_transfer=True), "pipelined-transfer-requires-nixl"),
+    (dict(transceiver_runtime="CPP", backend="NIXL", enable_pipelined_transfer=True), "pipelined-transfer-explicit-cpp"),
+    (dict(backend="UCX", enable_pipelined_transfer=True), "pipelined-transfer-needs-nixl"),
     (dict(transceiver_runtime="PYTHON", backend="NIXL", features={"inflight_cancel"}), "inflight-cancel-requires-cpp"),
-    (dict(backend="MOONCAKE", features={"inflight_cancel"}), "inflight-cancel-requires-nixl"),
+    (dict(backend="MOONCAKE", transceiver_runtime="CPP", features={"inflight_cancel"}), "inflight-cancel-requires-literal-nixl"),
+    (dict(backend="DEFAULT", transceiver_runtime="CPP", features={"inflight_cancel"}), "inflight-cancel-requires-literal-nixl"),
     (dict(backend="NIXL", features={"inflight_cancel"}, kv_transfer_timeout_ms=None), "inflight-cancel-requires-finite-timeout"),
     (dict(backend="NIXL", transceiver_runtime="CPP", kv_cache_manager="V2"), "kv-cache-manager-v2-requires-python"),
-    (dict(architecture="KimiK3ForCausalLM", backend="NIXL", transceiver_runtime="CPP"), "kimi-k3-requires-python"),
+    (dict(architecture="KimiLinearForCausalLM", backend="NIXL", transceiver_runtime="CPP"), "kimi-k3-requires-python"),
 ]
 
 
@@ -217,9 +258,10 @@ def test_startup_errors(newest, fields, error_id):
         assert path.endswith("2026.09.10.toml") and int(line) > 1 and int(column) >= 1
 
 
-def test_sync_timing_output_requires_cpp(newest):
+def test_sync_timing_output_with_python_is_advice(newest):
     resolution = newest.resolve(architecture="LlamaForCausalLM", backend="NIXL", features={"sync_timing_output"})
-    assert resolution.runtime == "CPP" and resolution.ok
+    assert resolution.runtime == "PYTHON" and resolution.ok
+    assert [d.id for d in resolution.warnings] == ["sync-timing-output-needs-cpp"]
 
 
 def test_mpi_is_deprecated(newest):
@@ -308,6 +350,6 @@ def test_trace_names_winner_and_losers(newest):
     assert outcomes["runtime-preference[LlamaForCausalLM]"] == "decided"
     assert outcomes["auto-cpp-off-nixl"] == "lost"
     assert outcomes["runtime-default-python"] == "lost"
-    assert outcomes["kimi-k3-requires-python"] == "skipped"
+    assert outcomes["null-runtime-cpp"] == "skipped"
     text = str(resolution.trace)
     assert "transceiver_runtime:" in text and "adopted verbatim" in text

@@ -33,7 +33,7 @@ def _brute_force(policy):
         values, decided_by, diagnostics = policy_set.outcome(ctx)
         fired |= {d.id for d in diagnostics if d.id in {c.id for c in policy.constraints}}
         for name, decision in policy.decisions.items():
-            auto = ctx[name] == decision.auto
+            auto = ctx[name] in decision.undecided
             held_requirements = [r for r in decision.requirements if tests[r.id](ctx, values)]
             for first, second in itertools.combinations(held_requirements, 2):
                 if first.value != second.value:

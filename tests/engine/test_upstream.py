@@ -1,0 +1,139 @@
+"""Every shipped version agrees with TensorRT-LLM itself over the whole input domain.
+
+``upstream.py`` restates upstream's resolvers, model hooks and start-up checks independently of the
+policy files. For every shipped version this test walks every architecture any version names (and
+one none names), every backend with every combination of DEFAULT's variables, runtime
+auto/CPP/PYTHON/null, a finite or null timeout, KV-cache manager auto/V1/V2, pipelined transfer
+on/off and in-flight cancel on/off, and the cancel gate's variables where cancel is on, and checks
+that the decided values and the start verdict are upstream's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+import kvpolicy
+
+from . import upstream
+
+VERSIONS = list(upstream.VERSION_STATE)
+BACKENDS = ("DEFAULT", "NIXL", "UCX", "MPI", "MOONCAKE")
+RUNTIMES = ("auto", "CPP", "PYTHON", None)
+MANAGERS = (("auto", "auto"), ("V1", False), ("V2", True))
+MODELS = [(a, None) for a in sorted(upstream.MODEL_CLASS_MAPPING)] + [
+    ("SomeNewModelForCausalLM", None),
+    (None, None),
+    ("DeepseekV3ForCausalLM", "glm_moe_dsa"),
+    ("DeepseekV32ForCausalLM", "glm_moe_dsa"),
+    ("DeepseekV3ForCausalLM", "deepseek_v3"),
+]
+#: The cancel gate's variables, each unset or set to what the gate looks at.
+GATE = [{}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "UCX"}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "LIBFABRIC"}] + [
+    {variable: "1"} for variable in upstream.GATE_ENV
+]
+
+
+def _backend_envs(backend: str) -> list[dict[str, str]]:
+    if backend != "DEFAULT":
+        return [{}]
+    variables = [v for v, _ in upstream.BACKEND_ENV]
+    combos = []
+    for mask in itertools.product((False, True), repeat=len(variables)):
+        combos.append({v: "1" for v, on in zip(variables, mask) if on})
+    combos.append({"TRTLLM_USE_UCX_KVCACHE": "true"})  # only "1" counts
+    return combos
+
+
+def _contexts(cancel_gate: bool):
+    for (architecture, model_type), backend, runtime, timeout, (manager, use_v2), pipelined in itertools.product(
+        MODELS, BACKENDS, RUNTIMES, (60000, None), MANAGERS, (False, True)
+    ):
+        for env in _backend_envs(backend):
+            gates = GATE if cancel_gate else [None]
+            for gate in gates:
+                full = dict(env)
+                if gate is not None:
+                    full[upstream.CANCEL_ENV] = "1"
+                    full.update(gate)
+                yield (architecture, model_type, backend, runtime, timeout, manager, use_v2, pipelined, full)
+
+
+def _engine_context(policy_set: Any, architecture, model_type, backend, runtime, timeout, manager, pipelined, env) -> dict:
+    features = set()
+    if pipelined:
+        features.add("pipelined_transfer")
+    if env.get(upstream.CANCEL_ENV) == "1":
+        features.add("inflight_cancel")
+    return {
+        "architecture": architecture,
+        "model_type": model_type,
+        "kv_transfer_timeout_ms": timeout,
+        "features": frozenset(features),
+        "env": env,
+        "backend": backend,
+        "transceiver_runtime": "null" if runtime is None else runtime,
+        "kv_cache_manager": manager,
+    }
+
+
+def _check(version: str, cancel_gate: bool, models: list | None = None) -> int:
+    policy_set = kvpolicy.load(version=version)
+    mismatches = []
+    count = 0
+    for architecture, model_type, backend, runtime, timeout, manager, use_v2, pipelined, env in _contexts(cancel_gate):
+        if models is not None and (architecture, model_type) not in models:
+            continue
+        count += 1
+        want = upstream.resolve(version, architecture, model_type, backend, runtime, timeout, use_v2, env, pipelined)
+        ctx = _engine_context(policy_set, architecture, model_type, backend, runtime, timeout, manager, pipelined, env)
+        values, by, diagnostics = policy_set.outcome(ctx)
+        got = (values["backend"], values["transceiver_runtime"], values["kv_cache_manager"])
+        starts = not any(d.severity == "error" for d in diagnostics)
+        if got != (want.backend, want.runtime, want.kv_cache_manager) or starts != want.starts:
+            mismatches.append(
+                f"{architecture}/{model_type} backend={backend} runtime={runtime} timeout={timeout} kv={manager} "
+                f"pipelined={pipelined} env={env}: kvpolicy {got} starts={starts} ({[d.id for d in diagnostics]}), "
+                f"upstream {(want.backend, want.runtime, want.kv_cache_manager)} starts={want.starts}"
+            )
+    assert not mismatches, f"{len(mismatches)} of {count} contexts differ, e.g.:\n" + "\n".join(mismatches[:15])
+    return count
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_version_reproduces_upstream(version: str) -> None:
+    assert _check(version, cancel_gate=False) > 10_000
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cancel_gate_reproduces_upstream(version: str) -> None:
+    # Every gate variable with a model of each kind (none, PYTHON, PYTHON + V2, Kimi K3).
+    models = [(None, None), ("GptOssForCausalLM", None), ("KimiLinearForCausalLM", None), ("MiniMaxM2ForCausalLM", None)]
+    assert _check(version, cancel_gate=True, models=models) > 1_000
+
+
+def test_every_shipped_version_is_checked() -> None:
+    assert kvpolicy.load().versions() == VERSIONS
+
+
+def test_disaggregation_off_resolves_nothing() -> None:
+    for version in VERSIONS:
+        assert upstream.resolve(version, "LlamaForCausalLM", None, None, "auto", 60000, "auto", {}, False) is None
+        assert not kvpolicy.load(version=version).resolve(architecture="LlamaForCausalLM", backend=None).enabled
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_advice_never_changes_a_verdict(version: str) -> None:
+    """serialized_state and sync_timing_output are advice (warnings), never values or errors."""
+    policy_set = kvpolicy.load(version=version)
+    for architecture, backend, runtime in itertools.product(("LlamaForCausalLM", None), BACKENDS, RUNTIMES):
+        plain = policy_set.resolve(architecture=architecture, backend=backend, transceiver_runtime=runtime)
+        advised = policy_set.resolve(
+            architecture=architecture, backend=backend, transceiver_runtime=runtime,
+            features={"serialized_state", "sync_timing_output"},
+        )
+        assert dict(advised.values) == dict(plain.values)
+        assert advised.ok == plain.ok
+        assert {d.id for d in advised.errors} == {d.id for d in plain.errors}

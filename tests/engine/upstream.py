@@ -1,0 +1,306 @@
+"""TensorRT-LLM's own resolution, restated independently of the policy files, to check them against.
+
+Written from upstream's code and tests (NVIDIA/TensorRT-LLM), in upstream's own style: model classes
+with ``get_preferred_*`` hooks registered under checkpoint architecture names, the load-time
+resolvers of ``tensorrt_llm/llmapi/llm_utils.py`` (era A: #16164, era C: #18134) and the creation-
+time checks of ``create_kv_cache_transceiver`` / ``resolve_cache_transceiver_config``. Nothing here
+reads kvpolicy's TOML: the shipped policies must agree with this over the whole input domain
+(``test_upstream.py``). Where upstream's record is uncertain, this module makes the same assumption
+as the shipped policy and says so in a comment, so a change of assumption shows up in both.
+
+Dates are the upstream merge dates; a version ``YYYY.MM.DD`` of kvpolicy is the state of upstream
+on the date of its last change (see ``VERSION_STATE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: kvpolicy version -> the upstream merge date whose state it reproduces.
+VERSION_STATE = {
+    "2026.07.09": "2026-07-16",  # #16164 merged on 07-16 (described 07-09)
+    "2026.07.20": "2026-07-20",
+    "2026.07.21": "2026-07-21",
+    "2026.07.23": "2026-07-23",
+    "2026.08.03": "2026-08-03",
+    "2026.08.07": "2026-08-07",
+    "2026.08.10": "2026-08-10",
+    "2026.08.11": "2026-08-11",
+    "2026.08.13": "2026-08-13",
+    "2026.08.17": "2026-08-17",
+    "2026.08.18": "2026-08-18",
+    "2026.08.24": "2026-08-28",  # #18134 merged on 08-28 (described 08-24)
+    "2026.09.02": "2026-09-02",
+    "2026.09.10": "2026-09-15",  # #19004 merged on 09-15 (reviewed 09-10)
+}
+
+PYTHON_BY_DEFAULT = "2026-08-28"  # #18134
+PIPELINED = "2026-09-02"  # #15727
+KIMI_K3_GATE = "2026-08-17"  # #17480
+#: Hybrid hooks: PR and date not found (present by 08-26); kvpolicy ships them with #18134's version.
+HYBRIDS = "2026-08-28"
+
+BACKEND_ENV = (
+    ("TRTLLM_USE_NIXL_KVCACHE", "NIXL"),
+    ("TRTLLM_USE_UCX_KVCACHE", "UCX"),
+    ("TRTLLM_USE_MOONCAKE_KVCACHE", "MOONCAKE"),
+    ("TRTLLM_USE_MPI_KVCACHE", "MPI"),
+)
+CANCEL_ENV = "TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL"
+GATE_ENV = ("TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP", "TRTLLM_DISAGG_LAYERWISE", "TRTLLM_TRY_ZCOPY_FOR_KVCACHE_TRANSFER")
+
+
+# -- model classes, as upstream declares them -------------------------------------------------------
+
+
+class PreTrainedModel:
+    """Upstream's base: no preference (both hooks return None)."""
+
+    @classmethod
+    def runtime(cls, date: str, architectures: list[str], model_type: str | None) -> str | None:
+        return None
+
+    @classmethod
+    def kv_version(cls, date: str) -> str | None:
+        return None
+
+
+class GptOss(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= "2026-07-20" else None  # #16479
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-08-10" else None  # #16942 (get_model_defaults)
+
+
+class KimiK25(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= "2026-07-21" else None  # #16482
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-08-07" else None  # #17125 (get_model_defaults)
+
+
+class KimiK3VL(KimiK25):
+    """#17050 (08-13): a Kimi K2.5 subclass; it overrides get_model_defaults, so K2.5's V2 default
+    (a get_model_defaults entry) is not inherited. Before 08-13 the name was registered on KimiLinear."""
+
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        if date < "2026-08-13":
+            return KimiLinear.runtime(date, architectures, model_type)
+        return super().runtime(date, architectures, model_type)
+
+    @classmethod
+    def kv_version(cls, date):
+        return None
+
+
+class KimiLinear(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= "2026-08-17" else None  # #17480
+
+
+class MiniMaxM2(PreTrainedModel):
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-08-07" else None  # #17360 (get_model_defaults)
+
+
+class DeepseekV3(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        if date >= "2026-08-03":  # #16908: every checkpoint
+            return "PYTHON"
+        if date >= "2026-07-23":  # #16524: GLM checkpoints only (assumed: either signal counts)
+            glm = "GlmMoeDsaForCausalLM" in architectures or model_type == "glm_moe_dsa"
+            return "PYTHON" if glm else None
+        return None
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-08-11" else None  # #16060
+
+
+class MistralLarge3(DeepseekV3):
+    """Subclasses DeepseekV3ForCausalLM and inherits both hooks (inferred)."""
+
+
+class Llama(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= "2026-08-11" else None  # #16787
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-09-15" else None  # #19004
+
+
+class Llama4(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= "2026-09-15" else None  # #19004
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-09-15" else None
+
+
+class Gemma3(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= "2026-08-11" else None  # #16787
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-08-18" else None  # #17396
+
+
+class Gemma3VL(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= "2026-08-18" else None  # #17396
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-08-18" else None
+
+
+class Gemma4(Gemma3VL):
+    """Gemma4 text and multimodal: both hooks from #17396 (08-18)."""
+
+
+class Hybrid(PreTrainedModel):
+    @classmethod
+    def runtime(cls, date, architectures, model_type):
+        return "PYTHON" if date >= HYBRIDS else None
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= HYBRIDS else None
+
+
+#: MODEL_CLASS_MAPPING: checkpoint architectures[0] -> model class.
+MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
+    "GptOssForCausalLM": GptOss,
+    "KimiK25ForConditionalGeneration": KimiK25,
+    "KimiK3ForConditionalGeneration": KimiK3VL,
+    "KimiLinearForCausalLM": KimiLinear,
+    "MiniMaxM2ForCausalLM": MiniMaxM2,
+    "DeepseekV3ForCausalLM": DeepseekV3,
+    "DeepseekV32ForCausalLM": DeepseekV3,
+    "GlmMoeDsaForCausalLM": DeepseekV3,
+    "MistralLarge3ForCausalLM": MistralLarge3,
+    "LlamaForCausalLM": Llama,
+    "Llama4ForConditionalGeneration": Llama4,
+    "Gemma3ForCausalLM": Gemma3,
+    "Gemma3ForConditionalGeneration": Gemma3VL,
+    "Gemma4ForCausalLM": Gemma4,
+    "Gemma4ForConditionalGeneration": Gemma4,
+    "NemotronHForCausalLM": Hybrid,
+    "Qwen3NextForCausalLM": Hybrid,
+    "Qwen3_5ForCausalLM": Hybrid,
+    "Qwen3_5MoeForCausalLM": Hybrid,
+    "Qwen3_5ForConditionalGeneration": Hybrid,
+    "Qwen3_5MoeForConditionalGeneration": Hybrid,
+    "MistralForCausalLM": PreTrainedModel,
+}
+#: Kimi K3 checks its route in get_kv_cache_manager_cls (#17480); the VL class is assumed covered.
+KIMI_K3 = ("KimiLinearForCausalLM", "KimiK3ForConditionalGeneration")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What upstream ends with: the runtime and manager it would run, and whether it starts."""
+
+    backend: str
+    runtime: str
+    kv_cache_manager: str
+    starts: bool
+
+
+def effective_backend(backend: str, env: dict[str, str]) -> str:
+    """``CacheTransceiverConfig._resolve_default_backend``."""
+    if backend != "DEFAULT":
+        return backend
+    for variable, name in BACKEND_ENV:
+        if env.get(variable) == "1":
+            return name
+    return "NIXL"
+
+
+def resolve(
+    version: str,
+    architecture: str | None,
+    model_type: str | None,
+    backend: str | None,
+    runtime: str | None,
+    timeout: int | None,
+    use_v2: bool | str,
+    env: dict[str, str],
+    pipelined: bool,
+) -> Outcome | None:
+    """Upstream's outcome for one serving context (None: disaggregation off)."""
+    date = VERSION_STATE[version]
+    if backend is None:
+        return None
+    model = MODEL_CLASS_MAPPING.get(architecture or "", PreTrainedModel)
+    architectures = [architecture] if architecture else []
+    eff = effective_backend(backend, env)
+
+    # Load time (ModelLoader): the runtime first, then the KV-cache manager.
+    resolved = runtime
+    if runtime == "auto":
+        preferred = model.runtime(date, architectures, model_type)
+        if date < PYTHON_BY_DEFAULT:
+            if preferred == "PYTHON" and eff != "NIXL":
+                preferred = None
+            resolved = preferred
+        else:
+            resolved = preferred if preferred is not None else "PYTHON"
+            if preferred is None and (eff != "NIXL" or timeout is None):
+                resolved = None
+    v2 = use_v2
+    if use_v2 == "auto":
+        v2 = model.kv_version(date) == "V2"
+        if v2 and (eff != "NIXL" or resolved != "PYTHON"):
+            v2 = False
+
+    # Creation time.
+    starts = True
+    created = resolved
+    if date >= PIPELINED:
+        if created is None and pipelined:
+            if eff != "NIXL":
+                starts = False
+            else:
+                created = "PYTHON"
+        elif created == "CPP" and pipelined:
+            starts = False
+    elif pipelined:
+        starts = False  # not a CacheTransceiverConfig field before #15727 (assumed; StrictBaseModel)
+    if created == "PYTHON" and eff != "NIXL":
+        starts = False
+    if env.get(CANCEL_ENV) == "1":
+        supported = (
+            (created or "CPP") == "CPP"
+            and backend == "NIXL"
+            and env.get("TRTLLM_NIXL_KVCACHE_BACKEND", "UCX") == "UCX"
+            and timeout is not None
+            and all(env.get(v) != "1" for v in GATE_ENV)
+        )
+        starts = starts and supported
+    if date >= KIMI_K3_GATE and architecture in KIMI_K3:
+        # get_kv_cache_manager_cls runs before the transceiver is created: it sees the load-time runtime.
+        if not (eff == "NIXL" and resolved == "PYTHON"):
+            starts = False
+    if created == "PYTHON" and timeout is None:
+        starts = False
+    if v2 is True and (created or "CPP") == "CPP":
+        starts = False
+    return Outcome(eff, created or "CPP", "V2" if v2 is True else "V1", starts)
