@@ -332,21 +332,27 @@ class EtcdClient:
         """Delete ``key``; returns how many keys were deleted (0 or 1)."""
         return int(self.call("/v3/kv/deleterange", {"key": b64(key)}).get("deleted", 0))
 
-    def unchanged_since(self, key: str, mod_revision: int) -> tuple[bool, dict[str, Any] | None]:
-        """One transaction: is ``key`` still as written at ``mod_revision``? Returns ``(True, None)``
-        if so, else ``(False, entry)`` with what the key holds now (None if it is gone)."""
+    def restore_if_changed(
+        self, key: str, value: bytes, *, mod_revision: int, lease: int = 0
+    ) -> tuple[int, dict[str, Any] | None] | None:
+        """Compare-and-swap in one transaction: if ``key`` is still as written at ``mod_revision``,
+        change nothing and return None. Otherwise read what it holds and write ``value`` (on ``lease``)
+        back; returns ``(the key's new mod_revision, the entry found, None if the key was gone)``."""
+        put: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+        if lease:
+            put["lease"] = str(lease)
         answer = self.call(
             "/v3/kv/txn",
             {
                 "compare": [{"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
-                "failure": [{"request_range": {"key": b64(key)}}],
+                "failure": [{"request_range": {"key": b64(key)}}, {"request_put": put}],
             },
         )
         if answer.get("succeeded"):
-            return True, None
+            return None
         responses = answer.get("responses") or [{}]
         kvs = responses[0].get("response_range", {}).get("kvs", [])
-        return False, (kvs[0] if kvs else None)
+        return int(answer.get("header", {}).get("revision", 0)), (kvs[0] if kvs else None)
 
     # -- leases ------------------------------------------------------------------------------------
 
