@@ -233,9 +233,14 @@ class EtcdClient:
                 break
             try:
                 status, payload = self._post(endpoint, path, data, token, left)
+            except ssl.SSLCertVerificationError as exc:
+                # Not an outage: this server is not the one our CA vouches for.
+                trusted = self.security.ca_file or "the system's CAs"
+                denied.append(f"{endpoint.url}: its certificate does not verify against {trusted} ({exc.verify_message})")
+                continue
             except ssl.SSLError as exc:
-                # Not an outage: this server (or we) failed the other side's certificate check.
-                denied.append(f"{endpoint.url}: TLS refused ({exc.reason or exc})")
+                # The server refused our certificate (none, or signed by a CA it does not trust).
+                denied.append(f"{endpoint.url}: TLS refused, check cert_file/key_file ({exc.reason or exc})")
                 continue
             except (OSError, http.client.HTTPException) as exc:
                 errors.append(f"{endpoint.url}: {exc or type(exc).__name__}")

@@ -45,8 +45,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _run(args: list[str], timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=check)
+def _run(args: list[str], timeout: float = 10.0, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=check, input=input)
 
 
 @dataclass(frozen=True)
@@ -231,30 +231,48 @@ class EtcdServer:
     def _enable_auth(self) -> None:
         """What an operator does once with ``etcdctl user add / role add / role grant-permission /
         user grant-role / auth enable``, through the JSON gateway (see the README)."""
-        admin = EtcdClient(self.endpoint, security=EtcdSecurity(self.pki.ca_file, self.pki.client_cert, self.pki.client_key), timeout_s=5.0)
-        admin.call("/v3/auth/user/add", {"name": "root", "password": self.root.password})
-        admin.call("/v3/auth/role/add", {"name": "root"})
-        admin.call("/v3/auth/user/grant", {"user": "root", "role": "root"})
-        self.add_user("kvpolicy", self.security.password or "", self.PREFIX, client=admin)
-        admin.call("/v3/auth/enable", {})
+        steps = [
+            ("/v3/auth/user/add", {"name": "root", "password": self.root.password}),
+            ("/v3/auth/role/add", {"name": "root"}),
+            ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+            *_user_steps("kvpolicy", self.security.password or "", self.PREFIX, "READWRITE"),
+            ("/v3/auth/enable", {}),
+        ]
+        self._admin(steps, as_root=False)
 
-    def add_user(self, user: str, password: str, prefix: str, permission: str = "READWRITE", *, client: EtcdClient | None = None) -> EtcdSecurity:
+    def add_user(self, user: str, password: str, prefix: str, permission: str = "READWRITE") -> EtcdSecurity:
         """Create etcd user ``user`` with a role of its own that may ``permission`` (READ, WRITE or
         READWRITE) the keys under ``prefix``; returns its settings (this server's client certificate)."""
-        admin = client or self.client(self.root)
-        role = f"{user}-role"
-        admin.call("/v3/auth/user/add", {"name": user, "password": password})
-        admin.call("/v3/auth/role/add", {"name": role})
-        raw = prefix.encode()
-        perm = {"permType": permission, "key": b64(raw), "range_end": b64(prefix_end(raw))}
-        admin.call("/v3/auth/role/grant", {"name": role, "perm": perm})
-        admin.call("/v3/auth/user/grant", {"user": user, "role": role})
         pki = self.pki
-        assert pki is not None, "users exist only on a secure server"
+        if pki is None:
+            raise RuntimeError("users exist only on a secure server (EtcdServer(secure=True))")
+        self._admin(_user_steps(user, password, prefix, permission), as_root=True)
         return EtcdSecurity(pki.ca_file, pki.client_cert, pki.client_key, user=user, password=password)
 
+    def _admin(self, steps: list[tuple[str, dict]], *, as_root: bool) -> None:
+        # Inside a namespace the calls must be made from inside it: from here, the namespace's
+        # address would be looked up in this host's routing table and leave the machine.
+        pki = self.pki
+        assert pki is not None
+        payload = {
+            "endpoint": self.endpoint,
+            "tls": [pki.ca_file, pki.client_cert, pki.client_key],
+            "root_password": self.root.password if as_root else None,
+            "steps": steps,
+        }
+        if self.netns is None:
+            _apply(payload)
+            return
+        code = "import json,sys;from kvpolicy.transports.etcd_testbed import _apply;_apply(json.load(sys.stdin))"
+        done = _run(["ip", "netns", "exec", self.netns, sys.executable, "-c", code], timeout=30, check=False, input=json.dumps(payload))
+        if done.returncode != 0:
+            raise RuntimeError(f"etcd set-up inside namespace {self.netns} failed: {done.stderr.strip()[-800:]}")
+
     def client(self, security: EtcdSecurity | None = None, *, timeout_s: float = 2.0) -> EtcdClient:
-        """A client of this server as the ``kvpolicy`` user (or with ``security``)."""
+        """A client of this server as the ``kvpolicy`` user (or with ``security``). Not for a server
+        inside a namespace: reach that one from a process inside the namespace (:meth:`client_env`)."""
+        if self.netns is not None:
+            raise RuntimeError(f"etcd runs inside namespace {self.netns}; make clients there (client_env())")
         return EtcdClient(self.endpoint, security=security or self.security, timeout_s=timeout_s)
 
     def client_env(self) -> dict[str, str]:
@@ -329,3 +347,26 @@ def _health(host: str, port: int, pki: EtcdPKI | None, timeout_s: float) -> bool
         return False
     finally:
         conn.close()
+
+
+def _user_steps(user: str, password: str, prefix: str, permission: str) -> list[tuple[str, dict]]:
+    """Gateway calls that make ``user`` with a role ``<user>-role`` that may ``permission`` ``prefix``."""
+    raw = prefix.encode()
+    role = f"{user}-role"
+    perm = {"permType": permission, "key": b64(raw), "range_end": b64(prefix_end(raw))}
+    return [
+        ("/v3/auth/user/add", {"name": user, "password": password}),
+        ("/v3/auth/role/add", {"name": role}),
+        ("/v3/auth/role/grant", {"name": role, "perm": perm}),
+        ("/v3/auth/user/grant", {"user": user, "role": role}),
+    ]
+
+
+def _apply(payload: dict) -> None:
+    """Make the gateway calls of ``payload`` (see :meth:`EtcdServer._admin`), as root or, before auth
+    is enabled, with the client certificate alone."""
+    password = payload["root_password"]
+    security = EtcdSecurity(*payload["tls"], user="root" if password else None, password=password)
+    admin = EtcdClient(payload["endpoint"], security=security, timeout_s=5.0)
+    for path, body in payload["steps"]:
+        admin.call(path, body)
