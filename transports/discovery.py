@@ -8,19 +8,13 @@ connects: the control address and the sender's CURVE public key. Nothing that gr
 authenticated control plane. Each record lives under ``/kvpolicy/<namespace>/ranks/<name>`` on a lease
 that a background thread keeps alive, so the entry of a worker that dies expires after ``ttl_s``.
 
-Why a decoder can trust what it reads (the chain, end to end):
-
-1. etcd serves TLS only and requires a client certificate; etcd's auth gives the transceivers' user a
-   role covering ``/kvpolicy/`` alone (:class:`EtcdSecurity`, README "etcd with TLS and auth"). A
-   stranger can neither read nor write records.
-2. Every keep-alive round checks, in one etcd transaction, that the record's ``mod_revision`` is still
-   the one its own write produced; if anyone else wrote or deleted it, the same transaction writes
-   it back (:attr:`Registration.restorations` counts it, a warning names what was found).
-3. A reader passes the sender keys it trusts (``trusted_keys``, from the operator's key set); a record
-   naming any other key is not used. The decoder then connects with the record's key as CURVE
-   server key: the handshake succeeds only if the process at that address holds the matching secret
-   key. A forged address with a genuine key therefore fails the handshake, and a forged key fails
-   the allow-list: a record can delay a decoder (until the owner restores it), never redirect it.
+Why a decoder can trust what it reads: (1) etcd serves TLS only, asks for client certificates, and
+its auth lets only the transceivers' role touch ``/kvpolicy/``; (2) each keep-alive round checks in
+one transaction that the record's ``mod_revision`` is still its own write, and writes it back if
+anyone else changed or deleted it (:attr:`Registration.restorations`); (3) a reader accepts only
+records naming a key in its ``trusted_keys``, and the CURVE handshake to that address then succeeds
+only if the process there holds the matching secret key. A forged record can delay a decoder until
+its owner restores it, never redirect it. The README ("etcd with TLS and auth") walks through it.
 
 The client speaks etcd's v3 gRPC-JSON gateway with the standard library
 (:mod:`~kvpolicy.transports.etcd_client`). Every call has a finite timeout; an unreachable etcd raises
@@ -41,30 +35,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .etcd_client import (
-    EtcdClient,
-    EtcdSecurity,
-    RegistryDenied,
-    RegistryError,
-    RegistryUnavailable,
-    b64,
-    unb64,
-)
+from .etcd_client import EtcdClient, EtcdSecurity, RegistryDenied, RegistryError, RegistryUnavailable, b64, unb64
 
 log = logging.getLogger("kvpolicy.transports")
 
-__all__ = [
-    "EtcdClient",
-    "EtcdRegistry",
-    "EtcdSecurity",
-    "RankRecord",
-    "RankWatch",
-    "Registration",
-    "RegistryDenied",
-    "RegistryError",
-    "RegistryUnavailable",
-    "nixl_metadata_key",
-]
+__all__ = [  # the client's names too: callers import them from here
+    "EtcdClient", "EtcdRegistry", "EtcdSecurity", "RankRecord", "RankWatch", "Registration",
+    "RegistryDenied", "RegistryError", "RegistryUnavailable", "nixl_metadata_key",
+]  # fmt: skip
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
 _ADDRESS = re.compile(r"^tcp://[^\s/]{1,253}:(\d{1,5})$")
