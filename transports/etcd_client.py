@@ -138,10 +138,16 @@ class EtcdSecurity:
     def tls_context(self) -> ssl.SSLContext:
         """The TLS settings for ``https://`` endpoints: the server certificate must chain to
         ``ca_file`` and name the host; TLS 1.2 at least; this client's certificate if given."""
-        context = ssl.create_default_context(cafile=self.ca_file)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        if self.cert_file is not None:
-            context.load_cert_chain(self.cert_file, self.key_file)
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            if self.cert_file is not None:
+                context.load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(
+                f"etcd security: cannot load ca_file={self.ca_file!r} / cert_file={self.cert_file!r} / "
+                f"key_file={self.key_file!r} as PEM: {exc}"
+            ) from None
         return context
 
 

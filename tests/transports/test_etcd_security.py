@@ -165,6 +165,10 @@ def test_security_settings_are_checked_together(tmp_path):
     with pytest.raises(ValueError, match="ca_file .* is not a readable file"):
         EtcdSecurity(ca_file=str(tmp_path / "missing.pem"))
     assert "secret" not in repr(EtcdSecurity(user="u", password="secret"))
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate")
+    with pytest.raises(ValueError, match="cannot load .* as PEM"):
+        EtcdClient("https://127.0.0.1:2379", security=EtcdSecurity(ca_file=str(not_pem)))
 
 
 def test_security_from_the_environment_reads_the_password_from_a_file(etcd):
