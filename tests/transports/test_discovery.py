@@ -9,6 +9,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import ETCD_WHY, requires_etcd, requires_nixl
 
 from kvpolicy.transports import KVLayout
@@ -256,3 +258,33 @@ def test_etcd_metadata_needs_the_endpoints(monkeypatch):
         NixlTransceiver(pool, metadata="etcd")
     with pytest.raises(ValueError, match="metadata must be"):
         NixlTransceiver(pool, metadata="zookeeper")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["address", "public_key", "x"]), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries(
+            {"address": st.builds("tcp://{}:{}".format, st.sampled_from(["h", "10.0.0.1", "[::1]"]), st.integers(0, 70000))},
+            optional={"public_key": st.sampled_from([KEY, "", KEY[:-1]]), "agent": json_values},
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_any_stored_bytes_parse_to_a_record_or_a_registry_error(value):
+    """Whatever someone wrote under our prefix, reading it gives a valid record or a RegistryError
+    naming the rank, never another exception."""
+    try:
+        record = RankRecord.parse("r", value)
+    except RegistryError as exc:
+        assert "rank 'r'" in str(exc)
+    else:
+        assert RankRecord.parse("r", record.to_json()) == record
+        assert json.loads(record.to_json()).keys() <= {"address", "public_key"}
