@@ -1,247 +1,182 @@
-"""Finding peers through etcd: rank records under a namespaced key, kept alive by a lease.
+"""Finding peers through etcd: rank records under a namespaced key, kept alive by a lease and
+guarded by a compare-and-swap.
 
-A sender publishes where it listens (its control address, NIXL agent name and pool layout) with
-:meth:`EtcdRegistry.register`; receivers find it by name with :meth:`EtcdRegistry.lookup`. Each record
-lives under ``/kvpolicy/<namespace>/ranks/<name>`` and is attached to a lease that a background thread
-keeps alive, so the entry of a worker that dies expires after ``ttl_s`` instead of pointing at nothing.
-:meth:`EtcdRegistry.list` and :meth:`EtcdRegistry.watch` show every rank of a namespace.
+A sender publishes where it listens with :meth:`EtcdRegistry.register`; receivers find it by name with
+:meth:`EtcdRegistry.lookup`. A record (:class:`RankRecord`) holds only what a decoder needs before it
+connects: the control address and the sender's CURVE public key. Nothing that grants access to memory
+(NIXL agent metadata, pool addresses, remote keys, layouts) is published: that travels inside the
+authenticated control plane. Each record lives under ``/kvpolicy/<namespace>/ranks/<name>`` on a lease
+that a background thread keeps alive, so the entry of a worker that dies expires after ``ttl_s``.
 
-The client speaks etcd's v3 gRPC-JSON gateway (``/v3/kv/put``, ``/v3/kv/range``, ``/v3/lease/*``) with
-the standard library: no gRPC or protobuf dependency, and the same code works against etcd 3.4
-(Debian's ``etcd-server``) and later. With ``metadata="etcd"`` (see
-:class:`~kvpolicy.transports.NixlTransceiver`), NIXL itself publishes each agent's metadata to the etcd
-named by ``NIXL_ETCD_ENDPOINTS`` (key :func:`nixl_metadata_key`), and senders read it with this client.
+Why a decoder can trust what it reads: (1) etcd serves TLS only, asks for client certificates, and
+its auth lets only the transceivers' role touch ``/kvpolicy/``; (2) each keep-alive round checks in
+one transaction that the record's ``mod_revision`` is still its own write, and writes it back if
+anyone else changed or deleted it (:attr:`Registration.restorations`); (3) a reader accepts only
+records naming a key in its ``trusted_keys``, and the CURVE handshake to that address then succeeds
+only if the process there holds the matching secret key. A forged record can delay a decoder until
+its owner restores it, never redirect it. The README ("etcd with TLS and auth") walks through it.
 
-Every call has a finite timeout. An unreachable etcd raises :class:`RegistryUnavailable`; it never
-blocks a caller past its timeout. A registration survives an etcd outage: its keep-alive thread
-retries, and if the lease was lost meanwhile it grants a new one and writes the record again.
+The client speaks etcd's v3 gRPC-JSON gateway with the standard library
+(:mod:`~kvpolicy.transports.etcd_client`). Every call has a finite timeout; an unreachable etcd raises
+:class:`RegistryUnavailable`, a refusal :class:`RegistryDenied`. A registration survives an etcd
+outage: its keep-alive retries, and if the lease was lost it grants a new one and writes the record again.
 """
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import json
 import logging
 import os
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from .etcd_client import EtcdClient, EtcdSecurity, RegistryDenied, RegistryError, RegistryUnavailable, b64, unb64
 
 log = logging.getLogger("kvpolicy.transports")
 
-__all__ = [
-    "EtcdClient",
-    "EtcdRegistry",
-    "RankWatch",
-    "Registration",
-    "RegistryError",
-    "RegistryUnavailable",
-    "nixl_metadata_key",
-]
+__all__ = [  # the client's names too: callers import them from here
+    "EtcdClient", "EtcdRegistry", "EtcdSecurity", "RankRecord", "RankWatch", "Registration",
+    "RegistryDenied", "RegistryError", "RegistryUnavailable", "nixl_metadata_key",
+]  # fmt: skip
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
+_ADDRESS = re.compile(r"^tcp://[^\s/]{1,253}:(\d{1,5})$")
+#: A CURVE public key as ZeroMQ prints it: 40 characters of Z85.
+_Z85_KEY = re.compile(r"^[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40}$")
 #: A record is a small JSON map; anything larger in the store is not ours and is refused.
-_MAX_RECORD = 64 << 10
+_MAX_RECORD = 4 << 10
 
 
 def nixl_metadata_key(agent: str) -> str:
     """The etcd key under which NIXL's ``send_local_metadata()`` stores agent ``agent``'s metadata
-    (``NIXL_ETCD_NAMESPACE``, default ``/nixl/agents/``, then ``/<agent>/metadata``)."""
+    (``NIXL_ETCD_NAMESPACE``, default ``/nixl/agents/``, then ``/<agent>/metadata``). NIXL 1.5 writes
+    it with a client of its own that has neither TLS nor etcd users: such an etcd hands one-sided
+    access to anyone who can reach it. Deployments carry the metadata over the control plane."""
     return f"{os.environ.get('NIXL_ETCD_NAMESPACE', '/nixl/agents/')}/{agent}/metadata"
 
 
-class RegistryError(RuntimeError):
-    """etcd answered, but not with what was asked (a bad name, a malformed record, an etcd error)."""
+@dataclass(frozen=True)
+class RankRecord:
+    """What a sender publishes about itself: ``address``, where its control socket listens
+    (``tcp://host:port``), and ``public_key``, the CURVE public key (Z85, 40 characters) it proves in
+    the control-plane handshake. Nothing else: no agent metadata, pool address or remote key."""
 
+    address: str
+    public_key: str | None = None
 
-class RegistryUnavailable(RegistryError):
-    """No etcd endpoint answered within the timeout."""
+    def __post_init__(self) -> None:
+        match = _ADDRESS.match(self.address) if isinstance(self.address, str) else None
+        if match is None or not 0 < int(match.group(1)) < 65536:
+            raise ValueError(f"rank address {self.address!r} must be tcp://host:port")
+        if self.public_key is not None and not (isinstance(self.public_key, str) and _Z85_KEY.match(self.public_key)):
+            raise ValueError("rank public_key must be a CURVE public key in Z85 (40 characters), as `kvpolicy keys` writes")
 
+    @property
+    def fingerprint(self) -> str:
+        """A short name of the public key for logs (first 16 hex digits of its SHA-256), or ''."""
+        return hashlib.sha256(self.public_key.encode()).hexdigest()[:16] if self.public_key else ""
 
-def _b64(data: str | bytes) -> str:
-    raw = data.encode() if isinstance(data, str) else data
-    return base64.b64encode(raw).decode("ascii")
+    @classmethod
+    def from_mapping(cls, info: Mapping[str, Any]) -> RankRecord:
+        """The publishable part of ``info`` (e.g. a transceiver's ``rank_record()``): its
+        ``address`` and ``public_key``; every other field stays private."""
+        if not isinstance(info, Mapping):
+            raise ValueError(f"a rank record is a map with an 'address', not a {type(info).__name__}")
+        return cls(info.get("address"), info.get("public_key"))  # type: ignore[arg-type]
 
+    def to_json(self) -> bytes:
+        """The bytes stored in etcd."""
+        fields = {"address": self.address} if self.public_key is None else {"address": self.address, "public_key": self.public_key}
+        return json.dumps(fields, sort_keys=True).encode()
 
-def _unb64(data: str) -> bytes:
-    return base64.b64decode(data.encode("ascii"), validate=True)
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The smallest key greater than every key starting with ``prefix`` (etcd's range_end)."""
-    end = bytearray(prefix)
-    for i in range(len(end) - 1, -1, -1):
-        if end[i] < 0xFF:
-            end[i] += 1
-            return bytes(end[: i + 1])
-    return b"\0"
-
-
-class EtcdClient:
-    """A minimal etcd v3 client over the gRPC-JSON gateway.
-
-    ``endpoints``: ``http://host:port`` client URLs (a comma-separated string, as in
-    ``NIXL_ETCD_ENDPOINTS``, or a sequence). Each call tries them in order and raises
-    :class:`RegistryUnavailable` if none answers within ``timeout_s``.
-    """
-
-    def __init__(self, endpoints: str | Sequence[str], *, timeout_s: float = 2.0) -> None:
-        if isinstance(endpoints, str):
-            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
-        if not endpoints:
-            raise ValueError("at least one etcd endpoint is needed")
-        for endpoint in endpoints:
-            if not endpoint.startswith(("http://", "https://")):
-                raise ValueError(f"etcd endpoint {endpoint!r} must be an http:// or https:// URL")
-        if not (0 < timeout_s < float("inf")):
-            raise ValueError(f"timeout_s must be finite and positive, got {timeout_s!r}")
-        self.endpoints: tuple[str, ...] = tuple(e.rstrip("/") for e in endpoints)
-        self.timeout_s = float(timeout_s)
-
-    def call(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
-        """POST ``body`` to ``path`` (e.g. ``/v3/kv/put``) on the first endpoint that answers."""
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        data = json.dumps(body).encode()
-        errors: list[str] = []
-        for endpoint in self.endpoints:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            request = urllib.request.Request(
-                endpoint + path, data=data, method="POST", headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=left) as response:
-                    payload = response.read(_MAX_RECORD * 64)
-            except urllib.error.HTTPError as exc:
-                # The gateway maps gRPC errors to HTTP statuses with a JSON body naming the error.
-                try:
-                    detail = json.loads(exc.read(4096) or b"{}").get("error") or exc.reason
-                except ValueError:
-                    detail = exc.reason
-                raise RegistryError(f"etcd at {endpoint} refused {path}: {detail}") from None
-            except (urllib.error.URLError, OSError, TimeoutError) as exc:
-                reason = getattr(exc, "reason", exc)
-                errors.append(f"{endpoint}: {reason}")
-                continue
-            try:
-                answer = json.loads(payload)
-            except ValueError:
-                raise RegistryError(f"etcd at {endpoint} answered {path} with something that is not JSON") from None
-            if not isinstance(answer, dict):
-                raise RegistryError(f"etcd at {endpoint} answered {path} with a {type(answer).__name__}")
-            if "error" in answer and "result" not in answer:
-                raise RegistryError(f"etcd at {endpoint} refused {path}: {answer['error']}")
-            return answer
-        raise RegistryUnavailable(
-            f"no etcd endpoint answered {path} within {timeout:.1f}s ({'; '.join(errors) or 'timed out'})"
-        )
-
-    # -- key/value ---------------------------------------------------------------------------------
-
-    def put(self, key: str, value: bytes, *, lease: int = 0) -> None:
-        """Write ``key``; with ``lease``, the key disappears when the lease expires or is revoked."""
-        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
-        if lease:
-            body["lease"] = str(lease)
-        self.call("/v3/kv/put", body)
-
-    def get_prefix(self, prefix: str) -> dict[str, bytes]:
-        """Every key starting with ``prefix`` and its value."""
-        raw = prefix.encode()
-        answer = self.call("/v3/kv/range", {"key": _b64(raw), "range_end": _b64(_prefix_end(raw))})
-        return {_unb64(kv["key"]).decode(errors="replace"): _unb64(kv.get("value", "")) for kv in answer.get("kvs", [])}
-
-    def get(self, key: str) -> bytes | None:
-        """The value of ``key``, or None if it does not exist."""
-        answer = self.call("/v3/kv/range", {"key": _b64(key)})
-        kvs = answer.get("kvs", [])
-        return _unb64(kvs[0].get("value", "")) if kvs else None
-
-    def delete(self, key: str) -> int:
-        """Delete ``key``; returns how many keys were deleted (0 or 1)."""
-        answer = self.call("/v3/kv/deleterange", {"key": _b64(key)})
-        return int(answer.get("deleted", 0))
-
-    # -- leases ------------------------------------------------------------------------------------
-
-    def grant(self, ttl_s: int) -> int:
-        """A new lease of ``ttl_s`` seconds; returns its id."""
-        answer = self.call("/v3/lease/grant", {"TTL": int(ttl_s)})
-        lease = int(answer.get("ID", 0))
-        if not lease:
-            raise RegistryError(f"etcd granted no lease: {answer.get('error', answer)}")
-        return lease
-
-    def keepalive(self, lease: int) -> int:
-        """Refresh ``lease`` once; returns its TTL, 0 if the lease no longer exists."""
-        answer = self.call("/v3/lease/keepalive", {"ID": str(lease)})
-        return int(answer.get("result", {}).get("TTL", 0))
-
-    def revoke(self, lease: int, *, timeout_s: float | None = None) -> None:
-        """Revoke ``lease``, deleting every key attached to it. A lease already gone is not an error."""
+    @classmethod
+    def parse(cls, name: str, value: bytes) -> RankRecord:
+        """Read a stored record; raises :class:`RegistryError` naming the rank if it is not one."""
+        if len(value) > _MAX_RECORD:
+            raise RegistryError(f"record of rank {name!r} is {len(value)} bytes, over the {_MAX_RECORD} limit")
         try:
-            self.call("/v3/lease/revoke", {"ID": str(lease)}, timeout_s=timeout_s)
-        except RegistryUnavailable:
-            raise
-        except RegistryError as exc:
-            if "not found" not in str(exc):
-                raise
+            data = json.loads(value)
+        except ValueError:
+            raise RegistryError(f"record of rank {name!r} is not JSON") from None
+        if not isinstance(data, dict):
+            raise RegistryError(f"record of rank {name!r} is a {type(data).__name__}, not a map")
+        try:
+            return cls.from_mapping(data)
+        except ValueError as exc:
+            raise RegistryError(f"record of rank {name!r}: {exc}") from None
 
 
 class Registration:
-    """One published rank record and the thread that keeps its lease alive.
+    """One published rank record and the thread that keeps it alive and unchanged.
 
-    ``renewals`` counts successful keep-alives; ``reregistrations`` counts how often the record was
-    written again under a new lease (after etcd lost the old one, e.g. an outage longer than the TTL).
+    Counters: ``renewals`` (keep-alive rounds that found the lease alive and the record as written),
+    ``reregistrations`` (the lease was lost, e.g. an etcd outage longer than the TTL: a new lease and
+    the record again), ``restorations`` (someone else wrote or deleted the record: written back;
+    ``last_foreign`` says what was found). ``mod_revision`` is the revision of this registration's
+    latest write, which the keep-alive compares against.
     """
 
-    def __init__(self, client: EtcdClient, key: str, record: bytes, ttl_s: int) -> None:
+    def __init__(self, client: EtcdClient, key: str, record: RankRecord, ttl_s: int) -> None:
         self._client = client
         self.key = key
+        self.record = record
         self.ttl_s = ttl_s
-        self._record = record
+        self._value = record.to_json()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.renewals = 0
         self.reregistrations = 0
+        self.restorations = 0
         self.last_error = ""
-        self.lease = self._publish()
+        self.last_foreign = ""
+        self.lease, self.mod_revision = self._publish()
         self._thread = threading.Thread(target=self._keep_alive, name=f"kvpolicy-lease-{key}", daemon=True)
         self._thread.start()
 
-    def _publish(self) -> int:
+    def _publish(self) -> tuple[int, int]:
         lease = self._client.grant(self.ttl_s)
-        self._client.put(self.key, self._record, lease=lease)
-        return lease
+        return lease, self._client.put(self.key, self._value, lease=lease)
 
     @property
     def alive(self) -> bool:
         """True until :meth:`close`."""
         return not self._stop.is_set()
 
+    def renew(self) -> None:
+        """One keep-alive round now: refresh the lease, then check (and if need be restore) the
+        record with a compare-and-swap. Raises :class:`RegistryError` if etcd could not be asked."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            if self._client.keepalive(self.lease) <= 0:
+                self.lease, self.mod_revision = self._publish()
+                self.reregistrations += 1
+                log.warning("registry: lease of %s was lost; record written again", self.key)
+                return
+            changed = self._client.restore_if_changed(self.key, self._value, mod_revision=self.mod_revision, lease=self.lease)
+            if changed is None:
+                self.renewals += 1
+                return
+            self.mod_revision, found = changed
+            self.restorations += 1
+            self.last_foreign = _describe(found)
+        # Someone with write access to the prefix replaced or deleted this record: a rogue sender or
+        # a second process registered under the same name. Readers that check keys never used it.
+        log.warning("registry: %s was changed by someone else (%s); written back", self.key, self.last_foreign)
+
     def _keep_alive(self) -> None:
-        # A third of the TTL between renewals leaves two more tries before the entry expires.
+        # A third of the TTL between rounds leaves two more tries before the entry expires, and
+        # bounds how long a replaced record stays replaced.
         interval = max(self.ttl_s / 3.0, 0.2)
         while not self._stop.wait(interval):
             try:
-                with self._lock:
-                    if self._stop.is_set():
-                        return
-                    ttl = self._client.keepalive(self.lease)
-                    if ttl > 0:
-                        self.renewals += 1
-                        self.last_error = ""
-                        continue
-                    self.lease = self._publish()
-                    self.reregistrations += 1
-                    self.last_error = ""
-                    log.warning("registry: lease of %s was lost; record written again", self.key)
+                self.renew()
+                self.last_error = ""
             except RegistryError as exc:
                 if self.last_error != str(exc):
                     log.warning("registry: could not renew %s: %s", self.key, exc)
@@ -261,21 +196,36 @@ class Registration:
         self._thread.join(timeout_s)
 
 
+def _describe(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "deleted"
+    value = unb64(entry.get("value", ""))[:200].decode("utf-8", "replace")
+    return f"value {value!r}, lease {entry.get('lease', '0')}, mod_revision {entry.get('mod_revision', '?')}"
+
+
 class EtcdRegistry:
     """Rank records of one deployment (``namespace``) in etcd.
 
     Args:
-        endpoints: etcd client URLs; defaults to nothing, pass e.g. ``os.environ["NIXL_ETCD_ENDPOINTS"]``
-            to share NIXL's.
+        endpoints: etcd client URLs (``https://host:2379``, comma-separated or a sequence).
         namespace: separates deployments that share one etcd.
+        security: TLS and etcd user (:class:`EtcdSecurity`); None reads ``KVPOLICY_ETCD_*`` from the
+            environment (:meth:`EtcdSecurity.from_env`).
         timeout_s: the limit of each call to etcd.
     """
 
-    def __init__(self, endpoints: str | Sequence[str], *, namespace: str = "default", timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        namespace: str = "default",
+        security: EtcdSecurity | None = None,
+        timeout_s: float = 2.0,
+    ) -> None:
         if not _NAME.match(namespace):
             raise ValueError(f"namespace {namespace!r} must be 1-128 of [A-Za-z0-9._@:-], not starting with a symbol")
         self.namespace = namespace
-        self.client = EtcdClient(endpoints, timeout_s=timeout_s)
+        self.client = EtcdClient(endpoints, security=security, timeout_s=timeout_s)
         self.prefix = f"/kvpolicy/{namespace}/ranks/"
         self._registrations: dict[str, Registration] = {}
         self._lock = threading.Lock()
@@ -286,18 +236,19 @@ class EtcdRegistry:
             raise ValueError(f"rank name {name!r} must be 1-128 of [A-Za-z0-9._@:-], not starting with a symbol")
         return self.prefix + name
 
-    def register(self, name: str, rank_info: Mapping[str, Any], *, ttl_s: int = 10) -> Registration:
-        """Publish ``rank_info`` (a JSON-able map) as rank ``name`` under a lease of ``ttl_s`` seconds,
-        renewed by a background thread until :meth:`Registration.close` or :meth:`close`.
+    def register(self, name: str, record: RankRecord | Mapping[str, Any], *, ttl_s: int = 10) -> Registration:
+        """Publish ``record`` as rank ``name`` under a lease of ``ttl_s`` seconds, kept alive and
+        checked by a background thread until :meth:`Registration.close` or :meth:`close`.
 
-        Registering a name again replaces the earlier record of this registry.
+        A map (e.g. a transceiver's ``rank_record()``) is reduced to :meth:`RankRecord.from_mapping`:
+        only the address and public key are published. Registering a name again replaces the
+        earlier record of this registry.
         """
         if not isinstance(ttl_s, int) or isinstance(ttl_s, bool) or not 1 <= ttl_s <= 3600:
             raise ValueError(f"ttl_s must be an int between 1 and 3600, got {ttl_s!r}")
         key = self.key(name)
-        record = json.dumps(dict(rank_info), sort_keys=True).encode()
-        if len(record) > _MAX_RECORD:
-            raise ValueError(f"rank record of {name!r} is {len(record)} bytes; the limit is {_MAX_RECORD}")
+        if not isinstance(record, RankRecord):
+            record = RankRecord.from_mapping(record)
         with self._lock:
             old = self._registrations.pop(name, None)
         if old is not None:
@@ -314,62 +265,70 @@ class EtcdRegistry:
         if registration is not None:
             registration.close()
 
-    def get(self, name: str) -> dict[str, Any] | None:
+    def get(self, name: str) -> RankRecord | None:
         """Rank ``name``'s record now, or None if there is none (raises if etcd is unreachable)."""
         value = self.client.get(self.key(name))
-        return None if value is None else self._decode(name, value)
+        return None if value is None else RankRecord.parse(name, value)
 
-    def lookup(self, name: str, *, timeout_s: float = 10.0, poll_s: float = 0.05) -> dict[str, Any]:
+    def lookup(
+        self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None, poll_s: float = 0.05
+    ) -> RankRecord:
         """Rank ``name``'s record, waiting up to ``timeout_s`` for it to appear.
 
-        Raises ``LookupError`` if it does not appear in time, :class:`RegistryUnavailable` if etcd could
-        not be reached during the whole wait.
+        With ``trusted_keys`` (Z85 CURVE public keys of the senders this decoder may use), a record
+        naming another key, or none, is not returned: the lookup keeps waiting (its owner's keep-alive
+        restores a replaced record) and raises :class:`RegistryError` if that is all it saw.
+        Raises ``LookupError`` if no record appears in time, :class:`RegistryUnavailable` if etcd
+        could not be reached during the whole wait, :class:`RegistryDenied` if etcd refuses us.
         """
+        trusted = None if trusted_keys is None else frozenset(trusted_keys)
         deadline = time.monotonic() + timeout_s
-        last_error: RegistryUnavailable | None = None
+        last_error: RegistryError | None = None
         while True:
             left = deadline - time.monotonic()
             try:
                 value = self.client.call(
-                    "/v3/kv/range", {"key": _b64(self.key(name))}, timeout_s=max(0.05, min(self.client.timeout_s, left))
+                    "/v3/kv/range", {"key": b64(self.key(name))}, timeout_s=max(0.05, min(self.client.timeout_s, left))
                 )
                 kvs = value.get("kvs", [])
-                if kvs:
-                    return self._decode(name, _unb64(kvs[0].get("value", "")))
                 last_error = None
+                if kvs:
+                    record = RankRecord.parse(name, unb64(kvs[0].get("value", "")))
+                    if trusted is None or record.public_key in trusted:
+                        return record
+                    last_error = RegistryError(
+                        f"record of rank {name!r} names public key {record.fingerprint or '(none)'}, which is not among "
+                        f"the {len(trusted)} trusted sender keys: a forged record, or a sender whose key you did not allow"
+                    )
             except RegistryUnavailable as exc:
                 last_error = exc
             if time.monotonic() + poll_s >= deadline:
-                if last_error is not None:
+                if isinstance(last_error, RegistryUnavailable):
                     raise RegistryUnavailable(f"looking up rank {name!r}: {last_error}") from None
+                if last_error is not None:
+                    raise last_error
                 raise LookupError(f"no rank {name!r} registered under {self.prefix} within {timeout_s:.1f}s")
             time.sleep(poll_s)
             poll_s = min(poll_s * 2, 0.5)
 
-    def lookup_address(self, name: str, *, timeout_s: float = 10.0) -> str:
+    def lookup_address(self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None) -> str:
         """The control address (``tcp://host:port``) of rank ``name``, for
-        :meth:`NixlTransceiver.connect <kvpolicy.transports.NixlTransceiver.connect>`; waits like
-        :meth:`lookup` and raises :class:`RegistryError` if the record has no usable address."""
-        record = self.lookup(name, timeout_s=timeout_s)
-        address = record.get("address")
-        if not isinstance(address, str) or not re.match(r"^tcp://[^\s/]+:\d{1,5}$", address):
-            raise RegistryError(f"record of rank {name!r} has no usable control address: {address!r}")
-        return address
+        :meth:`NixlTransceiver.connect <kvpolicy.transports.NixlTransceiver.connect>`; waits and
+        checks like :meth:`lookup`."""
+        return self.lookup(name, timeout_s=timeout_s, trusted_keys=trusted_keys).address
 
-    def list(self) -> dict[str, dict[str, Any]]:
+    def list(self) -> dict[str, RankRecord]:
         """Every rank record of this namespace, by name. Entries that are not valid records are skipped."""
         ranks = {}
         for key, value in self.client.get_prefix(self.prefix).items():
             name = key[len(self.prefix) :]
             try:
-                ranks[name] = self._decode(name, value)
+                ranks[name] = RankRecord.parse(name, value)
             except RegistryError as exc:
                 log.warning("registry: skipping %s: %s", key, exc)
         return ranks
 
-    def watch(
-        self, on_change: Callable[[dict[str, dict[str, Any]], set[str]], None], *, poll_s: float = 0.5
-    ) -> RankWatch:
+    def watch(self, on_change: Callable[[dict[str, RankRecord], set[str]], None], *, poll_s: float = 0.5) -> RankWatch:
         """Call ``on_change(appeared_or_changed, gone)`` from a background thread whenever the ranks
         of this namespace change (first with every rank present), until :meth:`RankWatch.stop`.
 
@@ -378,17 +337,6 @@ class EtcdRegistry:
         unreachable nothing is reported (``RankWatch.last_error`` says why).
         """
         return RankWatch(self, on_change, poll_s)
-
-    def _decode(self, name: str, value: bytes) -> dict[str, Any]:
-        if len(value) > _MAX_RECORD:
-            raise RegistryError(f"record of rank {name!r} is {len(value)} bytes, over the {_MAX_RECORD} limit")
-        try:
-            record = json.loads(value)
-        except ValueError:
-            raise RegistryError(f"record of rank {name!r} is not JSON") from None
-        if not isinstance(record, dict):
-            raise RegistryError(f"record of rank {name!r} is a {type(record).__name__}, not a map")
-        return record
 
     def close(self) -> None:
         """Withdraw every rank this registry published."""
@@ -411,7 +359,7 @@ class RankWatch:
     def __init__(
         self,
         registry: EtcdRegistry,
-        on_change: Callable[[dict[str, dict[str, Any]], set[str]], None],
+        on_change: Callable[[dict[str, RankRecord], set[str]], None],
         poll_s: float,
     ) -> None:
         if not (0 < poll_s < float("inf")):
@@ -425,7 +373,7 @@ class RankWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        known: dict[str, dict[str, Any]] = {}
+        known: dict[str, RankRecord] = {}
         while not self._stop.is_set():
             try:
                 ranks = self._registry.list()

@@ -1,8 +1,8 @@
 """Two hosts and a metadata service on one machine, for tests and benchmarks.
 
-* :class:`EtcdServer`: a throwaway ``etcd`` (Debian's ``etcd-server``) with a temporary data dir,
-  listening on one address and free ports; :meth:`~EtcdServer.stop` / :meth:`~EtcdServer.start` let a
-  test take it away mid-run and bring it back with its data.
+* :class:`EtcdServer` (from :mod:`.etcd_testbed`, re-exported): a throwaway ``etcd`` (Debian's
+  ``etcd-server``) with a temporary data dir, listening on one address and free ports; plain, or with
+  ``secure=True`` TLS-only with client certificates and etcd's auth enabled.
 * :class:`HostPair`: two network namespaces joined by a veth pair (iproute2), addresses
   ``10.231.7.1/24`` (prefill) and ``10.231.7.2/24`` (decode). A process enters one with
   :func:`enter_namespace`; :meth:`HostPair.ucx_env` gives the UCX settings that make NIXL use TCP over
@@ -19,17 +19,22 @@ import ctypes
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["EtcdServer", "HostPair", "enter_namespace", "etcd_binary", "free_port", "netns_unavailable"]
+from .etcd_testbed import EtcdPKI, EtcdServer, etcd_binary, free_port, make_pki
+
+__all__ = [
+    "EtcdPKI",
+    "EtcdServer",
+    "HostPair",
+    "enter_namespace",
+    "etcd_binary",
+    "free_port",
+    "make_pki",
+    "netns_unavailable",
+]
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
@@ -38,113 +43,8 @@ _MS_SLAVE = 1 << 19
 _MNT_DETACH = 2
 
 
-def etcd_binary() -> str | None:
-    """Path of the ``etcd`` server binary, or None (install Debian's ``etcd-server``)."""
-    return shutil.which("etcd") or next((p for p in ("/usr/bin/etcd", "/usr/local/bin/etcd") if os.access(p, os.X_OK)), None)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _run(args: list[str], timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=check)
-
-
-class EtcdServer:
-    """A single-member etcd on ``host`` with a temporary data dir.
-
-    ``netns``: run it inside that network namespace (through ``ip netns exec``); ``host`` must then be
-    an address of the namespace. Use as a context manager, or call :meth:`close`.
-    """
-
-    def __init__(self, host: str = "127.0.0.1", *, netns: str | None = None, start_timeout_s: float = 20.0) -> None:
-        binary = etcd_binary()
-        if binary is None:
-            raise FileNotFoundError("the etcd binary is not installed (apt-get install etcd-server)")
-        self.binary = binary
-        self.host = host
-        self.netns = netns
-        self.start_timeout_s = start_timeout_s
-        self.data_dir = tempfile.mkdtemp(prefix="kvpolicy-etcd-")
-        self.client_port = free_port() if netns is None else 23790 + (os.getpid() % 97)
-        self.peer_port = free_port() if netns is None else self.client_port + 100
-        self.endpoint = f"http://{host}:{self.client_port}"
-        self.process: subprocess.Popen | None = None
-        self._log = open(os.path.join(self.data_dir, "etcd.log"), "ab")
-        self.start()
-
-    def start(self) -> None:
-        """Start (or restart, with the same data) the server and wait until it answers."""
-        if self.process is not None and self.process.poll() is None:
-            return
-        peer = f"http://{self.host}:{self.peer_port}"
-        args = [
-            self.binary,
-            "--name", "kvpolicy",
-            "--data-dir", os.path.join(self.data_dir, "data"),
-            "--listen-client-urls", self.endpoint,
-            "--advertise-client-urls", self.endpoint,
-            "--listen-peer-urls", peer,
-            "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"kvpolicy={peer}",
-            "--log-level", "error",
-        ]  # fmt: skip
-        if self.netns:
-            args = ["ip", "netns", "exec", self.netns, *args]
-        self.process = subprocess.Popen(args, stdout=self._log, stderr=self._log, start_new_session=True)
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.process.returncode}; see {self._log.name}")
-            if self.healthy(timeout_s=0.5):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"etcd did not become healthy at {self.endpoint} within {self.start_timeout_s}s")
-
-    def healthy(self, timeout_s: float = 1.0) -> bool:
-        """Whether the server answers its health check."""
-        if self.netns:
-            try:
-                out = _run(["ip", "netns", "exec", self.netns, sys.executable, "-c",
-                            f"import urllib.request;print(urllib.request.urlopen('{self.endpoint}/health',timeout={timeout_s}).read().decode())"],
-                           timeout=timeout_s + 5, check=False).stdout  # fmt: skip
-            except subprocess.TimeoutExpired:
-                return False
-            return '"true"' in out
-        try:
-            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=timeout_s) as response:
-                return json.loads(response.read()).get("health") == "true"
-        except (OSError, ValueError):
-            return False
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL); its data dir stays for :meth:`start`."""
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout_s)
-
-    def close(self) -> None:
-        """Stop the server and delete its data."""
-        self.stop()
-        self._log.close()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self) -> EtcdServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def netns_unavailable() -> str:

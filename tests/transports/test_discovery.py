@@ -1,4 +1,6 @@
-"""The etcd registry: rank records under a namespaced key with a lease, against a real etcd."""
+"""The etcd registry: rank records under a namespaced key with a lease, against a real etcd that
+serves TLS only, asks for client certificates and has etcd's auth on (as deployed). The attacks on it
+are in test_etcd_security.py."""
 
 from __future__ import annotations
 
@@ -7,13 +9,49 @@ import threading
 import time
 
 import pytest
-from conftest import requires_etcd, requires_nixl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from conftest import ETCD_WHY, requires_etcd, requires_nixl
 
 from kvpolicy.transports import KVLayout
-from kvpolicy.transports.discovery import EtcdClient, EtcdRegistry, RegistryError, RegistryUnavailable
-from kvpolicy.transports.testbed import free_port
+from kvpolicy.transports.discovery import (
+    EtcdClient,
+    EtcdRegistry,
+    EtcdSecurity,
+    RankRecord,
+    RegistryError,
+    RegistryUnavailable,
+)
+from kvpolicy.transports.testbed import EtcdServer, free_port
 
-RECORD = {"address": "tcp://127.0.0.1:5555", "agent": "prefill-1", "num_blocks": 64}
+KEY = "O=rzdiv-E3qv8KYDT?8?tR:PDof35KVZY(Re.-Ya"  # a CURVE public key (Z85), as zmq.curve_keypair() makes
+RECORD = RankRecord("tcp://127.0.0.1:5555", KEY)
+PLAIN = EtcdSecurity(insecure_plaintext=True)
+
+
+@pytest.fixture
+def etcd():
+    """A fresh TLS-only etcd with auth enabled on 127.0.0.1 (overrides conftest's plain one here)."""
+    if ETCD_WHY:
+        pytest.skip(ETCD_WHY)
+    pytest.importorskip("cryptography", reason="the throwaway CA needs `cryptography` (kvpolicy[transfer])")
+    server = EtcdServer("127.0.0.1", secure=True)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def plain_etcd():
+    """A plain-http etcd on loopback: NIXL's own etcd client speaks neither TLS nor etcd users."""
+    if ETCD_WHY:
+        pytest.skip(ETCD_WHY)
+    server = EtcdServer("127.0.0.1")
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def wait_until(check, timeout_s: float = 10.0) -> None:
@@ -25,14 +63,17 @@ def wait_until(check, timeout_s: float = 10.0) -> None:
 
 @requires_etcd
 def test_register_lookup_list_and_close(etcd):
-    registry = EtcdRegistry(etcd.endpoint, namespace="unit")
-    other = EtcdRegistry(etcd.endpoint, namespace="other")
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="unit")
+    other = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="other")
     try:
         registration = registry.register("prefill-0", RECORD, ttl_s=5)
         assert registration.key == "/kvpolicy/unit/ranks/prefill-0"
         assert registry.lookup("prefill-0", timeout_s=1.0) == RECORD
+        assert registry.lookup("prefill-0", timeout_s=1.0, trusted_keys=[KEY]) == RECORD
         assert registry.lookup_address("prefill-0", timeout_s=1.0) == "tcp://127.0.0.1:5555"
         assert registry.list() == {"prefill-0": RECORD}
+        # What is stored is exactly the address and the key.
+        assert json.loads(etcd.client().get(registration.key)) == {"address": RECORD.address, "public_key": KEY}
         assert other.list() == {}  # namespaces do not see each other
         # The key carries a lease: revoking it (close) deletes the record at once.
         registration.close()
@@ -44,7 +85,7 @@ def test_register_lookup_list_and_close(etcd):
 
 @requires_etcd
 def test_lookup_waits_for_a_late_registration(etcd):
-    registry = EtcdRegistry(etcd.endpoint, namespace="late")
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="late")
     timer = threading.Timer(0.5, lambda: registry.register("decode-0", RECORD, ttl_s=5))
     timer.start()
     try:
@@ -58,14 +99,15 @@ def test_lookup_waits_for_a_late_registration(etcd):
 
 @requires_etcd
 def test_watch_reports_ranks_appearing_changing_and_going(etcd):
-    registry = EtcdRegistry(etcd.endpoint, namespace="watched")
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="watched")
     events: list[tuple[dict, set]] = []
     watch = registry.watch(lambda changed, gone: events.append((changed, gone)), poll_s=0.05)
     try:
         registry.register("a", RECORD, ttl_s=5)
         wait_until(lambda: ({"a": RECORD}, set()) in events)
-        registry.register("a", {**RECORD, "num_blocks": 128}, ttl_s=5)
-        wait_until(lambda: any(c.get("a", {}).get("num_blocks") == 128 for c, _ in events))
+        moved = RankRecord("tcp://127.0.0.1:6666", KEY)
+        registry.register("a", moved, ttl_s=5)
+        wait_until(lambda: ({"a": moved}, set()) in events)
         registry.unregister("a")
         wait_until(lambda: ({}, {"a"}) in events)
         etcd.stop()
@@ -80,7 +122,7 @@ def test_watch_reports_ranks_appearing_changing_and_going(etcd):
 
 @requires_etcd
 def test_a_dead_workers_entry_expires_with_its_lease(etcd):
-    registry = EtcdRegistry(etcd.endpoint, namespace="dead")
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="dead")
     registration = registry.register("prefill-0", RECORD, ttl_s=2)
     # Die without clean-up: the keep-alive thread stops, nobody revokes the lease.
     registration._stop.set()
@@ -91,7 +133,7 @@ def test_a_dead_workers_entry_expires_with_its_lease(etcd):
 
 @requires_etcd
 def test_keepalive_holds_the_entry_and_rewrites_a_lost_lease(etcd):
-    registry = EtcdRegistry(etcd.endpoint, namespace="renew")
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="renew")
     try:
         registration = registry.register("prefill-0", RECORD, ttl_s=1)
         time.sleep(2.5)  # longer than the TTL: only renewals keep it
@@ -106,7 +148,7 @@ def test_keepalive_holds_the_entry_and_rewrites_a_lost_lease(etcd):
 
 @requires_etcd
 def test_stopped_etcd_raises_within_the_timeout_and_recovers(etcd):
-    registry = EtcdRegistry(etcd.endpoint, namespace="outage", timeout_s=0.5)
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="outage", timeout_s=0.5)
     try:
         registration = registry.register("prefill-0", RECORD, ttl_s=2)
         etcd.stop()
@@ -124,7 +166,7 @@ def test_stopped_etcd_raises_within_the_timeout_and_recovers(etcd):
 
 
 def test_nothing_listening_is_unavailable_not_a_hang():
-    registry = EtcdRegistry(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    registry = EtcdRegistry(f"http://127.0.0.1:{free_port()}", security=PLAIN, timeout_s=0.5)
     started = time.monotonic()
     with pytest.raises(RegistryUnavailable, match="no etcd endpoint answered"):
         registry.register("prefill-0", RECORD)
@@ -135,21 +177,23 @@ def test_nothing_listening_is_unavailable_not_a_hang():
 
 @pytest.mark.parametrize("name", ["", "a/b", "../x", "-x", "x" * 200, "sp ace"])
 def test_bad_names_are_refused(name):
-    registry = EtcdRegistry("http://127.0.0.1:1")
+    registry = EtcdRegistry("http://127.0.0.1:1", security=PLAIN)
     with pytest.raises(ValueError, match="rank name"):
         registry.key(name)
 
 
-@pytest.mark.parametrize("endpoints", ["", "127.0.0.1:2379", ["ftp://x"]])
+@pytest.mark.parametrize(
+    "endpoints", ["", "127.0.0.1:2379", ["ftp://x"], "https://h:2379/v3", "https://u:p@h:2379", "https://h:99999"]
+)
 def test_bad_endpoints_are_refused(endpoints):
-    with pytest.raises(ValueError):
-        EtcdClient(endpoints)
+    with pytest.raises(ValueError, match="etcd endpoint|at least one"):
+        EtcdClient(endpoints, security=PLAIN)
 
 
 def test_bad_namespace_and_ttl_are_refused():
     with pytest.raises(ValueError, match="namespace"):
-        EtcdRegistry("http://127.0.0.1:1", namespace="a/b")
-    registry = EtcdRegistry("http://127.0.0.1:1")
+        EtcdRegistry("http://127.0.0.1:1", security=PLAIN, namespace="a/b")
+    registry = EtcdRegistry("http://127.0.0.1:1", security=PLAIN)
     for ttl in (0, -1, 1.5, True, 10_000):
         with pytest.raises(ValueError, match="ttl_s"):
             registry.register("x", RECORD, ttl_s=ttl)
@@ -157,9 +201,11 @@ def test_bad_namespace_and_ttl_are_refused():
 
 @requires_etcd
 def test_foreign_entries_are_skipped_not_trusted(etcd):
-    registry = EtcdRegistry(etcd.endpoint, namespace="foreign")
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="foreign")
     registry.client.put(registry.key("garbage"), b"\xff not json")
     registry.client.put(registry.key("array"), json.dumps([1, 2]).encode())
+    registry.client.put(registry.key("no-address"), json.dumps({"address": "tcp://10.0.0.1:5555; rm -rf"}).encode())
+    registry.client.put(registry.key("bad-key"), json.dumps({"address": "tcp://h:1", "public_key": "short"}).encode())
     registry.register("good", RECORD, ttl_s=5)
     try:
         assert registry.list() == {"good": RECORD}
@@ -167,20 +213,24 @@ def test_foreign_entries_are_skipped_not_trusted(etcd):
             registry.get("garbage")
         with pytest.raises(RegistryError, match="not a map"):
             registry.lookup("array", timeout_s=0.5)
-        registry.register("no-address", {"address": "tcp://10.0.0.1:5555; rm -rf"}, ttl_s=5)
-        with pytest.raises(RegistryError, match="no usable control address"):
+        with pytest.raises(RegistryError, match="'no-address'.*must be tcp://host:port"):
             registry.lookup_address("no-address", timeout_s=0.5)
+        with pytest.raises(RegistryError, match="'bad-key'.*Z85"):
+            registry.get("bad-key")
     finally:
         registry.close()
 
 
 @requires_nixl
 @requires_etcd
-def test_nixl_metadata_through_etcd_on_loopback(etcd, workers):
+def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
     """Both ranks publish their NIXL agent metadata to etcd; the hello carries only the agent name,
-    and the decode side finds the prefill side by name in the registry."""
+    and the decode side finds the prefill side by name in the registry. NIXL's etcd client has no
+    TLS and no users, so this mode needs a plain etcd on loopback (and the explicit flag)."""
+    etcd = plain_etcd
     layout = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
-    config = dict(layout=layout.to_wire(), metadata="etcd", env={"NIXL_ETCD_ENDPOINTS": etcd.endpoint})
+    env = {"NIXL_ETCD_ENDPOINTS": etcd.endpoint, **etcd.client_env()}
+    config = dict(layout=layout.to_wire(), metadata="etcd", env=env)
     prefill = workers("prefill", seed=1, **config)
     decode = workers("decode", seed=2, **config)
     prefill.call("register", etcd.endpoint, "loop", 5)
@@ -190,7 +240,8 @@ def test_nixl_metadata_through_etcd_on_loopback(etcd, workers):
     assert decode.call("wait", "r")["state"] == "completed"
     assert decode.call("digests", [4, 5, 6]) == prefill.call("digests", [1, 2, 3])
     # NIXL's own entries live beside ours in the same etcd.
-    keys = EtcdClient(etcd.endpoint).get_prefix("/")
+    keys = etcd.client().get_prefix("/")
+    assert json.loads(keys["/kvpolicy/loop/ranks/prefill"]).keys() == {"address"}  # nothing else published
     assert any(not k.startswith("/kvpolicy/") for k in keys), sorted(keys)
 
 
@@ -207,3 +258,33 @@ def test_etcd_metadata_needs_the_endpoints(monkeypatch):
         NixlTransceiver(pool, metadata="etcd")
     with pytest.raises(ValueError, match="metadata must be"):
         NixlTransceiver(pool, metadata="zookeeper")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["address", "public_key", "x"]), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries(
+            {"address": st.builds("tcp://{}:{}".format, st.sampled_from(["h", "10.0.0.1", "[::1]"]), st.integers(0, 70000))},
+            optional={"public_key": st.sampled_from([KEY, "", KEY[:-1]]), "agent": json_values},
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_any_stored_bytes_parse_to_a_record_or_a_registry_error(value):
+    """Whatever someone wrote under our prefix, reading it gives a valid record or a RegistryError
+    naming the rank, never another exception."""
+    try:
+        record = RankRecord.parse("r", value)
+    except RegistryError as exc:
+        assert "rank 'r'" in str(exc)
+    else:
+        assert RankRecord.parse("r", record.to_json()) == record
+        assert json.loads(record.to_json()).keys() <= {"address", "public_key"}

@@ -7,13 +7,12 @@ import subprocess
 import pytest
 from conftest import netns_why, requires_etcd
 
-from kvpolicy.transports.discovery import EtcdClient
 from kvpolicy.transports.testbed import HostPair
 
 
 @requires_etcd
 def test_etcd_restarts_with_its_data(etcd):
-    client = EtcdClient(etcd.endpoint)
+    client = etcd.client()  # plain http on loopback: the server's settings carry the explicit flag
     client.put("/kvpolicy/test/key", b"value")
     etcd.stop()
     assert not etcd.healthy(timeout_s=0.2)

@@ -1,0 +1,314 @@
+"""Attacks on the registry (issue 11, items 4 and 5), each against a real etcd serving TLS only, with
+client certificates required and etcd's auth on: strangers, a wrong role, a wrong CA, an expired
+token, and a hijacked rank record."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ETCD_WHY
+
+from kvpolicy.transports.discovery import (
+    EtcdClient,
+    EtcdRegistry,
+    EtcdSecurity,
+    RankRecord,
+    RegistryDenied,
+    RegistryError,
+)
+from kvpolicy.transports.testbed import EtcdServer, make_pki
+
+GENUINE_KEY = "O=rzdiv-E3qv8KYDT?8?tR:PDof35KVZY(Re.-Ya"
+ROGUE_KEY = "JW.#B@/ypIuR^FWkUUkw?XC>IQfj%.o1eZAOcEi."
+GENUINE = RankRecord("tcp://127.0.0.1:5555", GENUINE_KEY)
+ROGUE = RankRecord("tcp://127.0.0.1:6666", ROGUE_KEY)
+
+
+def start_server(**options) -> EtcdServer:
+    if ETCD_WHY:
+        pytest.skip(ETCD_WHY)
+    pytest.importorskip("cryptography", reason="the throwaway CA needs `cryptography` (kvpolicy[transfer])")
+    return EtcdServer("127.0.0.1", secure=True, **options)
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    """One secure etcd for the module: these tests only add users and keys of their own."""
+    server = start_server()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def wait_until(check, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def tls_only(server: EtcdServer) -> EtcdSecurity:
+    """The right CA and a valid client certificate, but no etcd user."""
+    pki = server.pki
+    return EtcdSecurity(pki.ca_file, pki.client_cert, pki.client_key)
+
+
+# -- strangers ------------------------------------------------------------------------------------
+
+
+def test_a_client_without_a_certificate_is_refused_at_tls(etcd):
+    stranger = EtcdClient(etcd.endpoint, security=EtcdSecurity(ca_file=etcd.pki.ca_file), timeout_s=2.0)
+    with pytest.raises(RegistryDenied, match="TLS refused"):
+        stranger.get("/kvpolicy/any/ranks/x")
+
+
+def test_a_stranger_with_a_certificate_but_no_user_reads_and_writes_nothing(etcd):
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="stranger")
+    with registry:
+        registry.register("prefill-0", GENUINE, ttl_s=5)
+        key = registry.key("prefill-0")
+        stranger = EtcdClient(etcd.endpoint, security=tls_only(etcd))
+        for attempt in (
+            lambda: stranger.get(key),
+            lambda: stranger.get_prefix("/"),
+            lambda: stranger.put(key, ROGUE.to_json()),
+            lambda: stranger.delete(key),
+        ):
+            with pytest.raises(RegistryDenied, match="permission denied"):
+                attempt()
+        assert registry.get("prefill-0") == GENUINE
+
+
+def test_a_wrong_password_gets_no_token(etcd):
+    wrong = EtcdSecurity(**_tls(etcd), user=etcd.security.user, password="not-the-password")
+    with pytest.raises(RegistryDenied, match="authentication failed"):
+        EtcdClient(etcd.endpoint, security=wrong).get("/kvpolicy/x")
+
+
+def test_a_read_only_role_cannot_write_and_another_prefix_cannot_read(etcd):
+    writer = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="roles")
+    reader_security = etcd.add_user("observer", "observer-pw", "/kvpolicy/roles/", "READ")
+    other_security = etcd.add_user("other-team", "other-pw", "/kvpolicy/other-team/")
+    with writer:
+        writer.register("prefill-0", GENUINE, ttl_s=5)
+        reader = EtcdRegistry(etcd.endpoint, security=reader_security, namespace="roles")
+        assert reader.lookup("prefill-0", timeout_s=1.0) == GENUINE  # reading is what the role allows
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            reader.client.put(reader.key("prefill-0"), ROGUE.to_json())
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            reader.register("prefill-1", ROGUE, ttl_s=5)
+        other = EtcdRegistry(etcd.endpoint, security=other_security, namespace="roles")
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            other.get("prefill-0")
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            other.client.put(other.key("prefill-0"), ROGUE.to_json())
+        assert writer.get("prefill-0") == GENUINE
+
+
+def test_a_server_certificate_from_another_ca_is_refused(etcd, tmp_path):
+    foreign = make_pki(str(tmp_path / "foreign"), ["127.0.0.1"])
+    # Trusting another CA, with that CA's client certificate: our client refuses etcd's certificate.
+    wrong_ca = EtcdSecurity(foreign.ca_file, foreign.client_cert, foreign.client_key, user="kvpolicy", password="x")
+    with pytest.raises(RegistryDenied, match="does not verify against .*ca.pem"):
+        EtcdClient(etcd.endpoint, security=wrong_ca).get("/kvpolicy/x")
+    # Trusting etcd's CA but presenting a certificate of another CA: etcd refuses us.
+    wrong_cert = EtcdSecurity(etcd.pki.ca_file, foreign.client_cert, foreign.client_key)
+    with pytest.raises(RegistryDenied, match="TLS refused"):
+        EtcdClient(etcd.endpoint, security=wrong_cert).get("/kvpolicy/x")
+
+
+def test_a_server_certificate_common_name_must_not_be_a_user(tmp_path):
+    """etcd 3.4's gateway calls etcd with the server certificate, so a call without a token runs as
+    the user named like that certificate's common name: the README tells operators never to create
+    one. This shows why (and that the test bed's name is no user)."""
+    with start_server() as server:
+        anonymous = EtcdClient(server.endpoint, security=tls_only(server))
+        with pytest.raises(RegistryDenied):
+            anonymous.get("/kvpolicy/x")
+        server.add_user("kvpolicy-etcd-server", "pw", "/kvpolicy/")
+        assert anonymous.get("/kvpolicy/x") is None  # answered: the call now runs as that user
+
+
+def _tls(server: EtcdServer) -> dict[str, str]:
+    pki = server.pki
+    return {"ca_file": pki.ca_file, "cert_file": pki.client_cert, "key_file": pki.client_key}
+
+
+# -- the client's own rules -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "security", "message"),
+    [
+        ("http://127.0.0.1:2379", EtcdSecurity(), "plain http"),
+        ("http://10.0.0.5:2379", EtcdSecurity(insecure_plaintext=True), "loopback only"),
+        ("http://127.0.0.1:2379", EtcdSecurity(user="u", password="p", insecure_plaintext=True), "credentials over plain http"),
+    ],
+)
+def test_plain_http_only_to_loopback_never_with_credentials(endpoint, security, message):
+    with pytest.raises(ValueError, match=message):
+        EtcdClient(endpoint, security=security)
+
+
+def test_security_settings_are_checked_together(tmp_path):
+    with pytest.raises(ValueError, match="cert_file and key_file"):
+        EtcdSecurity(cert_file=__file__)
+    with pytest.raises(ValueError, match="user and password"):
+        EtcdSecurity(user="u")
+    with pytest.raises(ValueError, match="ca_file .* is not a readable file"):
+        EtcdSecurity(ca_file=str(tmp_path / "missing.pem"))
+    assert "secret" not in repr(EtcdSecurity(user="u", password="secret"))
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate")
+    with pytest.raises(ValueError, match="cannot load .* as PEM"):
+        EtcdClient("https://127.0.0.1:2379", security=EtcdSecurity(ca_file=str(not_pem)))
+
+
+def test_security_from_the_environment_reads_the_password_from_a_file(etcd):
+    env = etcd.client_env()
+    assert etcd.security.password not in env.values()  # a child's environment names a file, not the password
+    security = EtcdSecurity.from_env(env)
+    assert security == etcd.security
+    assert oct(os.stat(env["KVPOLICY_ETCD_PASSWORD_FILE"]).st_mode & 0o777) == "0o600"
+    with pytest.raises(ValueError, match="KVPOLICY_ETCD_PASSWORD_FILE"):
+        EtcdSecurity.from_env({"KVPOLICY_ETCD_PASSWORD_FILE": "/nonexistent/pw", "KVPOLICY_ETCD_USER": "u"})
+
+
+def test_the_tls_context_verifies_the_host_and_asks_tls_1_2(etcd):
+    context = etcd.security.tls_context()
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert context.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+# -- tokens ---------------------------------------------------------------------------------------
+
+
+def test_an_expired_token_is_renewed():
+    with start_server(token_ttl_s=1) as server:
+        client = server.client()
+        client.put("/kvpolicy/t/a", b"1")
+        assert client.authentications == 1
+        time.sleep(2.5)  # the token outlives --auth-token-ttl unused
+        assert client.get("/kvpolicy/t/a") == b"1"
+        assert client.authentications == 2
+
+
+def test_a_token_from_before_a_restart_is_renewed(etcd):
+    client = etcd.client()
+    client.put("/kvpolicy/restart/a", b"1")
+    before = client.authentications
+    etcd.stop()
+    etcd.start()  # simple tokens live in the server's memory only
+    assert client.get("/kvpolicy/restart/a") == b"1"
+    assert client.authentications == before + 1
+
+
+# -- hijacking a rank record ----------------------------------------------------------------------
+
+
+def test_a_hijacked_record_is_detected_and_restored_by_the_keep_alive(etcd):
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="hijack")
+    # The attacker holds write access to the prefix (a compromised rank, or a second process).
+    attacker = etcd.client()
+    with registry:
+        registration = registry.register("prefill-0", GENUINE, ttl_s=1)
+        key = registration.key
+        attacker.put(key, ROGUE.to_json())
+        wait_until(lambda: registration.restorations >= 1)
+        assert "tcp://127.0.0.1:6666" in registration.last_foreign
+        assert registry.get("prefill-0") == GENUINE
+        # Deleting it is noticed too.
+        attacker.delete(key)
+        wait_until(lambda: registration.restorations >= 2 and registry.get("prefill-0") == GENUINE)
+        assert registration.last_foreign == "deleted"
+        # Rewriting the same bytes without the lease (so the record would outlive its owner) as well.
+        attacker.put(key, GENUINE.to_json())
+        wait_until(lambda: registration.restorations >= 3)
+        entry = attacker.get_entry(key)
+        assert int(entry["lease"]) == registration.lease
+        renewals = registration.renewals
+        wait_until(lambda: registration.renewals > renewals)  # and left alone once restored
+        assert registration.restorations == 3
+
+
+def test_a_reader_with_trusted_keys_never_uses_a_forged_record(etcd):
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="forged")
+    attacker = etcd.client()
+    with registry:
+        key = registry.key("prefill-0")
+        attacker.put(key, ROGUE.to_json())  # no genuine owner: the forgery stays
+        with pytest.raises(RegistryError, match="not among the 1 trusted sender keys"):
+            registry.lookup("prefill-0", timeout_s=0.5, trusted_keys=[GENUINE_KEY])
+        attacker.put(key, json.dumps({"address": "tcp://127.0.0.1:6666"}).encode())  # no key at all
+        with pytest.raises(RegistryError, match=r"\(none\), which is not among"):
+            registry.lookup("prefill-0", timeout_s=0.5, trusted_keys=[GENUINE_KEY])
+        # With a genuine owner, a reader that meets the forgery waits for the restored record.
+        registration = registry.register("prefill-0", GENUINE, ttl_s=1)
+        attacker.put(key, ROGUE.to_json())
+        assert registry.get("prefill-0") == ROGUE
+        assert registry.lookup("prefill-0", timeout_s=10.0, trusted_keys=[GENUINE_KEY]) == GENUINE
+        assert registration.restorations >= 1
+
+
+def test_only_the_address_and_key_are_published(etcd):
+    """A transceiver's whole rank info goes in; only what a decoder needs before it connects comes out."""
+    info = {
+        "address": "tcp://127.0.0.1:5555",
+        "public_key": GENUINE_KEY,
+        "agent": "prefill-1",
+        "layout": {"num_layers": 2},
+        "num_blocks": 64,
+        "pool_address": 140_000_000,
+        "metadata": "inline",
+    }
+    with EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="minimal") as registry:
+        registration = registry.register("prefill-0", info, ttl_s=5)
+        stored = json.loads(etcd.client().get(registration.key))
+        assert stored == {"address": info["address"], "public_key": GENUINE_KEY}
+
+
+def test_secure_etcd_across_two_namespaces():
+    """The two-host set-up: etcd (TLS, auth) inside the prefill namespace, set up from inside it; a
+    process in the decode namespace registers and looks up over the veth link with the settings
+    that :meth:`EtcdServer.client_env` hands to child processes; without them it is refused."""
+    from conftest import netns_why
+
+    from kvpolicy.transports.testbed import HostPair
+
+    if netns_why():
+        pytest.skip(f"cannot create network namespaces: {netns_why()}")
+    if ETCD_WHY:
+        pytest.skip(ETCD_WHY)
+    pytest.importorskip("cryptography", reason="the throwaway CA needs `cryptography` (kvpolicy[transfer])")
+    code = (
+        "import sys\n"
+        "from kvpolicy.transports.discovery import EtcdRegistry, RegistryError\n"
+        "try:\n"
+        "    r = EtcdRegistry(sys.argv[1], namespace='hosts')\n"
+        "    r.register('prefill', {'address': 'tcp://10.231.7.1:5000', 'agent': 'a'}, ttl_s=5)\n"
+        "    print(r.lookup('prefill', timeout_s=5).address)\n"
+        "except (RegistryError, ValueError) as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    with HostPair() as pair, EtcdServer(pair.prefill.address, netns=pair.prefill.netns, secure=True) as etcd:
+        assert etcd.endpoint.startswith("https://10.231.7.1:")
+        with pytest.raises(RuntimeError, match="inside namespace"):
+            etcd.client()  # from here it would not reach the namespace, and must not try
+
+        def run_in_decode(env: dict[str, str]) -> str:
+            command = ["ip", "netns", "exec", pair.decode.netns, sys.executable, "-c", code, etcd.endpoint]
+            clean = {k: v for k, v in os.environ.items() if not k.startswith("KVPOLICY_ETCD_")}
+            done = subprocess.run(command, env={**clean, **env}, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr[-2000:]
+            return done.stdout.strip()
+
+        assert run_in_decode(etcd.client_env()) == "tcp://10.231.7.1:5000"
+        tls_without_user = {k: v for k, v in etcd.client_env().items() if "USER" not in k and "PASSWORD" not in k}
+        assert run_in_decode(tls_without_user) == "RegistryDenied"
