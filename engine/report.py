@@ -344,7 +344,7 @@ def _matrix(view: MatrixView, current: bool) -> str:
         changed = any((r, c) in view.changes for c in range(len(m.columns)))
         fails = any(m.cell(r, c).fails for c in range(len(m.columns)))
         body.append(
-            f'<tr data-arch="{_e(name)}" data-changed="{int(changed)}" data-fails="{int(fails)}">'
+            f'<tr data-arch="{_e(name)}" data-model-type="{_e(model_type or "")}" data-changed="{int(changed)}" data-fails="{int(fails)}">'
             f'<th scope="row">{label}</th>{"".join(cells)}</tr>'
         )
     rule_rows = "".join(
