@@ -598,7 +598,7 @@ _SCRIPT = """
     var query = filter.value.trim().toLowerCase();
     document.querySelectorAll('.version-matrix').forEach(function (box) {
       box.hidden = box.getAttribute('data-key') !== select.value;
-      box.querySelectorAll('tbody tr').forEach(function (row) {
+      box.querySelectorAll('table.matrix > tbody > tr').forEach(function (row) {
         var keep = (!query || row.getAttribute('data-arch').toLowerCase().indexOf(query) >= 0) &&
           (!changed.checked || row.getAttribute('data-changed') === '1') &&
           (!failing.checked || row.getAttribute('data-fails') === '1');
