@@ -557,17 +557,17 @@ table.matrix{font-size:12.5px}
 table.matrix caption{text-align:left;color:var(--muted);padding:4px 0}
 table.matrix th,table.matrix td{border:1px solid var(--line);padding:3px 5px;vertical-align:top}
 table.matrix thead th{background:#f3f4f6;font-weight:600}
-table.matrix th.env{font-weight:500;font-size:11.5px;max-width:130px}
+table.matrix th.env{font-weight:500;font-size:.92em;max-width:130px}
 table.matrix tbody th{text-align:left;white-space:nowrap;background:#f9fafb}
 td.cell{min-width:92px}
 td.cell summary{cursor:pointer;list-style:none}td.cell summary::-webkit-details-marker{display:none}
-td.cell .rt{font-weight:700}td.cell .kvm{margin-left:4px}td.cell .eff{display:block;color:var(--muted);font-size:11.5px}
+td.cell .rt{font-weight:700}td.cell .kvm{margin-left:4px}td.cell .eff{display:block;color:var(--muted);font-size:.92em}
 td.cell.fails{background-image:repeating-linear-gradient(135deg,transparent 0 7px,rgba(185,28,28,.13) 7px 9px);outline:2px solid var(--bad);outline-offset:-2px}
 td.cell.changed{box-shadow:inset 0 0 0 3px var(--chg)}td.cell.touched{box-shadow:inset 0 0 0 1px var(--chg)}
-.mark{display:inline-block;font-size:11px;font-weight:700;border-radius:3px;padding:0 3px;margin:1px 0}
+.mark{display:inline-block;white-space:nowrap;font-size:.88em;font-weight:700;border-radius:3px;padding:0 3px;margin:1px 0}
 .mark.fail{color:#fff;background:var(--bad)}.mark.chg{color:#fff;background:var(--chg)}
 .mark.chg-minor{color:var(--chg);background:#fff;border:1px solid var(--chg);font-weight:600}
-ul.why{margin:4px 0 0;padding-left:16px;font-size:11.5px;min-width:260px}ul.why .err{color:var(--bad)}ul.why .chg{color:var(--chg)}
+ul.why{margin:4px 0 0;padding-left:16px;font-size:.92em;min-width:260px}ul.why .err{color:var(--bad)}ul.why .chg{color:var(--chg)}
 details.rules{margin:8px 0}details.rules table{font-size:12px}
 details.rules td,details.rules th,table.impact td,table.impact th{border:1px solid var(--line);padding:3px 6px;text-align:left;vertical-align:top}
 .entry{border:1px solid var(--line);border-left:4px solid var(--chg);border-radius:4px;padding:4px 12px;margin:10px 0}
@@ -582,7 +582,9 @@ footer{color:var(--muted);margin:30px auto 20px}
 @media print{
  .controls,nav,.skip{display:none}
  body{font-size:10px}*{-webkit-print-color-adjust:exact;print-color-adjust:exact}
- .scroll{overflow:visible}table.matrix{font-size:9px}ul.why{display:none}
+ @page{size:landscape;margin:10mm}
+ .scroll{overflow:visible}table.matrix{font-size:7.5pt;width:100%}td.cell{min-width:0}table.matrix th.env{max-width:none}
+ table.matrix tbody th{white-space:normal}ul.why{display:none}svg.timeline{max-width:100%;height:auto}
  h2{break-after:avoid}tr,.entry{break-inside:avoid}a{color:inherit;text-decoration:none}
 }
 """
