@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .diff import Change, Diff, Group, Outcome, diff_policies, outcome_of
-from .difftext import CONTEXT_NOTE, change_lines, entries, headline
+from .difftext import CONTEXT_NOTE, change_lines, decision_lines, entries, headline
 from .matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
 from .policyset import PolicySet
 
@@ -448,7 +448,8 @@ def _diff(result: Diff) -> str:
         return f'<section id="diff" aria-labelledby="diff-h"><h2 id="diff-h">Diff</h2>{head}</section>'
     articles = []
     for entry in found:
-        groups = "".join(_group(n, result.groups[n - 1], result) for n in entry.groups)
+        shared = decision_lines(entry.section.decisions, entry.section, result)
+        groups = "".join(_group(n, result.groups[n - 1], result, shared) for n in entry.groups)
         articles.append(
             f'<article class="entry" id="diff-entry-{entry.number}" data-count="{entry.count}">'
             f"<h3>[{entry.number}] {entry.count:,} contexts: {_e(entry.title)}</h3>"
@@ -462,8 +463,11 @@ def _diff(result: Diff) -> str:
     )
 
 
-def _group(number: int, group: Group, result: Diff) -> str:
-    lines = "; ".join(change_lines(group, result))
+def _group(number: int, group: Group, result: Diff, shared: list[str]) -> str:
+    # The decision lines its entry already shows are not repeated; what is left tells groups apart.
+    decisions = decision_lines(group.change.decisions, group, result)
+    lines = "; ".join([*(d for d in decisions if decisions != shared), *change_lines(group, result)[len(decisions):]])
+    lines = lines or "these decision changes, no diagnostic comes or goes"
     return (f'<li id="diff-group-{number}" data-group="{number}" data-count="{group.count}">'
             f"<b>[{number}]</b> {group.count:,} contexts: {_e(lines)}</li>")
 

@@ -107,6 +107,20 @@ def test_diff_groups_and_counts_equal_kvpolicy_diff_json(report, cli_json, old, 
     assert f"{expected['changed']:,} of {expected['total']:,}" in section.find("p", "headline").text()
 
 
+@pytest.mark.parametrize(("old", "new"), PAIRS[:1] + PAIRS[-1:])
+def test_diff_entries_read_exactly_as_kvpolicy_diff_prints_them(report, capsys, old, new):
+    from kvpolicy.cli import main
+
+    code, _, root = report("--from", old, "--to", new)
+    assert code == 0
+    main(["diff", old, new])
+    text = capsys.readouterr().out
+    shown = [root.by_id("diff").find("p", "headline").text(), root.by_id("diff").find("p", "note").text()]
+    for article in root.by_id("diff").find_all("article", "entry"):
+        shown += ["", article.find("h3").text(), *article.find("pre").text().split("\n")]
+    assert "\n".join(shown) + "\n" == text
+
+
 @pytest.mark.parametrize(("old", "new"), PAIRS)
 def test_changed_cells_name_their_diff_group(report, old, new):
     code, _, root = report("--from", old, "--to", new)
