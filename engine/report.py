@@ -489,7 +489,6 @@ def _impact(results: Sequence[Any], old: str, new: str, link: Link | None) -> st
         first = True
         span = max(len(result.sections), 1)
         for section in result.sections:
-            where = f"{result.path}:{section.line}" if section.line else result.path
             status = section.status
             errors = [d for d in (section.new.resolution.errors if section.new.resolution else ())]
             why = "; ".join(f"{d.id}: {d.message}" for d in errors) or (section.new.invalid or "")
@@ -499,8 +498,8 @@ def _impact(results: Sequence[Any], old: str, new: str, link: Link | None) -> st
                         f'<br><small>{_e(architecture)}, from {_e(result.architecture_source)}</small></th>')
             side = getattr(section, "role", None) or _SIDE_LABELS.get(section.name, section.name)
             rows.append(
-                f'<tr data-status="{_e(status)}">{head}<td><a href="{_e(link(result.path, section.line))}">{_e(side)}'
-                f' <small>{_e(where.rsplit(":", 1)[-1] if section.line else "")}</small></a></td>'
+                f'<tr data-status="{_e(status)}">{head}<td class="side"><a href="{_e(link(result.path, section.line))}">{_e(side)}'
+                f'{", line " + str(section.line) if section.line else ""}</a></td>'
                 f"<td>{_e(section.old.short())}</td><td>{_e(section.new.short())}</td>"
                 f'<td class="status {classes.get(status, "same")}">{_e(status)}</td><td>{_e(why)}</td></tr>'
             )
@@ -522,7 +521,7 @@ def _impact(results: Sequence[Any], old: str, new: str, link: Link | None) -> st
         '<section id="impact" aria-labelledby="impact-h"><h2 id="impact-h">Impact on serving configs</h2>'
         f"<p>{len(read)} config(s): {_e(_impact_counts(results)) or 'none read'}.{_e(note)} "
         "<span class=\"mark fail\">!</span> after a value: cannot start; /V2: KV-cache manager V2.</p>"
-        '<div class="scroll"><table class="impact"><thead><tr><th scope="col">config</th><th scope="col">side (line)</th>'
+        '<div class="scroll"><table class="impact"><thead><tr><th scope="col">config</th><th scope="col">side</th>'
         f'<th scope="col">{_e(old)}</th><th scope="col">{_e(new)}</th><th scope="col">status</th>'
         f'<th scope="col">why ({_e(new)})</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>'
     )
@@ -578,7 +577,7 @@ details.rules td,details.rules th,table.impact td,table.impact th{border:1px sol
 pre.where{white-space:pre-wrap;font-size:12px;background:#f9fafb;padding:6px;margin:4px 0}
 .note{color:var(--muted)}.headline{font-weight:600}
 ul.groups li{margin:2px 0}
-table.impact{font-size:12.5px}
+table.impact{font-size:12.5px}td.side{white-space:nowrap}
 td.status{font-weight:700;white-space:nowrap}td.status.bad{color:var(--bad)}td.status.warn{color:#92400e}td.status.good{color:#15803d}td.status.same{color:var(--muted)}
 td.status.bad::before{content:"✖ "}td.status.warn::before{content:"▲ "}td.status.good::before{content:"✔ "}
 footer{color:var(--muted);margin:30px auto 20px}
