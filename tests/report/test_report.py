@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -301,3 +300,13 @@ def test_a_folder_of_other_versions_gets_its_own_columns_and_timeline(report, tm
     llama_nixl = box.find("tr", data_arch="LlamaForCausalLM").find("td", data_backend="NIXL")
     assert llama_nixl.attrs["data-d-transceiver_runtime"] == "PYTHON" and llama_nixl.attrs["data-change"] == "value"
     assert [li.find("strong").text() for li in root.by_id("timeline").find("ol").find_all("li")] == ["2030.01.01", "2030.02.01"]
+
+
+def test_dash_writes_the_page_to_stdout(capsys):
+    from kvpolicy.cli import main
+
+    code = main(["report", "--to", "2026.08.24", "--from", "none", "-o", "-"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("<!doctype html>") and out.rstrip().endswith("</html>")
+    assert 'id="diff"' not in out  # nothing compared: no diff section
