@@ -52,7 +52,8 @@ class Provenance:
 
     id: str
     kind: str
-    """``requirement``, ``preference``, ``conditional``, ``default``, ``constraint``, ``explicit``."""
+    """A rule's stage (``requirement``, ``conditional``, ``default``, ``adjustment``, ...), or
+    ``preference``, ``constraint``, ``explicit``."""
     reason: str | None = None
     source: str | None = None
     location: str | None = None
@@ -128,7 +129,7 @@ def columns_of(policy: Policy, *, routes: bool = True) -> tuple[Column, ...]:
     decision's rules take (``routes``), then every explicit backend, ordered as those routes
     reach them (the default's value next, the rest as declared)."""
     decision = policy.decisions[BACKEND]
-    rules = [*decision.requirements, *decision.conditionals, decision.default]
+    rules = [rule for rule in policy.rules() if rule.decision == BACKEND]  # every stage, in precedence order
     columns = [Column(decision.auto)]
     if routes:
         seen: set[tuple[tuple[str, str], ...]] = set()
@@ -161,9 +162,9 @@ def rows_of(policy: Policy, *, model_types: bool = True) -> tuple[tuple[str | No
 
 def _index(policy: Policy) -> dict[str, Rule | Row | Preference | Constraint]:
     found: dict[str, Any] = {}
+    for rule in policy.rules():
+        found[rule.id] = rule
     for decision in policy.decisions.values():
-        for rule in (*decision.requirements, *decision.conditionals, decision.default):
-            found[rule.id] = rule
         if decision.preference is not None:
             found[decision.preference.id] = decision.preference
             for row in decision.preference.rows:

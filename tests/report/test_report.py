@@ -310,3 +310,15 @@ def test_dash_writes_the_page_to_stdout(capsys):
     assert code == 0
     assert out.startswith("<!doctype html>") and out.rstrip().endswith("</html>")
     assert 'id="diff"' not in out  # nothing compared: no diff section
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_deciding_rule_has_its_upstream_source(version):
+    matrix = decision_matrix(kvpolicy.load(version=version))
+    for cell in matrix.cells.values():
+        for decision, provenance in cell.provenance.items():
+            if provenance.kind == "explicit":
+                assert cell.column.backend != matrix.columns[0].backend or decision != "backend"
+                continue
+            assert provenance.kind != "other", provenance
+            assert provenance.source and provenance.location, provenance
