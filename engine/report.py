@@ -75,6 +75,23 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
+_URL = re.compile(r"https?://[^\s<>\"')\]]+")
+
+
+def _source(text: str | None) -> str:
+    """An upstream source as HTML: escaped, with its URLs (a pull request, a commit) as links."""
+    if not text:
+        return "—"
+    out, last = [], 0
+    for match in _URL.finditer(text):
+        url = match.group(0).rstrip(".,;:")
+        out.append(_e(text[last:match.start()]))
+        out.append(f'<a href="{_e(url)}" rel="noreferrer">{_e(url)}</a>')
+        last = match.start() + len(url)
+    out.append(_e(text[last:]))
+    return "".join(out)
+
+
 def cell_change(cell: Cell, policy_set: PolicySet, base: PolicySet) -> Change | None:
     """How the cell's context resolves differently under ``base`` (None: alike), compared as
     ``kvpolicy diff`` compares contexts (values, deciding rules, diagnostics)."""
@@ -256,7 +273,7 @@ def _timeline(versions: list[PolicySet], new: PolicySet, old: PolicySet | None) 
         items.append(
             f'<li id="version-{index}"><strong>{_e(policy_set.version)}</strong>{_e(role)}'
             + (f' <time datetime="{date.isoformat()}">{date.isoformat()}</time>' if date else "")
-            + f"<br>{_e(policy_set.policy.summary)}<br><span class=\"src\">upstream: {_e(policy_set.policy.source)}</span>"
+            + f"<br>{_e(policy_set.policy.summary)}<br><span class=\"src\">upstream: {_source(policy_set.policy.source)}</span>"
             f' <a href="#matrix-{_key_of(index)}" data-show="{_key_of(index)}">matrix</a></li>'
         )
     return (
@@ -347,7 +364,7 @@ def _matrix(view: MatrixView, current: bool) -> str:
         )
     rule_rows = "".join(
         f'<tr id="{anchors[p.id]}"><th scope="row"><code>{_e(p.id)}</code></th><td>{_e(p.kind)}</td>'
-        f"<td>{_e(p.reason or '—')}</td><td>{_e(p.source or '—')}</td><td><code>{_e(p.location or '')}</code></td></tr>"
+        f"<td>{_e(p.reason or '—')}</td><td>{_source(p.source)}</td><td><code>{_e(p.location or '')}</code></td></tr>"
         for p in rules.values()
     )
     return (

@@ -64,7 +64,7 @@ class Browser:
         args = [
             executable, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
             "--disable-extensions", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe",
+            "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe",
             f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}", "about:blank",
         ]
 
@@ -86,13 +86,17 @@ class Browser:
         self._next_id = 0
         self._events: list[dict[str, Any]] = []
         self._session: str | None = None
-        targets = self.send("Target.getTargets")["targetInfos"]
-        page = next((t for t in targets if t["type"] == "page"), None)
-        target = page["targetId"] if page else self.send("Target.createTarget", url="about:blank")["targetId"]
-        self._session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.send(f"{domain}.enable")
-        self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        try:
+            targets = self.send("Target.getTargets")["targetInfos"]
+            page = next((t for t in targets if t["type"] == "page"), None)
+            target = page["targetId"] if page else self.send("Target.createTarget", url="about:blank")["targetId"]
+            self._session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                self.send(f"{domain}.enable")
+            self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        except BaseException:
+            self.close()  # never leave a browser running behind a failed start
+            raise
 
     # -- protocol --------------------------------------------------------------------------------
 
@@ -190,9 +194,10 @@ class Browser:
 
     def close(self) -> None:
         """Close the browser (killed if it does not exit within five seconds)."""
+        self.timeout_s = min(self.timeout_s, 5.0)
         try:
             self.send("Browser.close")
-        except (BrowserError, OSError):
+        except (BrowserError, OSError, ValueError):
             pass
         try:
             self._process.wait(timeout=5)

@@ -161,8 +161,10 @@ def test_issue_command_writes_one_offline_page_under_2_mb(tmp_path):
         assert root.by_id(section).tag == "section"
     # Self-contained: nothing is fetched, no framework.
     assert not root.find_all("link") and not [n for n in root.iter() if "src" in n.attrs]
+    # Links out of the page (never loaded) only where a policy's upstream source names a URL.
+    sources = " ".join(str(kvpolicy.load(version=v).policy.model_dump_json()) for v in VERSIONS)
     hrefs = [n.attrs["href"] for n in root.iter() if "href" in n.attrs]
-    assert not [h for h in hrefs if re.match(r"[a-z]+://", h)]
+    assert all(h in sources for h in hrefs if re.match(r"[a-z]+://", h))
     assert "url(" not in root.find("style").text() and "@import" not in root.find("style").text()
     assert root.find("html").attrs["lang"] == "en"
 
@@ -205,6 +207,14 @@ def test_impact_table_matches_kvpolicy_impact_and_links_file_and_line(report, cl
         file, _, line = href.partition("#L")
         assert int(line) == section["line"]
         assert (tmp_path / file).resolve() == (REPO / path).resolve()
+
+
+def test_upstream_urls_in_sources_become_links():
+    from kvpolicy.report import _source
+
+    html = _source("TensorRT-LLM PR https://github.com/NVIDIA/TensorRT-LLM/pull/1234, merged <2026-08-24>.")
+    assert '<a href="https://github.com/NVIDIA/TensorRT-LLM/pull/1234" rel="noreferrer">' in html
+    assert html.endswith(", merged &lt;2026-08-24&gt;.")
 
 
 def test_link_base_points_at_the_repository(report):
