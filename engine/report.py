@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .diff import Change, Diff, Group, diff_policies, outcome_of
+from .diff import ARCHITECTURE_SLOT, Change, Diff, Group, diff_policies, outcome_of
 from .difftext import CONTEXT_NOTE, Entry, change_lines, decision_lines, entries, headline
 from .matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
 from .policyset import PolicySet
@@ -429,7 +429,9 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str]) -> str:
     ]
     why += [f'<li class="err">✖ <a href="#{anchors[d.id]}">{_e(d.id)}</a>: {_e(d.message)}</li>' for d in cell.errors]
     if change is not None:
-        why += [f"<li class=\"chg\">since {_e(view.base.version)}: {_e(line)}</li>" for line in change.summary()]  # type: ignore[union-attr]
+        # Rule ids are compared as templates; in one cell the architecture is known.
+        lines = [line.replace(ARCHITECTURE_SLOT, cell.architecture or "?") for line in change.summary()]
+        why += [f"<li class=\"chg\">since {_e(view.base.version)}: {_e(line)}</li>" for line in lines]  # type: ignore[union-attr]
     if group is not None:
         why.append(f'<li>diff group <a href="#diff-group-{group}">[{group}]</a></li>')
     attrs = "".join(f' {k}="{_e(v)}"' for k, v in attributes.items())
