@@ -13,6 +13,7 @@ import pytest
 
 from kvpolicy.cli import main
 from tests.report.browser import Browser, find_chromium, png_pixels
+from tests.report.conftest import REPO
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.skipif(
 def page(tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
     out = folder / "report.html"
-    code = main(["report", "--from", "2026.08.11", "--to", "2026.08.24", "--configs", "examples/configs",
-                 "--arch-map", "examples/configs/arch-map.yaml", "-o", str(out)])
+    # Module-scoped: runs before the per-test chdir, so paths are absolute.
+    code = main(["report", "--from", "2026.08.11", "--to", "2026.08.24", "--configs", str(REPO / "examples/configs"),
+                 "--arch-map", str(REPO / "examples/configs/arch-map.yaml"), "-o", str(out)])
     assert code == 0
     return out
 
