@@ -168,8 +168,23 @@ def _same(a: PolicySet, b: PolicySet) -> bool:
 # -- page --------------------------------------------------------------------------------------------
 
 
-def render_report(data: ReportInput) -> str:
-    """The whole page as one string of HTML."""
+#: The most a page may weigh before the matrices of versions not compared are shown compact.
+BUDGET = 2 * 1024 * 1024
+
+
+def render_report(data: ReportInput, *, budget: int = BUDGET) -> str:
+    """The whole page as one string of HTML.
+
+    When the page would weigh more than ``budget`` bytes (a folder with many versions), the
+    matrices of the versions not compared keep their labels, marks and hover text but lose the
+    per-cell rule lists (their rules tables stay); the page says so."""
+    page = _render(data, compact=False)
+    if len(page.encode("utf-8")) > budget:
+        page = _render(data, compact=True)
+    return page
+
+
+def _render(data: ReportInput, *, compact: bool) -> str:
     versions = list(data.versions)
     if not any(_same(v, data.new) for v in versions):
         versions.append(data.new)
@@ -209,7 +224,7 @@ def render_report(data: ReportInput) -> str:
         "</header>",
         "<main>",
         _summary(data, current, result, len(found)),
-        _matrices(views, current),
+        _matrices(views, current, compact, old),
         _timeline(versions, data.new, old),
     ]
     if result is not None:
@@ -286,7 +301,7 @@ def _key_of(index: int) -> str:
     return f"m{index}"
 
 
-def _matrices(views: list[MatrixView], current: MatrixView) -> str:
+def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: PolicySet | None) -> str:
     options = "".join(
         f'<option value="{v.key}"{" selected" if v is current else ""}>{_e(v.matrix.version)}'
         f'{" (base)" if v.key == "base" else ""}</option>'
@@ -311,7 +326,8 @@ def _matrices(views: list[MatrixView], current: MatrixView) -> str:
         '<label><input id="only-failing" type="checkbox"> only rows that cannot start somewhere</label>'
         "</form>"
     )
-    body = "".join(_matrix(v, v is current) for v in views)
+    compared = {id(current)} | {id(v) for v in views if old is not None and _same(v.policy_set, old)}
+    body = "".join(_matrix(v, v is current, compact and id(v) not in compared) for v in views)
     return (
         '<section id="matrix" aria-labelledby="matrix-h"><h2 id="matrix-h">Decision matrix</h2>'
         "<p>What each version resolves for every architecture it names on every requested backend: the runtime "
@@ -321,7 +337,7 @@ def _matrices(views: list[MatrixView], current: MatrixView) -> str:
     )
 
 
-def _matrix(view: MatrixView, current: bool) -> str:
+def _matrix(view: MatrixView, current: bool, compact: bool = False) -> str:
     m = view.matrix
     rules: dict[str, Provenance] = {}
     for cell in m.cells.values():
@@ -343,7 +359,9 @@ def _matrix(view: MatrixView, current: bool) -> str:
         caption_change = f"changes marked against {view.base.version}"
     autos = [f"{name} {view.policy_set.policy.decisions[name].auto}" for name in m.decisions if name != BACKEND]
     caption = (f"Policy {_e(m.version)}: {', '.join(map(_e, autos))}, default timeout, no features; "
-               f"{_e(caption_change)}. {m.failing} of {len(m.cells)} cells cannot start.")
+               f"{_e(caption_change)}. {m.failing} of {len(m.cells)} cells cannot start."
+               + (" Shown compact to keep the page small: hover a cell for its rules, or see the table below."
+                  if compact else ""))
     auto_columns = [c for c in m.columns if c.backend == view.policy_set.policy.decisions[BACKEND].auto]
     head1 = ['<th scope="col" rowspan="2">architecture</th>']
     if auto_columns:
@@ -355,7 +373,7 @@ def _matrix(view: MatrixView, current: bool) -> str:
     for r, (architecture, model_type) in enumerate(m.rows):
         name = architecture or "any other architecture"
         label = _e(name) + (f'<br><small>model_type {_e(model_type)}</small>' if model_type else "")
-        cells = [_cell(view, r, c, anchors) for c in range(len(m.columns))]
+        cells = [_cell(view, r, c, anchors, compact) for c in range(len(m.columns))]
         changed = any((r, c) in view.changes for c in range(len(m.columns)))
         fails = any(m.cell(r, c).fails for c in range(len(m.columns)))
         body.append(
@@ -369,7 +387,7 @@ def _matrix(view: MatrixView, current: bool) -> str:
     )
     return (
         f'<div class="version-matrix" id="matrix-{view.key}" data-key="{view.key}" data-version="{_e(m.version)}"'
-        f' data-current="{int(current)}">'
+        f' data-current="{int(current)}" data-compact="{int(compact)}">'
         f'<h3>Version {_e(m.version)}</h3><div class="scroll"><table class="matrix">'
         f"<caption>{caption}</caption><thead><tr>{''.join(head1)}</tr><tr>{''.join(head2)}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
@@ -385,7 +403,7 @@ def _wrap(text: str) -> str:
     return _e(text).replace("_", "_<wbr>")
 
 
-def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str]) -> str:
+def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bool = False) -> str:
     m = view.matrix
     cell = m.cell(r, c)
     values = cell.values
@@ -435,6 +453,8 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str]) -> str:
     if group is not None:
         why.append(f'<li>diff group <a href="#diff-group-{group}">[{group}]</a></li>')
     attrs = "".join(f' {k}="{_e(v)}"' for k, v in attributes.items())
+    if compact:
+        return f'<td class="{" ".join(classes)}"{attrs}>{" ".join(summary)}</td>'
     return (f'<td class="{" ".join(classes)}"{attrs}><details><summary>{" ".join(summary)}</summary>'
             f'<ul class="why">{"".join(why)}</ul></details></td>')
 

@@ -332,3 +332,21 @@ def test_every_deciding_rule_has_its_upstream_source(version):
                 continue
             assert provenance.kind != "other", provenance
             assert provenance.source and provenance.location, provenance
+
+
+def test_over_budget_the_versions_not_compared_are_shown_compact():
+    from kvpolicy.report import ReportInput, render_report
+    from tests.report.page import parse
+
+    sets = [kvpolicy.load(version=v) for v in VERSIONS]
+    data = ReportInput(sets, sets[2], sets[1])
+    full = render_report(data)
+    small = render_report(data, budget=len(full.encode()) - 1)
+    assert len(small) < len(full)
+    root = parse(small)
+    compact = {box.attrs["data-version"]: box.attrs["data-compact"] for box in root.find_all("div", "version-matrix")}
+    assert compact == {VERSIONS[0]: "1", VERSIONS[1]: "0", VERSIONS[2]: "0", VERSIONS[3]: "1"}
+    for box in root.find_all("div", "version-matrix"):
+        for td in box.find_all("td", "cell"):
+            assert td.attrs["title"] and td.attrs["data-d-transceiver_runtime"] in td.text()
+            assert bool(td.find_all("ul", "why")) == (box.attrs["data-compact"] == "0")
