@@ -178,13 +178,24 @@ def render_report(data: ReportInput, *, budget: int = BUDGET) -> str:
     When the page would weigh more than ``budget`` bytes (a folder with many versions), the
     matrices of the versions not compared keep their labels, marks and hover text but lose the
     per-cell rule lists (their rules tables stay); the page says so."""
-    page = _render(data, compact=False)
+    prepared = _prepare(data)
+    page = _render(data, prepared, compact=False)
     if len(page.encode("utf-8")) > budget:
-        page = _render(data, compact=True)
+        page = _render(data, prepared, compact=True)
     return page
 
 
-def _render(data: ReportInput, *, compact: bool) -> str:
+@dataclass(frozen=True)
+class _Prepared:
+    versions: list[PolicySet]
+    result: Diff | None
+    found: list[Entry]
+    views: list[MatrixView]
+    current: MatrixView
+
+
+def _prepare(data: ReportInput) -> _Prepared:
+    """Everything the page shows, resolved once."""
     versions = list(data.versions)
     if not any(_same(v, data.new) for v in versions):
         versions.append(data.new)
@@ -200,6 +211,13 @@ def _render(data: ReportInput, *, compact: bool) -> str:
     if old is not None and not any(_same(v, old) for v in versions):
         views.insert(0, _view("base", old, None, None))
     current = next(v for v in views if _same(v.policy_set, data.new))
+    return _Prepared(versions, result, found, views, current)
+
+
+def _render(data: ReportInput, prepared: _Prepared, *, compact: bool) -> str:
+    versions, result, found, views, current = (
+        prepared.versions, prepared.result, prepared.found, prepared.views, prepared.current)
+    old = data.old
     title = f"kvpolicy report: {old.version} → {data.new.version}" if old is not None else f"kvpolicy report: {data.new.version}"
     parts = [
         "<!doctype html>",
