@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 EXTRAS ?= transfer,demo,test
 
-.PHONY: install demo test test-engine lint bench bench-hosts soak fuzz clean
+.PHONY: install demo test test-engine lint bench bench-hosts soak fuzz report screenshot clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ lint: $(STAMP)
 	$(VENV)/bin/kvpolicy lint policies/
 	$(VENV)/bin/kvpolicy fmt --check policies/
 	$(VENV)/bin/kvpolicy test policies/ --coverage --threshold 100
+
+# The HTML report of the last upstream flip, and the README's screenshot of it (needs chromium).
+report: $(STAMP)
+	mkdir -p build
+	$(VENV)/bin/kvpolicy report --from 2026.08.11 --to 2026.08.24 --configs examples/configs \
+		--arch-map examples/configs/arch-map.yaml -o build/report.html
+
+screenshot: report
+	$(PY) -m tests.report.browser build/report.html docs/report.png --width 1400 --height 1100
 
 test-engine: $(STAMP)
 	$(PY) -m pytest -q tests/engine

@@ -2,7 +2,7 @@
 
 Each command lives in its own module with ``register(subparsers)`` and a ``run(args) -> int``.
 Exit codes: 0 success, 1 findings or errors in a resolution, 2 usage error or unreadable input.
-Commands that only read policies (resolve, explain, versions, table, lint, diff) never import
+Commands that only read policies (resolve, explain, versions, table, lint, diff, report) never import
 torch or nixl.
 """
 
@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "fmt": ".fmt",
     "diff": ".diff",
     "impact": ".impact",
+    "report": ".report",
     "demo": ".demo",
 }
 
@@ -44,6 +45,7 @@ SUMMARIES: dict[str, str] = {
     "fmt": "format policy files canonically",
     "diff": "every context two policy versions resolve differently",
     "impact": "how serving configs resolve under two policy versions",
+    "report": "one self-contained HTML page: decision matrix, history, diff and impact",
     "demo": "run prefill -> decode on real models through the runtime the policy chose",
 }
 

@@ -6,19 +6,8 @@ import itertools
 import json
 from typing import Any
 
-from ..diff import (
-    ARCHITECTURE_SLOT,
-    Diff,
-    Group,
-    Section,
-    architectures_of,
-    concrete_rule,
-    describe_clauses,
-    describe_cube,
-    describe_group,
-    describe_resolved,
-    diff_policies,
-)
+from ..diff import Diff, describe_group, diff_policies
+from ..difftext import CONTEXT_NOTE, change_lines, decision_lines, entries, headline, section_order
 from .common import fail
 from .policies import load_policy_argument
 
@@ -52,93 +41,16 @@ def run(args: Any) -> int:
     return 1 if args.exit_code and result else 0
 
 
-def _rule(rule: str, group: Group | Section, result: Diff) -> str:
-    if ARCHITECTURE_SLOT not in rule:
-        return rule
-    architectures = architectures_of(group, result.dimensions)
-    return concrete_rule(rule, architectures[0]) if len(architectures) == 1 else rule.replace(ARCHITECTURE_SLOT, "<architecture>")
-
-
-def _decision_lines(decisions: Any, owner: Group | Section, result: Diff) -> list[str]:
-    for side, version, other in (("old", result.old.version, "new"), ("new", result.new.version, "old")):
-        if decisions and all(getattr(d, side) is None for d in decisions):
-            # One version rejects these contexts: a requested value it does not know.
-            values = ", ".join(f"{d.decision} {getattr(d, other)}" for d in decisions)
-            if side == "old":
-                return [f"{version} rejects these contexts (a requested value or feature it does not know); now {values}"]
-            return [f"{version} rejects these contexts (a requested value or feature it does not know); was {values}"]
-    lines = []
-    for d in decisions:
-        old_rule, new_rule = _rule(d.old_rule, owner, result), _rule(d.new_rule, owner, result)
-        if d.old != d.new:
-            lines.append(f"{d.decision} {d.old} -> {d.new} (decided by {new_rule} instead of {old_rule})")
-        else:
-            lines.append(f"{d.decision} stays {d.new}, now decided by {new_rule} instead of {old_rule}")
-    return lines
-
-
-def _diagnostic(sign: str, key: Any) -> str:
-    id_, severity, decision = key
-    return f"{sign} {severity} {id_}" + (f" ({decision})" if decision else "")
-
-
-def change_lines(group: Group, result: Diff) -> list[str]:
-    """What changes for one group, one line per decision or diagnostic."""
-    lines = _decision_lines(group.change.decisions, group, result)
-    for sign, items in (("+", group.change.added), ("-", group.change.removed)):
-        lines += [_diagnostic(sign, key) for key in items]
-    return lines
-
-
-def _clause_lines(clauses: list[list[str]], first: str, indent: str) -> list[str]:
-    lines = []
-    for index, clause in enumerate(clauses):
-        label = first if index == 0 else " and"
-        lines.append(f"{indent}{label} {clause[0]}")
-        lines += [f"{indent}  or {text}" for text in clause[1:]]
-    return lines
-
-
-def _section_order(section: Section) -> tuple[Any, ...]:
-    values_change = any(d.old != d.new for d in section.decisions)
-    return (not values_change, not section.decisions, -section.count, [str(d) for d in section.decisions])
-
-
 def render_text(result: Diff) -> str:
     """The change for a person: one entry per way the decisions change, with where it happens
     and which diagnostics come and go where."""
-    head = f"kvpolicy diff {result.old.version} -> {result.new.version}"
+    found = entries(result)
+    lines = [headline(result, len(found))]
     if not result:
-        return f"{head}: no change"
-    sections = sorted(result.sections(), key=_section_order)
-    lines = [
-        f"{head}: {result.changed:,} of {result.total:,} contexts change, in {len(sections)} way(s)",
-        "(a context: architecture, backend with its environment, runtime, kv_cache_manager, timeout and features;"
-        " what a line does not name may take any value)",
-    ]
-    for number, section in enumerate(sections, 1):
-        decisions = _decision_lines(section.decisions, section, result) or ["decisions unchanged, diagnostics change"]
-        lines += ["", f"[{number}] {section.count:,} contexts: {decisions[0]}"]
-        lines += [f"    {line}" for line in decisions[1:]]
-        if section.by_values is not None:
-            where = describe_cube(section.by_values.restriction, result.dimensions)
-            resolved = describe_resolved(section.by_values, result)
-            who = "both versions resolve" if section.by_values.both else f"{result.old.version} resolves"
-            lines.append(f"  when {where}")
-            lines.append(f"   and {who} {resolved[0]}")
-            lines += [f"    or {text}" for text in resolved[1:]]
-        else:
-            lines += _clause_lines(describe_group(section, result.dimensions), "when", "  ")
-        for change in section.diagnostics:
-            text = _diagnostic(change.sign, change.diagnostic)
-            if change.restriction is not None:
-                where = describe_cube(change.restriction, result.dimensions)
-                lines.append(f"  {text}: where {where} ({change.count:,})")
-            elif change.clauses is not None:
-                lines.append(f"  {text}: in {change.count:,} of these contexts:")
-                lines += _clause_lines(describe_clauses(change.clauses, result.dimensions), "when", "      ")
-            else:
-                lines.append(f"  {text}: in all")
+        return lines[0]
+    lines.append(CONTEXT_NOTE)
+    for entry in found:
+        lines += ["", f"[{entry.number}] {entry.count:,} contexts: {entry.title}", *entry.lines]
     return "\n".join(lines)
 
 
@@ -178,9 +90,9 @@ def to_json(result: Diff) -> dict[str, Any]:
             for point in itertools.product(*axes):
                 contexts.append({**_context(dimensions, point), "any": free, "group": number})
     sections = []
-    for section in sorted(result.sections(), key=_section_order):
+    for section in sorted(result.sections(), key=section_order):
         entry: dict[str, Any] = {
-            "summary": _decision_lines(section.decisions, section, result) or ["decisions unchanged, diagnostics change"],
+            "summary": decision_lines(section.decisions, section, result) or ["decisions unchanged, diagnostics change"],
             "count": section.count,
             "groups": [result.groups.index(g) + 1 for g in section.groups],
             "description": describe_group(section, dimensions),

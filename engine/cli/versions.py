@@ -11,9 +11,6 @@ from .common import add_policy_arguments, fail, load_from_args
 
 __all__ = ["register"]
 
-_TABLE_BACKENDS = ("DEFAULT", "NIXL", "UCX", "MOONCAKE", "MPI")
-
-
 def register(sub: Any) -> None:
     """Add ``versions`` and ``table``."""
     parser = sub.add_parser("versions", help="list the policy versions", description="List the policy versions.")
@@ -54,21 +51,25 @@ def run_versions(args: Any) -> int:
 
 def run_table(args: Any) -> int:
     """Resolve every named architecture (and one without a preference) on every backend."""
+    from ..matrix import columns_of, decision_matrix, rows_of
+
     policy_set = load_from_args(args)
     if isinstance(policy_set, int):
         return policy_set
-    architectures: list[str | None] = [*policy_set.policy.architectures(), None]
+    policy = policy_set.policy
+    matrix = decision_matrix(policy_set, columns=columns_of(policy, routes=False), rows=rows_of(policy, model_types=False))
+    backends = [column.backend for column in matrix.columns]
     rows = []
-    for architecture in architectures:
+    for r, (architecture, _) in enumerate(matrix.rows):
         cells = {}
-        for backend in _TABLE_BACKENDS:
-            r = policy_set.resolve(architecture=architecture, backend=backend)
+        for c, backend in enumerate(backends):
+            resolution = matrix.cell(r, c).resolution
             cells[backend] = {
-                "backend": r.backend,
-                "transceiver_runtime": r.runtime,
-                "kv_cache_manager": r.kv_cache_manager,
-                "decided_by": r.decided_by["transceiver_runtime"],
-                "errors": [d.id for d in r.errors],
+                "backend": resolution.backend,
+                "transceiver_runtime": resolution.runtime,
+                "kv_cache_manager": resolution.kv_cache_manager,
+                "decided_by": resolution.decided_by["transceiver_runtime"],
+                "errors": [d.id for d in resolution.errors],
             }
         rows.append((architecture, cells))
     if args.format == "json":
@@ -80,12 +81,12 @@ def run_table(args: Any) -> int:
     print(f"policy {policy_set.version}: transceiver_runtime auto, kv_transfer_timeout_ms 60000, no features\n")
     names = [a or "(any other architecture)" for a, _ in rows]
     width = max(len(n) for n in names)
-    header = f"{'architecture':<{width}}  " + "  ".join(f"{b:<12}" for b in _TABLE_BACKENDS)
+    header = f"{'architecture':<{width}}  " + "  ".join(f"{b:<12}" for b in backends)
     print(header)
     print("-" * len(header))
     for name, (_, cells) in zip(names, rows):
         texts = []
-        for backend in _TABLE_BACKENDS:
+        for backend in backends:
             cell = cells[backend]
             text = cell["transceiver_runtime"] + ("/V2" if cell["kv_cache_manager"] == "V2" else "")
             texts.append(f"{text + ('!' if cell['errors'] else ''):<12}")

@@ -1,0 +1,140 @@
+"""``kvpolicy report``: one self-contained HTML page with the decision matrix, the history, the
+diff between two versions and, with ``--configs``, the impact on serving configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import PolicyError
+from ..policyset import PolicySet, load
+from .common import fail
+from .policies import load_policy_argument
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    """Add ``report``."""
+    summary = "write one self-contained HTML page: decision matrix, history, diff and impact"
+    parser = sub.add_parser("report", help=summary, description=summary + ".")
+    parser.add_argument("--from", dest="old", metavar="OLD",
+                        help="the version to compare with: a shipped version id, a policy file, a folder or FOLDER@VERSION "
+                             "(default: the version before --to in its folder; 'none': no comparison)")
+    parser.add_argument("--to", dest="new", metavar="NEW",
+                        help="the version to show: the same forms (default: the newest shipped version)")
+    parser.add_argument("--configs", nargs="+", metavar="PATH", help="serving config files or folders for the impact table")
+    parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live")
+    parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
+    parser.add_argument("--link-base", metavar="URL",
+                        help="prefix for links to config files, e.g. https://github.com/ORG/REPO/blob/SHA/ "
+                             "(default: paths relative to the output file)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write ('-': stdout)")
+    parser.set_defaults(run=run)
+
+
+def _siblings(policy_set: PolicySet) -> list[PolicySet] | str:
+    """Every version beside ``policy_set`` in its folder, oldest first."""
+    folder = Path(policy_set.path).parent
+    found = []
+    for version in policy_set.versions():
+        if version == policy_set.version:
+            found.append(policy_set)
+            continue
+        try:
+            found.append(load(folder, version=version))
+        except PolicyError as exc:
+            return str(exc)
+    return found
+
+
+def run(args: Any) -> int:
+    """Load the versions, resolve, render, write."""
+    from ..report import ReportInput, render_report
+
+    new = load_policy_argument(args.new) if args.new else _newest()
+    if isinstance(new, str):
+        return fail(f"--to: {new}")
+    versions = _siblings(new)
+    if isinstance(versions, str):
+        return fail(f"--to: a version beside it does not load: {versions}")
+    old: PolicySet | None
+    if args.old is None:
+        earlier = [v for v in versions if v.version != new.version and versions.index(v) < _position(versions, new)]
+        old = earlier[-1] if earlier else None
+    elif args.old.lower() == "none":
+        old = None
+    else:
+        loaded = load_policy_argument(args.old)
+        if isinstance(loaded, str):
+            return fail(f"--from: {loaded}")
+        old = loaded
+    impact = None
+    if args.configs:
+        if old is None:
+            return fail("--configs needs a version to compare with: pass --from OLD")
+        impact = _impact(args, old, new)
+        if isinstance(impact, int):
+            return impact
+    output = args.output
+    link = _linker(args.link_base, None if output == "-" else Path(output).parent)
+    from .. import __version__
+
+    page = render_report(ReportInput(versions, new, old, impact, link, f"kvpolicy {__version__}"))
+    if output == "-":
+        print(page, end="")
+        return 0
+    try:
+        Path(output).write_text(page, encoding="utf-8")
+    except OSError as exc:
+        return fail(f"-o: cannot write {output}: {exc.strerror or exc}")
+    size = len(page.encode("utf-8"))
+    compared = f"{old.version} -> {new.version}" if old is not None else new.version
+    print(f"kvpolicy report {compared}: wrote {output} ({size / 1024:,.0f} KiB, {len(versions)} version(s))")
+    return 0
+
+
+def _newest() -> PolicySet | str:
+    try:
+        return load()
+    except PolicyError as exc:
+        return str(exc)
+
+
+def _position(versions: list[PolicySet], new: PolicySet) -> int:
+    return next(i for i, v in enumerate(versions) if v is new)
+
+
+def _impact(args: Any, old: PolicySet, new: PolicySet) -> list[Any] | int:
+    from ..impact import impact_of, load_architecture_map
+
+    arch_map = None
+    if args.arch_map:
+        try:
+            arch_map = load_architecture_map(args.arch_map)
+        except ValueError as exc:
+            return fail(f"--arch-map: {exc}")
+    missing = [p for p in args.configs if not Path(p).exists()]
+    if len(missing) == len(args.configs):
+        return fail(f"--configs: no such file or folder: {', '.join(missing)}")
+    results = impact_of(args.configs, old, new, models_root=args.models_root, architecture_map=arch_map)
+    if arch_map is not None:  # the map may live beside the configs; it is not one of them
+        mapped = Path(arch_map.path).resolve()
+        results = [r for r in results if Path(r.path).resolve() != mapped]
+    return results
+
+
+def _linker(base: str | None, folder: Path | None) -> Any:
+    """``link(path, line)``: the href of a config file and line."""
+
+    def link(path: str, line: int | None) -> str:
+        if base:
+            target = base.rstrip("/") + "/" + Path(os.path.relpath(path)).as_posix()
+        elif folder is not None:
+            target = Path(os.path.relpath(Path(path).resolve(), folder.resolve())).as_posix()
+        else:
+            target = Path(path).as_posix()
+        return target + (f"#L{line}" if line else "")
+
+    return link

@@ -1,0 +1,588 @@
+"""``kvpolicy report``: one self-contained HTML page for a person reviewing a policy change.
+
+The page shows, for every version of a policy folder, the decision matrix (architecture x
+requested backend, see :mod:`kvpolicy.matrix`), the timeline of versions, the change between two
+versions exactly as ``kvpolicy diff`` computes it (:mod:`kvpolicy.difftext`), and, when serving
+configs are given, how each of them resolves before and after (:mod:`kvpolicy.impact`).
+
+Everything is inline (CSS, SVG, a few lines of vanilla JavaScript for filtering): the file opens
+offline and is what a CI job attaches as an artifact. Colour is never the only signal: every
+runtime, failure and change is written out, tables are real tables with header scopes, and the
+print style keeps the colours and drops the controls.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .diff import ARCHITECTURE_SLOT, Change, Diff, Group, diff_policies, outcome_of
+from .difftext import CONTEXT_NOTE, Entry, change_lines, decision_lines, entries, headline
+from .matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
+from .policyset import PolicySet
+from .report_assets import SCRIPT, stylesheet
+
+__all__ = ["MatrixView", "ReportInput", "cell_change", "render_report"]
+
+#: The decision whose value colours a cell.
+RUNTIME = "transceiver_runtime"
+#: Impact statuses, worst first, and the class that colours them.
+_STATUSES = (("starts failing", "bad"), ("fails differently", "bad"), ("malformed", "bad"),
+             ("runtime changes", "warn"), ("backend changes", "warn"), ("changes", "warn"),
+             ("stops failing", "good"), ("still failing", "bad"), ("unchanged", "same"))
+_SIDE_LABELS = {"context_servers": "context", "generation_servers": "generation", "server": "server"}
+
+#: How :mod:`kvpolicy.domain` stands for an environment value no policy names.
+_OTHER_ENV_VALUE = "\x00other"
+
+Link = Callable[[str, "int | None"], str]
+
+
+@dataclass(frozen=True)
+class ReportInput:
+    """What a report shows: the timeline's versions (oldest first), the two versions compared
+    (``old`` None: no comparison), and the impact on configs (None: none given)."""
+
+    versions: Sequence[PolicySet]
+    new: PolicySet
+    old: PolicySet | None = None
+    impact: Sequence[Any] | None = None
+    link: Link | None = None
+    """``link(path, line)``: the href of a config file (default: the path itself, ``#L<line>``)."""
+    generator: str = "kvpolicy"
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """A matrix with the change of every cell against a base version (and, for the compared
+    pair, the ``kvpolicy diff`` group each changed cell belongs to)."""
+
+    key: str
+    matrix: Matrix
+    policy_set: PolicySet
+    base: PolicySet | None
+    changes: dict[tuple[int, int], Change]
+    groups: dict[tuple[int, int], int]
+    """(row, column) -> 1-based group number, as ``kvpolicy diff --format json`` numbers it."""
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+_URL = re.compile(r"https?://[^\s<>\"')\]]+")
+
+
+def _source(text: str | None) -> str:
+    """An upstream source as HTML: escaped, with its URLs (a pull request, a commit) as links."""
+    if not text:
+        return "—"
+    out, last = [], 0
+    for match in _URL.finditer(text):
+        url = match.group(0).rstrip(".,;:")
+        out.append(_e(text[last:match.start()]))
+        out.append(f'<a href="{_e(url)}" rel="noreferrer">{_e(url)}</a>')
+        last = match.start() + len(url)
+    out.append(_e(text[last:]))
+    return "".join(out)
+
+
+def cell_change(cell: Cell, policy_set: PolicySet, base: PolicySet) -> Change | None:
+    """How the cell's context resolves differently under ``base`` (None: alike), compared as
+    ``kvpolicy diff`` compares contexts (values, deciding rules, diagnostics)."""
+    context = policy_set.normalise(**_fields(cell))
+    new, old = outcome_of(policy_set, context), outcome_of(base, context)
+    return None if new == old else Change.between(old, new)
+
+
+def _fields(cell: Cell) -> dict[str, Any]:
+    fields: dict[str, Any] = {BACKEND: cell.column.backend, "env": dict(cell.column.env)}
+    if cell.model_type is not None:
+        fields["pretrained_config"] = {"architectures": [cell.architecture], "model_type": cell.model_type}
+    else:
+        fields["architecture"] = cell.architecture
+    return fields
+
+
+def _point(cell: Cell, policy_set: PolicySet, result: Diff) -> tuple[Any, ...] | None:
+    """The cell's context as a point of the diff's dimensions (None: outside them)."""
+    context = policy_set.normalise(**_fields(cell))
+    point = []
+    for dimension in result.dimensions:
+        name = dimension.name
+        if name == "model":
+            value: Any = (context["architecture"], context.get("model_type"))
+        elif name.startswith("env:"):
+            value = context["env"].get(name[4:], "")
+            if value not in dimension.values:  # a value no policy names: its stand-in, else unset
+                value = _OTHER_ENV_VALUE if _OTHER_ENV_VALUE in dimension.values else ""
+        elif name.startswith("feature:"):
+            value = name[8:] in context["features"]
+        else:
+            value = context.get(name)
+        if value not in dimension.values:
+            return None
+        point.append(value)
+    return tuple(point)
+
+
+def _view(key: str, policy_set: PolicySet, base: PolicySet | None, result: Diff | None) -> MatrixView:
+    matrix = decision_matrix(policy_set)
+    changes: dict[tuple[int, int], Change] = {}
+    groups: dict[tuple[int, int], int] = {}
+    for at, cell in matrix.cells.items():
+        if base is None:
+            continue
+        change = cell_change(cell, policy_set, base)
+        if change is not None:
+            changes[at] = change
+        if result is not None:
+            point = _point(cell, policy_set, result)
+            group = result.group_of(point) if point is not None else None
+            if group is not None:
+                groups[at] = result.groups.index(group) + 1
+    return MatrixView(key, matrix, policy_set, base, changes, groups)
+
+
+def _date(policy_set: PolicySet) -> _dt.date | None:
+    """The day a version reproduces: its id when it is a date, else a date in its ``source``."""
+    for text in (policy_set.version, policy_set.policy.source):
+        match = re.search(r"(\d{4})[.-](\d{2})[.-](\d{2})", text)
+        if match:
+            try:
+                return _dt.date(*map(int, match.groups()))
+            except ValueError:
+                continue
+    return None
+
+
+def _same(a: PolicySet, b: PolicySet) -> bool:
+    return a.version == b.version and a.digest == b.digest
+
+
+# -- page --------------------------------------------------------------------------------------------
+
+
+#: The most a page may weigh before the matrices of versions not compared are shown compact.
+BUDGET = 2 * 1024 * 1024
+
+
+def render_report(data: ReportInput, *, budget: int = BUDGET) -> str:
+    """The whole page as one string of HTML.
+
+    When the page would weigh more than ``budget`` bytes (a folder with many versions), the
+    matrices of the versions not compared keep their labels, marks and hover text but lose the
+    per-cell rule lists (their rules tables stay); the page says so."""
+    prepared = _prepare(data)
+    page = _render(data, prepared, compact=False)
+    if len(page.encode("utf-8")) > budget:
+        page = _render(data, prepared, compact=True)
+    return page
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    versions: list[PolicySet]
+    result: Diff | None
+    found: list[Entry]
+    views: list[MatrixView]
+    current: MatrixView
+
+
+def _prepare(data: ReportInput) -> _Prepared:
+    """Everything the page shows, resolved once."""
+    versions = list(data.versions)
+    if not any(_same(v, data.new) for v in versions):
+        versions.append(data.new)
+    old = data.old
+    result = diff_policies(old, data.new) if old is not None else None
+    found = entries(result) if result else []
+    views: list[MatrixView] = []
+    for index, policy_set in enumerate(versions):
+        if _same(policy_set, data.new):
+            views.append(_view(f"m{index}", policy_set, old, result))
+        else:
+            views.append(_view(f"m{index}", policy_set, versions[index - 1] if index else None, None))
+    if old is not None and not any(_same(v, old) for v in versions):
+        views.insert(0, _view("base", old, None, None))
+    current = next(v for v in views if _same(v.policy_set, data.new))
+    return _Prepared(versions, result, found, views, current)
+
+
+def _render(data: ReportInput, prepared: _Prepared, *, compact: bool) -> str:
+    versions, result, found, views, current = (
+        prepared.versions, prepared.result, prepared.found, prepared.views, prepared.current)
+    old = data.old
+    title = f"kvpolicy report: {old.version} → {data.new.version}" if old is not None else f"kvpolicy report: {data.new.version}"
+    parts = [
+        "<!doctype html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f'<meta name="generator" content="{_e(data.generator)}">',
+        f"<title>{_e(title)}</title>",
+        f"<style>{stylesheet(max(len(v.matrix.values.get(RUNTIME, ())) for v in views))}</style>",
+        "</head>",
+        "<body>",
+        '<a class="skip" href="#matrix">Skip to the decision matrix</a>',
+        "<header>",
+        f"<h1>{_e(title)}</h1>",
+        '<nav aria-label="Sections"><ul>'
+        '<li><a href="#summary">Summary</a></li><li><a href="#matrix">Decision matrix</a></li>'
+        '<li><a href="#timeline">History</a></li>'
+        + ('<li><a href="#diff">Diff</a></li>' if result is not None else "")
+        + ('<li><a href="#impact">Impact</a></li>' if data.impact is not None else "")
+        + "</ul></nav>",
+        "</header>",
+        "<main>",
+        _summary(data, current, result, len(found)),
+        _matrices(views, current, compact, old),
+        _timeline(versions, data.new, old),
+    ]
+    if result is not None:
+        parts.append(_diff(result, found))
+    if data.impact is not None and old is not None:
+        parts.append(_impact(data.impact, old.version, data.new.version, data.link))
+    parts += [
+        "</main>",
+        f"<footer><p>Generated by {_e(data.generator)}. Every cell resolves with runtime and KV-cache manager "
+        "<code>auto</code>, the default timeout and no features; <code>kvpolicy explain --arch NAME --backend B</code> "
+        "prints every step of one.</p></footer>",
+        f"<script>{SCRIPT}</script>",
+        "</body>",
+        "</html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _summary(data: ReportInput, current: MatrixView, result: Diff | None, sections: int) -> str:
+    m = current.matrix
+    items = [("policy", f"{data.new.version} ({data.new.digest[:12]}), {_e(data.new.path)}")]
+    if data.old is not None:
+        items.insert(0, ("compared with", f"{data.old.version} ({data.old.digest[:12]}), {_e(data.old.path)}"))
+    items.append(("matrix", f"{len(m.rows)} architectures × {len(m.columns)} requested backends; "
+                            f"<strong>{m.failing}</strong> of {len(m.cells)} cells cannot start"))
+    if result is not None:
+        items.append(("diff", _e(headline(result, sections))))
+        values = sum(1 for c in current.changes.values() if c.values_change)
+        items.append(("matrix changes", f"{len(current.changes)} cells resolve differently from {data.old.version}"  # type: ignore[union-attr]
+                                         f" ({values} change a value)"))
+    if data.impact is not None and data.old is not None:
+        items.append(("impact", _e(_impact_counts(data.impact)) or "no configs read"))
+    rows = "".join(f"<div><dt>{label}</dt><dd>{text}</dd></div>" for label, text in items)
+    return f'<section id="summary" aria-labelledby="summary-h"><h2 id="summary-h">Summary</h2><dl class="summary">{rows}</dl></section>'
+
+
+def _timeline(versions: list[PolicySet], new: PolicySet, old: PolicySet | None) -> str:
+    count = len(versions)
+    width = max(640, 150 * count)
+    step = (width - 140) / max(count - 1, 1)
+    svg = [
+        f'<svg class="timeline" viewBox="0 0 {width} 96" width="{width}" height="96" role="img" aria-labelledby="timeline-t">',
+        f'<title id="timeline-t">Timeline of {count} policy versions, oldest first</title>',
+        f'<line x1="40" y1="48" x2="{width - 40}" y2="48" class="axis"/>',
+    ]
+    for index, policy_set in enumerate(versions):
+        x = 70 + index * step
+        role = "to" if _same(policy_set, new) else "from" if old is not None and _same(policy_set, old) else ""
+        date = _date(policy_set)
+        svg.append(
+            f'<a href="#version-{index}"><circle cx="{x:.0f}" cy="48" r="{9 if role else 6}" class="dot {role}"/>'
+            f'<text x="{x:.0f}" y="26" text-anchor="middle" class="v">{_e(policy_set.version)}</text>'
+            f'<text x="{x:.0f}" y="76" text-anchor="middle" class="d">{_e(date.isoformat() if date else "")}'
+            f'{" · " + role if role else ""}</text></a>'
+        )
+    svg.append("</svg>")
+    items = []
+    for index, policy_set in enumerate(versions):
+        date = _date(policy_set)
+        role = " (compared: to)" if _same(policy_set, new) else " (compared: from)" if old is not None and _same(policy_set, old) else ""
+        items.append(
+            f'<li id="version-{index}"><strong>{_e(policy_set.version)}</strong>{_e(role)}'
+            + (f' <time datetime="{date.isoformat()}">{date.isoformat()}</time>' if date else "")
+            + f"<br>{_e(policy_set.policy.summary)}<br><span class=\"src\">upstream: {_source(policy_set.policy.source)}</span>"
+            f' <a href="#matrix-{_key_of(index)}" data-show="{_key_of(index)}">matrix</a></li>'
+        )
+    return (
+        '<section id="timeline" aria-labelledby="timeline-h"><h2 id="timeline-h">History of the policy</h2>'
+        f'<div class="scroll">{"".join(svg)}</div><ol class="versions">{"".join(items)}</ol></section>'
+    )
+
+
+def _key_of(index: int) -> str:
+    return f"m{index}"
+
+
+def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: PolicySet | None) -> str:
+    options = "".join(
+        f'<option value="{v.key}"{" selected" if v is current else ""}>{_e(v.matrix.version)}'
+        f'{" (base)" if v.key == "base" else ""}</option>'
+        for v in views
+    )
+    runtime_values = current.matrix.values.get(RUNTIME, ())
+    legend = "".join(
+        f'<li><span class="swatch rt-{i}" aria-hidden="true"></span>{_e(value)}: runtime {_e(value)}</li>'
+        for i, value in enumerate(runtime_values)
+    )
+    legend += (
+        '<li><span class="mark fail">✖ fails</span>: cannot start (an error in the resolution)</li>'
+        '<li><span class="mark chg">▲ was …</span>: a value differs from the version named above the table</li>'
+        '<li><span class="mark chg-minor">▲ rule changed</span>: same values, another deciding rule or other notes</li>'
+        "<li><em>on UCX</em>: the effective backend a DEFAULT request resolves to</li>"
+    )
+    controls = (
+        '<form class="controls" onsubmit="return false">'
+        f'<label>Version <select id="version-select">{options}</select></label>'
+        '<label>Architecture <input id="arch-filter" type="search" placeholder="filter, e.g. Llama"></label>'
+        '<label><input id="only-changed" type="checkbox"> only rows that change</label>'
+        '<label><input id="only-failing" type="checkbox"> only rows that cannot start somewhere</label>'
+        "</form>"
+    )
+    compared = {id(current)} | {id(v) for v in views if old is not None and _same(v.policy_set, old)}
+    body = "".join(_matrix(v, v is current, compact and id(v) not in compared) for v in views)
+    return (
+        '<section id="matrix" aria-labelledby="matrix-h"><h2 id="matrix-h">Decision matrix</h2>'
+        "<p>What each version resolves for every architecture it names on every requested backend: the runtime "
+        "(colour and name), the KV-cache manager, and a mark where the server cannot start. Open a cell for the "
+        "rules that decided it; hover for their upstream sources.</p>"
+        f'{controls}<ul class="legend" aria-label="Legend">{legend}</ul>{body}</section>'
+    )
+
+
+def _matrix(view: MatrixView, current: bool, compact: bool = False) -> str:
+    m = view.matrix
+    rules: dict[str, Provenance] = {}
+    for cell in m.cells.values():
+        for provenance in cell.provenance.values():
+            rules.setdefault(provenance.id, provenance)
+    for cell in m.cells.values():
+        for error in cell.errors:
+            rules.setdefault(error.id, Provenance(error.id, "constraint", error.message, None, error.location))
+    # Constraints carry their upstream source in the model; look them up once.
+    index = {c.id: c for c in view.policy_set.policy.constraints}
+    for rule_id, provenance in list(rules.items()):
+        if provenance.kind == "constraint" and rule_id in index:
+            c = index[rule_id]
+            rules[rule_id] = Provenance(rule_id, "constraint", c.reason or provenance.reason, c.source, str(c.location))
+    anchors = {rule_id: f"{view.key}-r{i}" for i, rule_id in enumerate(rules)}
+    if view.base is None:
+        caption_change = "no earlier version to compare with"
+    else:
+        caption_change = f"changes marked against {view.base.version}"
+    autos = [f"{name} {view.policy_set.policy.decisions[name].auto}" for name in m.decisions if name != BACKEND]
+    caption = (f"Policy {_e(m.version)}: {', '.join(map(_e, autos))}, default timeout, no features; "
+               f"{_e(caption_change)}. {m.failing} of {len(m.cells)} cells cannot start."
+               + (" Shown compact to keep the page small: hover a cell for its rules, or see the table below."
+                  if compact else ""))
+    auto_columns = [c for c in m.columns if c.backend == view.policy_set.policy.decisions[BACKEND].auto]
+    head1 = ['<th scope="col" rowspan="2">architecture</th>']
+    if auto_columns:
+        head1.append(f'<th scope="colgroup" colspan="{len(auto_columns)}">{_e(auto_columns[0].backend)} '
+                     "(no backend set), by environment</th>")
+    head1 += [f'<th scope="col" rowspan="2">{_e(c.backend)}</th>' for c in m.columns if c not in auto_columns]
+    head2 = [f'<th scope="col" class="env">{_wrap(c.env_label) if c.env else "no variable set"}</th>' for c in auto_columns]
+    body = []
+    for r, (architecture, model_type) in enumerate(m.rows):
+        name = architecture or "any other architecture"
+        label = _e(name) + (f'<br><small>model_type {_e(model_type)}</small>' if model_type else "")
+        cells = [_cell(view, r, c, anchors, compact) for c in range(len(m.columns))]
+        changed = any((r, c) in view.changes for c in range(len(m.columns)))
+        fails = any(m.cell(r, c).fails for c in range(len(m.columns)))
+        body.append(
+            f'<tr data-arch="{_e(name)}" data-model-type="{_e(model_type or "")}" data-changed="{int(changed)}" data-fails="{int(fails)}">'
+            f'<th scope="row">{label}</th>{"".join(cells)}</tr>'
+        )
+    rule_rows = "".join(
+        f'<tr id="{anchors[p.id]}"><th scope="row"><code>{_e(p.id)}</code></th><td>{_e(p.kind)}</td>'
+        f"<td>{_e(p.reason or '—')}</td><td>{_source(p.source)}</td><td><code>{_e(p.location or '')}</code></td></tr>"
+        for p in rules.values()
+    )
+    return (
+        f'<div class="version-matrix" id="matrix-{view.key}" data-key="{view.key}" data-version="{_e(m.version)}"'
+        f' data-current="{int(current)}" data-compact="{int(compact)}">'
+        f'<h3>Version {_e(m.version)}</h3><div class="scroll"><table class="matrix">'
+        f"<caption>{caption}</caption><thead><tr>{''.join(head1)}</tr><tr>{''.join(head2)}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+        f'<details class="rules"><summary>Rules and constraints behind these cells ({len(rules)})</summary>'
+        '<table><thead><tr><th scope="col">id</th><th scope="col">kind</th><th scope="col">reason</th>'
+        f'<th scope="col">upstream source</th><th scope="col">where</th></tr></thead><tbody>{rule_rows}</tbody></table>'
+        "</details></div>"
+    )
+
+
+def _wrap(text: str) -> str:
+    """Allow long variable names to break after underscores."""
+    return _e(text).replace("_", "_<wbr>")
+
+
+def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bool = False) -> str:
+    m = view.matrix
+    cell = m.cell(r, c)
+    values = cell.values
+    runtime = values.get(RUNTIME)
+    runtime_values = m.values.get(RUNTIME, ())
+    colour = runtime_values.index(runtime) if runtime in runtime_values else "none"
+    change = view.changes.get((r, c))
+    group = view.groups.get((r, c))
+    classes = ["cell", f"rt-{colour}"] + (["fails"] if cell.fails else [])
+    if change is not None:
+        classes.append("changed" if change.values_change else "touched")
+    attributes = {
+        "data-backend": cell.column.backend,
+        "data-env": cell.column.env_label,
+        "data-errors": " ".join(d.id for d in cell.errors),
+        **{f"data-d-{name}": "" if value is None else value for name, value in values.items()},
+    }
+    if change is not None:
+        attributes["data-change"] = _change_kind(change)
+    if group is not None:
+        attributes["data-group"] = str(group)
+    hover = [f"{name} {value} by {p.id}" + (f" ({p.source})" if p.source else "")
+             for name, value in values.items() if (p := cell.provenance.get(name)) is not None]
+    hover += [f"cannot start: {d.id}" for d in cell.errors]
+    attributes["title"] = "\n".join(hover)
+    summary = [f'<b class="rt">{_e(runtime or "off")}</b>']
+    for name in m.decisions:
+        if name not in (BACKEND, RUNTIME) and values.get(name) is not None:
+            summary.append(f'<span class="kvm">{_e(values[name])}</span>')
+    if cell.column.backend == view.policy_set.policy.decisions[BACKEND].auto and values.get(BACKEND):
+        summary.append(f'<em class="eff">on {_e(values[BACKEND])}</em>')
+    if cell.fails:
+        summary.append('<span class="mark fail">✖ fails</span>')
+    if change is not None:
+        kind = "chg" if change.values_change else "chg-minor"
+        summary.append(f'<span class="mark {kind}">▲ {_e(_change_label(change, view.base.version))}</span>')  # type: ignore[union-attr]
+    why = [
+        f'<li>{_e(name)} <b>{_e(value)}</b> by <a href="#{anchors[p.id]}">{_e(p.id)}</a> <small>({_e(p.kind)})</small></li>'
+        if p.id in anchors else f"<li>{_e(name)} <b>{_e(value)}</b> ({_e(p.id)})</li>"
+        for name, value in values.items() if (p := cell.provenance.get(name)) is not None
+    ]
+    why += [f'<li class="err">✖ <a href="#{anchors[d.id]}">{_e(d.id)}</a>: {_e(d.message)}</li>' for d in cell.errors]
+    if change is not None:
+        # Rule ids are compared as templates; in one cell the architecture is known.
+        lines = [line.replace(ARCHITECTURE_SLOT, cell.architecture or "?") for line in change.summary()]
+        why += [f"<li class=\"chg\">since {_e(view.base.version)}: {_e(line)}</li>" for line in lines]  # type: ignore[union-attr]
+    if group is not None:
+        why.append(f'<li>diff group <a href="#diff-group-{group}">[{group}]</a></li>')
+    attrs = "".join(f' {k}="{_e(v)}"' for k, v in attributes.items())
+    if compact:
+        return f'<td class="{" ".join(classes)}"{attrs}>{" ".join(summary)}</td>'
+    return (f'<td class="{" ".join(classes)}"{attrs}><details><summary>{" ".join(summary)}</summary>'
+            f'<ul class="why">{"".join(why)}</ul></details></td>')
+
+
+def _change_kind(change: Change) -> str:
+    if change.values_change:
+        return "value"
+    if change.starts_failing or change.stops_failing:
+        return "start-up"
+    return "rule" if change.decisions else "notes"
+
+
+def _change_label(change: Change, base: str) -> str:
+    if change.values_change:
+        was = "/".join(str(d.old) for d in change.decisions if d.old != d.new)
+        return f"was {was}"
+    if change.starts_failing:
+        return f"fails since {base}"
+    if change.stops_failing:
+        return "no longer fails"
+    return "rule changed" if change.decisions else "notes changed"
+
+
+def _diff(result: Diff, found: list[Entry]) -> str:
+    head = f'<p class="headline">{_e(headline(result, len(found)))}</p>'
+    if not result:
+        return f'<section id="diff" aria-labelledby="diff-h"><h2 id="diff-h">Diff</h2>{head}</section>'
+    articles = []
+    for entry in found:
+        shared = decision_lines(entry.section.decisions, entry.section, result)
+        groups = "".join(_group(n, result.groups[n - 1], result, shared) for n in entry.groups)
+        articles.append(
+            f'<article class="entry" id="diff-entry-{entry.number}" data-count="{entry.count}">'
+            f"<h3>[{entry.number}] {entry.count:,} contexts: {_e(entry.title)}</h3>"
+            f'<pre class="where">{_e(chr(10).join(entry.lines))}</pre>'
+            f'<p>Groups (numbered as <code>kvpolicy diff --format json</code> numbers them):</p><ul class="groups">{groups}</ul>'
+            "</article>"
+        )
+    return (
+        f'<section id="diff" aria-labelledby="diff-h"><h2 id="diff-h">Diff {_e(result.old.version)} → {_e(result.new.version)}</h2>'
+        f'{head}<p class="note">{_e(CONTEXT_NOTE)}</p>{"".join(articles)}</section>'
+    )
+
+
+def _group(number: int, group: Group, result: Diff, shared: list[str]) -> str:
+    # The decision lines its entry already shows are not repeated; what is left tells groups apart.
+    decisions = decision_lines(group.change.decisions, group, result)
+    lines = "; ".join([*(d for d in decisions if decisions != shared), *change_lines(group, result)[len(decisions):]])
+    lines = lines or "these decision changes, no diagnostic comes or goes"
+    return (f'<li id="diff-group-{number}" data-group="{number}" data-count="{group.count}">'
+            f"<b>[{number}]</b> {group.count:,} contexts: {_e(lines)}</li>")
+
+
+def _used(section: Any) -> str:
+    """The config fields read for a section (what :mod:`kvpolicy.serving` reports), for hover."""
+    used = getattr(section, "used", ())
+    return ("fields read:\n" + "\n".join(map(str, used))) if used else ""
+
+
+def _impact_counts(results: Sequence[Any]) -> str:
+    counts = Counter(r.status for r in results if not r.skipped)
+    return ", ".join(f"{counts[s]} {s}" for s, _ in _STATUSES if counts[s])
+
+
+def _impact(results: Sequence[Any], old: str, new: str, link: Link | None) -> str:
+    link = link or (lambda path, line: path + (f"#L{line}" if line else ""))
+    classes = dict(_STATUSES)
+    read = [r for r in results if not r.skipped]
+    rows = []
+    for result in read:
+        architecture = result.architecture or "unknown"
+        if result.model_type:
+            architecture += f" ({result.model_type})"
+        first = True
+        span = max(len(result.sections), 1)
+        for section in result.sections:
+            status = section.status
+            errors = [d for d in (section.new.resolution.errors if section.new.resolution else ())]
+            why = "; ".join(f"{d.id}: {d.message}" for d in errors) or (section.new.invalid or "")
+            head = ""
+            if first:
+                head = (f'<th scope="rowgroup" rowspan="{span}"><a href="{_e(link(result.path, None))}">{_e(result.path)}</a>'
+                        f'<br><small>{_e(architecture)}, from {_e(result.architecture_source)}</small></th>')
+            side = getattr(section, "role", None) or _SIDE_LABELS.get(section.name, section.name)
+            rows.append(
+                f'<tr data-status="{_e(status)}">{head}<td class="side"><a href="{_e(link(result.path, section.line))}"'
+                f' title="{_e(_used(section))}">{_e(side)}'
+                f'{", line " + str(section.line) if section.line else ""}</a></td>'
+                f"<td>{_e(section.old.short())}</td><td>{_e(section.new.short())}</td>"
+                f'<td class="status {classes.get(status, "same")}">{_e(status)}</td><td>{_e(why)}</td></tr>'
+            )
+            first = False
+        for problem in result.problems:
+            rows.append(
+                f'<tr data-status="malformed"><th scope="row"><a href="{_e(link(problem.path, problem.line))}">'
+                f"{_e(problem.location)}</a></th><td>—</td><td></td><td></td>"
+                f'<td class="status bad">malformed</td><td>{_e(problem.message)}</td></tr>'
+            )
+        for label, mismatch in ((old, result.mismatch_old), (new, result.mismatch_new)):
+            if mismatch:
+                rows.append(f'<tr data-status="{_e(result.status)}"><th scope="row">{_e(result.path)}</th><td>both</td>'
+                            f'<td colspan="2">under {_e(label)}</td><td class="status bad">{_e(result.status)}</td>'
+                            f"<td>{_e(mismatch)}</td></tr>")
+    skipped = len(results) - len(read)
+    note = f" {skipped} file(s) skipped (no cache_transceiver_config)." if skipped else ""
+    return (
+        '<section id="impact" aria-labelledby="impact-h"><h2 id="impact-h">Impact on serving configs</h2>'
+        f"<p>{len(read)} config(s): {_e(_impact_counts(results)) or 'none read'}.{_e(note)} "
+        "<span class=\"mark fail\">!</span> after a value: cannot start; /V2: KV-cache manager V2.</p>"
+        '<div class="scroll"><table class="impact"><thead><tr><th scope="col">config</th><th scope="col">side</th>'
+        f'<th scope="col">{_e(old)}</th><th scope="col">{_e(new)}</th><th scope="col">status</th>'
+        f'<th scope="col">why ({_e(new)})</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>'
+    )
