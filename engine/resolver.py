@@ -158,9 +158,10 @@ class _CompiledDecision:
         self.decision = decision
         self.name = decision.name
         self.auto = decision.auto
-        # Sorted by id so that, when several requirements agree, the one named is order-independent.
+        # In declaration order: when several requirements agree, the first declared is named
+        # (renaming a rule never changes which one decided), and every one's notice is reported.
         self.requirements = tuple(
-            _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.id)
+            _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.order)
         )
         self.conditionals = tuple(_CompiledRule(r, decisions) for r in decision.conditionals)
         self.default = _CompiledRule(decision.default, decisions)
@@ -546,13 +547,14 @@ class Program:
             )
             return None, ""
         winner = held[0]
-        notice = winner.notice
-        if notice is not None:
-            diagnostics.append(
-                Diagnostic(notice.id, notice.severity, "", name, "")
-                if lean
-                else self.notice_diagnostic(notice, name, ctx, values, winner.value, None)
-            )
+        for agreeing in held:  # agreeing requirements: each one's notice, none dropped
+            notice = agreeing.notice
+            if notice is not None:
+                diagnostics.append(
+                    Diagnostic(notice.id, notice.severity, "", name, "")
+                    if lean
+                    else self.notice_diagnostic(notice, name, ctx, values, winner.value, None)
+                )
         return winner.value, winner.id
 
     def constraint_diagnostic(self, constraint: Constraint, ctx: dict[str, Any], values: dict[str, Any]) -> Diagnostic:

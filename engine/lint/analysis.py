@@ -150,7 +150,7 @@ class _Step:
         self.decision = decision
         self.name = decision.name
         self.auto = decision.auto
-        self.requirements = [(r, compile_condition(r.when, names)) for r in sorted(decision.requirements, key=lambda r: r.id)]
+        self.requirements = [(r, compile_condition(r.when, names)) for r in sorted(decision.requirements, key=lambda r: r.order)]
         self.conditionals = [(r, compile_condition(r.when, names)) for r in decision.conditionals]
         self.default = decision.default
         pref = decision.preference

@@ -151,6 +151,12 @@ class LintResult:
     suppressed: list[Finding] = field(default_factory=list)
     files: list[PolicyFile] = field(default_factory=list)
     config: LintConfig = field(default_factory=LintConfig)
+    reasons: dict[tuple[str, int], str] = field(default_factory=dict)
+    """The reason given by the suppression comment at (path, line)."""
+
+    def reason(self, finding: Finding) -> str:
+        """Why a suppressed finding is accepted, as its comment says ('' when it says nothing)."""
+        return self.reasons.get((finding.location.path, finding.location.line), "")
 
     def failed(self, fail_level: str | None = None) -> bool:
         """Whether a finding reaches the fail level."""
@@ -294,6 +300,7 @@ def lint_files(
         if codes is not None and finding.code in codes[0]:
             used.add((finding.location.path, finding.location.line, finding.code))
             result.suppressed.append(finding)
+            result.reasons[(finding.location.path, finding.location.line)] = codes[2]
         else:
             result.findings.append(finding)
     loaded = {file.path for file in files if file.policy is not None}

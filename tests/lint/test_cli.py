@@ -125,7 +125,7 @@ def test_rule_and_rules(cli):
     assert code == 2 and "did you mean" in err
     code, out, _ = cli("rules")
     assert code == 0 and "KVP001" in out and "precedence:" in out
-    assert len(json.loads(cli("rules", "--format", "json")[1])) == 19
+    assert len(json.loads(cli("rules", "--format", "json")[1])) == 22
 
 
 def _git(*args, cwd):
@@ -189,20 +189,20 @@ def test_output_file(cli, tmp_path):
     assert json.loads(target.read_text())["version"] == "2.1.0"
 
 
-def test_policy_too_large_to_analyse_is_skipped_not_hung(cli, tmp_path):
+def test_policy_too_large_to_analyse_is_a_finding_not_a_silent_pass(cli, tmp_path):
     """Twenty features read together would need 2**20 evaluations per context class: the exact
-    analysis refuses up front, the other rules still run, and stderr says what was skipped."""
-    text = (FIXTURES / "clean.toml").read_text()
-    features = "".join(f'[features.f{i}]\ndescription = "feature {i}"\n\n' for i in range(20))
-    requirements = "".join(
-        f'[[decisions.transceiver_runtime.requirement]]\nid = "f{i}-requires-cpp"\nwhen = {{ features.f{i} = true }}\n'
-        f'value = "CPP"\nreason = "r"\nsource = "s"\n\n'
-        for i in range(20)
+    analysis refuses up front and says so as an error finding (KVP029), the other rules still
+    run, and the suppressions of the rules that did not run are not called unused."""
+    text = (FIXTURES / "KVP029.toml").read_text().replace(
+        'value = "PYTHON", reason = "GPT-OSS prefers PYTHON.", source = "fixture" },',
+        'value = "PYTHON", reason = "GPT-OSS prefers PYTHON.", source = "fixture" },  # kvpolicy: ignore[KVP030] upstream',
     )
-    text = text.replace("[decisions.backend]", features + "[decisions.backend]", 1)
-    text = text.replace("[decisions.transceiver_runtime.preference]", requirements + "[decisions.transceiver_runtime.preference]", 1)
     path = tmp_path / "big.toml"
     path.write_text(text)
     code, out, err = cli("lint", str(path))
-    assert "analysis skipped" in err
-    assert code == 0, out
+    assert code == 1, out
+    assert "KVP029 precedence and safety analysis skipped" in out
+    assert "KVP090" not in out
+    (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nanalysis-limit = "warning"\n')
+    code, out, _ = cli("lint", str(path), "--config", str(tmp_path / "pyproject.toml"), "--fail-level", "error")
+    assert code == 0 and "KVP029" in out
