@@ -158,10 +158,10 @@ class _CompiledDecision:
         self.decision = decision
         self.name = decision.name
         self.auto = decision.auto
-        # In declaration order: when several requirements agree, the first declared is named
-        # (renaming a rule never changes which one decided), and every one's notice is reported.
+        # Sorted by id: when several requirements agree, all of them are named (``a+b``), in an
+        # order that does not depend on the file.
         self.requirements = tuple(
-            _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.order)
+            _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.id)
         )
         self.conditionals = tuple(_CompiledRule(r, decisions) for r in decision.conditionals)
         self.default = _CompiledRule(decision.default, decisions)
@@ -448,7 +448,7 @@ class Program:
                             if decided is None:
                                 outcome = "error"
                             else:
-                                outcome = "decided" if r.id == winner_id else "agreed"
+                                outcome = "decided" if r.id in winner_id.split("+") else "agreed"
                             trace.append(TraceStep(name, "requirement", r.id, outcome, f"requires {r.value}: {r.rule.reason or ''}"))
         if value is not None and trace is None:
             values[name] = value
@@ -555,7 +555,9 @@ class Program:
                     if lean
                     else self.notice_diagnostic(notice, name, ctx, values, winner.value, None)
                 )
-        return winner.value, winner.id
+        # Agreeing requirements decide together: naming only one would make decided_by depend on
+        # which id sorts first (a rename would change it) and hide the others.
+        return winner.value, winner.id if len(held) == 1 else "+".join(r.id for r in held)
 
     def constraint_diagnostic(self, constraint: Constraint, ctx: dict[str, Any], values: dict[str, Any]) -> Diagnostic:
         """The diagnostic of a constraint that fired."""

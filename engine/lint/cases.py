@@ -203,7 +203,7 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
     except ContextError as exc:
         return CaseResult(name, location, version, (f"invalid context: {exc}",))
     for rule_id in resolution.decided_by.values():
-        exercised.add(rule_id)
+        exercised.update(rule_id.split("+"))  # agreeing requirements decide together
     ids = [d.id for d in resolution.diagnostics]
     exercised.update(ids)
     failures = []

@@ -875,9 +875,9 @@ def auto_rejected(file: PolicyFile) -> Iterator[Finding]:
         owners.setdefault(row.id, row)
     constraints = {c.id: c for c in policy.constraints}
     outcome = file.policy_set.outcome
-    # One finding per (rule that chose, constraint, decision), listing every combination of the
-    # other decisions (e.g. each backend) where it happens: one problem, one finding.
-    grouped: dict[tuple[str, str, str], list[tuple[str, str, str, dict[str, Any], dict[str, Any], Any]]] = {}
+    # One finding per (rule that chose, decision): every constraint that rejects its choice and
+    # every combination of the other decisions (e.g. each backend) where that happens, in one.
+    grouped: dict[tuple[str, str], dict[str, list[tuple[str, str, str, dict[str, Any], dict[str, Any], Any]]]] = {}
     for (constraint_id, decision, rule_id, others), witnesses in sorted(analysis.rejected.items()):
         for witness in sorted(witnesses, key=lambda w: w.get("#size", 0))[:64]:
             ctx = context_of(witness, policy)
@@ -896,24 +896,39 @@ def auto_rejected(file: PolicyFile) -> Iterator[Finding]:
             where = ", ".join(f"{k} {v}" for k, v in others)
             for target in _deciders(analysis, owners, rule_id):
                 shown = ctx if target.id == rule_id else _with_architecture(ctx, target)
-                grouped.setdefault((target.id, constraint_id, decision), []).append(
-                    (where, rejected, working, shown, witness, target)
-                )
+                by_constraint = grouped.setdefault((target.id, decision), {})
+                by_constraint.setdefault(constraint_id, []).append((where, rejected, working, shown, witness, target))
             break
-    for (target_id, constraint_id, decision), entries in grouped.items():
-        where, rejected, working, shown, witness, target = entries[0]
-        wheres = list(dict.fromkeys(e[0] for e in entries if e[0]))
-        if len(wheres) > 1:
-            contexts = f" in {len(wheres)} contexts ({'; '.join(wheres)})"
+    for (target_id, decision), by_constraint in grouped.items():
+        first_constraint, entries = next(iter(by_constraint.items()))
+        _, rejected, working, shown, witness, target = entries[0]
+        parts = []
+        count = 0
+        for constraint_id, found in by_constraint.items():
+            wheres = list(dict.fromkeys(e[0] for e in found if e[0]))
+            count += max(1, len(wheres))
+            parts.append(
+                f"constraint {constraint_id} rejects it{' with ' + '; '.join(wheres) if wheres else ''} "
+                f"(e.g. {describe_context(found[0][3], policy)})"
+            )
+        if len(by_constraint) == 1 and count == 1:
+            where = entries[0][0]
+            message = (
+                f"auto resolves {decision} to {rejected} through {target_id}{' with ' + where if where else ''}, "
+                f"which constraint {first_constraint} rejects; {decision} = {working} would pass "
+                f"(e.g. {describe_context(shown, policy)})"
+            )
         else:
-            contexts = f" with {wheres[0]}" if wheres else ""
+            message = (
+                f"auto resolves {decision} to {rejected} through {target_id}, which fails at start-up in {count} "
+                f"contexts where {decision} = {working} would pass: {'; '.join(parts)}"
+            )
         yield Finding(
             "KVP030",
-            f"auto resolves {decision} to {rejected} through {target_id}{contexts}, which constraint "
-            f"{constraint_id} rejects; {decision} = {working} would pass (e.g. {describe_context(shown, policy)})",
+            message,
             file.anchor(target),
             "error",
-            related=((file.anchor(constraints[constraint_id]), f"constraint {constraint_id}"),),
+            related=tuple((file.anchor(constraints[c]), f"constraint {c}") for c in by_constraint),
             context=_counterexample(file, _witness_of(shown, witness)),
         )
 
@@ -926,8 +941,8 @@ def _deciders(analysis: Analysis, owners: dict[str, Any], rule_id: str) -> list[
         for row in rows:
             unique.setdefault(row.id, row)
         return sorted(unique.values(), key=lambda r: r.location.line)
-    owner = owners.get(rule_id)
-    return [owner] if owner is not None else []
+    found = [owners.get(part) for part in rule_id.split("+")]  # agreeing requirements: a+b
+    return [owner for owner in found if owner is not None]
 
 
 def _with_architecture(ctx: dict[str, Any], row: Row) -> dict[str, Any]:
