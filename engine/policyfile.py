@@ -122,7 +122,9 @@ def read_policy_bytes(
     return _read_capped(path, shown, limit)
 
 
-def _read_capped(path: Path, shown: str, limit: int) -> bytes:
+def _read_capped(path: Path, shown: str, limit: int, kind: str = "policy files") -> bytes:
+    """At most ``limit`` bytes of a regular file; :class:`PolicyError` (``io`` or ``size``) otherwise.
+    ``kind`` names the files in messages ("policy files", "config files")."""
     try:
         info = os.stat(path)
     except RuntimeError:
@@ -132,9 +134,9 @@ def _read_capped(path: Path, shown: str, limit: int) -> bytes:
             raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
         raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
     if not stat.S_ISREG(info.st_mode):
-        raise _problem(shown, f"not a regular file ({_kind(info.st_mode)}); policy files must be regular files", "io")
+        raise _problem(shown, f"not a regular file ({_kind(info.st_mode)}); {kind} must be regular files", "io")
     if info.st_size > limit:
-        raise _problem(shown, f"the file is {info.st_size:,} bytes; policy files are limited to {limit:,} bytes")
+        raise _problem(shown, f"the file is {info.st_size:,} bytes; {kind} are limited to {limit:,} bytes")
     try:
         # O_NONBLOCK: if the path was swapped for a FIFO since the stat, opening must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
@@ -142,7 +144,7 @@ def _read_capped(path: Path, shown: str, limit: int) -> bytes:
         raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _problem(shown, "not a regular file; policy files must be regular files", "io")
+            raise _problem(shown, f"not a regular file; {kind} must be regular files", "io")
         chunks = []
         total = 0
         while total <= limit:
@@ -156,7 +158,7 @@ def _read_capped(path: Path, shown: str, limit: int) -> bytes:
     finally:
         os.close(fd)
     if total > limit:
-        raise _problem(shown, f"the file grew past {limit:,} bytes while read; policy files are limited to {limit:,} bytes")
+        raise _problem(shown, f"the file grew past {limit:,} bytes while read; {kind} are limited to {limit:,} bytes")
     return b"".join(chunks)
 
 
