@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError, PolicyProblem
-from .loader import display_path, load_policy_file, policy_files, shipped_root, version_key
+from .loader import CASES_SUFFIX, display_path, load_policy_file, policy_files, shipped_root, version_key
 from .policyfile import allowed_symlink_roots, check_text, read_policy_bytes
 from .model import Policy
 from .resolution import Resolution
@@ -160,6 +160,15 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
         )
     root = shipped_root() if path is None else Path(path)
     if os.path.lexists(root) and not root.is_dir():
+        if root.name.endswith(CASES_SUFFIX):
+            target = root.name[: -len(CASES_SUFFIX)] + ".toml"
+            raise PolicyError(
+                PolicyProblem(
+                    Location(display_path(root)),
+                    "io",
+                    f"this is a test file (policy test cases for `kvpolicy test`), not a policy; name the policy it tests, e.g. {target}",
+                )
+            )
         policy = load_policy_file(root)
         if version is not None and policy.version != version:
             raise PolicyError(

@@ -279,6 +279,14 @@ class Program:
                 if value:
                     flags.append(self._flag_features[key])
             elif key not in _PASSIVE_FIELDS:
+                if key in _SERVING_CONFIG_KEYS:
+                    # A whole serving config was passed where its cache_transceiver_config belongs.
+                    raise ContextError(
+                        key,
+                        "this is a key of a whole serving config, not of its cache_transceiver_config; pass "
+                        "config['cache_transceiver_config'] (for a disaggregated config, each of "
+                        "context_servers / generation_servers has its own), or use `kvpolicy impact`",
+                    )
                 raise ContextError(
                     key,
                     f"unknown context field{suggest(key, self._known_fields)} "
@@ -618,6 +626,13 @@ class Program:
             str(held[0].rule.location),
             fix,
         )
+
+
+#: Top-level keys of a TensorRT-LLM serving config (not context fields): a hint that the whole
+#: config was passed to ``resolve``.
+_SERVING_CONFIG_KEYS = frozenset(
+    {"cache_transceiver_config", "context_servers", "generation_servers", "model", "backend_config", "hostname", "port"}
+)
 
 
 def _env(value: Any) -> Mapping[str, str]:

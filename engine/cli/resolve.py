@@ -112,13 +112,21 @@ def run(args: Any) -> int:
         return context_error(exc)
     except ValueError as exc:
         return fail(str(exc))
+    from ..hints import context_notes
+
+    notes = context_notes(policy_set.policy, resolution.context)
     if args.format == "json":
         data = resolution.to_dict()
         if args.explain:
             data["trace"] = [step._asdict() for step in resolution.trace]
+        if notes:
+            data["notes"] = notes
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        print(render(resolution, explain=args.explain))
+        text = render(resolution, explain=args.explain)
+        if notes:
+            text += "\n" + "\n".join(f"note: {note}" for note in notes)
+        print(text)
     return 0 if resolution.ok else 1
 
 
