@@ -68,6 +68,25 @@ def test_exit_codes(cli, tmp_path):
     assert exc.value.code == 2
 
 
+def test_no_policy_files_is_a_usage_error(cli, tmp_path):
+    code, _, err = cli("lint", str(tmp_path))
+    assert code == 2 and "no policy files" in err
+    (tmp_path / "p.cases.toml").write_text("")
+    code, _, err = cli("lint", str(tmp_path))
+    assert code == 2 and "hold policy test cases" in err
+
+
+def test_pre_commit_lint_hook_catches_a_duplicate_version_in_an_unstaged_file(cli, tmp_path, monkeypatch):
+    """The hook runs `kvpolicy lint` with no file names: the folder is linted, so a staged file
+    that repeats the version of an unstaged one fails (KVP050)."""
+    (tmp_path / "policies").mkdir()
+    for name in ("a.toml", "b.toml"):
+        shutil.copy(FIXTURES / "clean.toml", tmp_path / "policies" / name)
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("lint")
+    assert code == 1 and "KVP050" in out
+
+
 def test_no_paths_lints_policies_folder(cli, monkeypatch, tmp_path):
     code, out, _ = cli("lint")
     assert code == 0 and "4 files checked" in out
@@ -175,11 +194,14 @@ def test_pre_commit_hooks_name_real_commands():
     from kvpolicy.cli import COMMANDS
 
     hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
-    assert {h["id"] for h in hooks} == {"kvpolicy-lint", "kvpolicy-fmt", "kvpolicy-test"}
+    assert {h["id"] for h in hooks} == {"kvpolicy-check", "kvpolicy-lint", "kvpolicy-fmt", "kvpolicy-test"}
     for hook in hooks:
         program, command = hook["entry"].split()[:2]
         assert program == "kvpolicy" and command in COMMANDS
         assert hook["language"] == "python"
+        if command in ("check", "lint", "test"):
+            # The whole folder, not the staged files: version hygiene compares every file.
+            assert hook["pass_filenames"] is False, hook["id"]
 
 
 def test_output_file(cli, tmp_path):
