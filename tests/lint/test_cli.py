@@ -47,6 +47,16 @@ def test_github_annotations_escape(cli, tmp_path):
     _, out, _ = cli("lint", str(FIXTURES / "KVP030.toml"), "--format", "github")
     assert out.startswith("::error file=tests/lint/fixtures/KVP030.toml,line=44,col=3,title=KVP030 auto-rejected::")
     assert out.count("\n") == 1
+    # A path with the property separators and a message with a percent sign: both escaped, one line each.
+    folder = tmp_path / "a,b:c%d"
+    folder.mkdir()
+    text = (FIXTURES / "clean.toml").read_text().replace('summary = "Lint fixture."', 'summary = "Lint fixture."\n"50%,x:y" = 1', 1)
+    (folder / "p.toml").write_text(text)
+    _, out, _ = cli("lint", str(folder / "p.toml"), "--format", "github")
+    (line,) = out.splitlines()
+    properties, message = line.split("::")[1:3]
+    assert "a%2Cb%3Ac%25d" in properties and "a,b" not in properties
+    assert "unknown key '50%25,x:y'" in message
 
 
 def test_junit_is_xml(cli):
