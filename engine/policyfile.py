@@ -33,6 +33,7 @@ __all__ = [
     "MAX_KEY_PARTS",
     "MAX_NESTING",
     "MAX_POLICY_BYTES",
+    "MAX_ROWS",
     "allowed_symlink_roots",
     "check_text",
     "read_policy_bytes",
@@ -52,6 +53,9 @@ MAX_BARE_VALUE = 64
 
 #: ``[[name]]`` tables of one name (the schema allows 10,000 rules or constraints per list).
 MAX_ARRAY_TABLES = 10_000
+
+#: Rows of one preference table (as in the schema), whether inline tables or ``[[...rows]]``.
+MAX_ROWS = 100_000
 
 #: Inline tables in a file: preference rows (at most 100,000) plus conditions and notices.
 MAX_INLINE_TABLES = 150_000
@@ -199,12 +203,13 @@ _ARRAY_HEADER = re.compile(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.
 
 def check_text(raw: bytes, shown: str) -> None:
     """Refuse, with a location, a file whose structure would cost more than a policy can need:
-    too deep, too many parts in a key, a too-long bare value, too many tables. Valid TOML within
-    the bounds passes; invalid TOML is left to the parser to report."""
+    too deep, too many parts in a key, a too-long bare value, too many tables or rows. Valid TOML
+    within the bounds passes; invalid TOML is left to the parser to report."""
     _check_array_tables(raw, shown)
     text = raw.decode("utf-8", errors="replace")
-    inline_limit = MAX_INLINE_TABLES if raw.count(b"{") > MAX_INLINE_TABLES else None
-    _scan(text, shown, inline_limit)
+    if raw.count(b"{") > MAX_ROWS:  # only then can rows or inline tables be too many
+        _count_rows(text, shown)
+    _scan(text, shown)
 
 
 def _check_array_tables(raw: bytes, shown: str) -> None:
@@ -214,23 +219,63 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
     for match in _ARRAY_HEADER.finditer(raw):
         name = re.sub(rb"\s+", b"", match.group(1))
         counts[name] = counts.get(name, 0) + 1
-        if counts[name] > MAX_ARRAY_TABLES:
+        limit = MAX_ROWS if name.endswith(b".rows") else MAX_ARRAY_TABLES
+        if counts[name] > limit:
             line = raw.count(b"\n", 0, match.start()) + 1
             raise _problem(
                 shown,
-                f"more than {MAX_ARRAY_TABLES:,} [[{name.decode('utf-8', 'replace')}]] tables; "
-                f"a policy allows at most {MAX_ARRAY_TABLES:,} per list",
+                f"more than {limit:,} [[{name.decode('utf-8', 'replace')}]] tables; "
+                f"a policy allows at most {limit:,} per list",
                 line=line,
                 column=1,
             )
 
 
-def _scan(text: str, shown: str, inline_limit: int | None) -> None:
+# Strings and comments, removed before counting rows: multi-line strings first (replaced by their
+# newlines, so line numbers stay), then one-line strings and comments (they hold no newline).
+_MULTILINE_STRING = re.compile(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
+_LINE_STRING_OR_COMMENT = re.compile(r'''"(?:[^"\\\n]|\\.)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
+_ROWS_KEY = re.compile(r"(?<![\w-])rows[ \t]*=[ \t]*\[")
+
+
+def _count_rows(text: str, shown: str) -> None:
+    """Refuse more rows in one ``rows = [...]`` array, or more inline tables in the file, than a
+    policy may hold. Counting is done by ``str`` methods on the text without strings and
+    comments, so a 300,000-row file is refused in well under a second."""
+    if '"""' in text or "\'\'\'" in text:
+        text = _MULTILINE_STRING.sub(lambda m: "\n" * m.group().count("\n"), text)
+    bare = _LINE_STRING_OR_COMMENT.sub("", text)
+    for match in _ROWS_KEY.finditer(bare):
+        # Rows hold scalars only (the schema), so the array ends at the first "]"; a row holding
+        # an array only ends the count early, and the schema then reports that row.
+        end = bare.find("]", match.end())
+        rows = bare.count("{", match.end(), end if end >= 0 else len(bare))
+        if rows > MAX_ROWS:
+            line = bare.count("\n", 0, match.start()) + 1
+            raise _problem(
+                shown,
+                f"{rows:,} rows in one preference table; the schema allows at most {MAX_ROWS:,} "
+                "(split the table across versions or architectures)",
+                line=line,
+                column=match.start() - (bare.rfind("\n", 0, match.start()) + 1) + 1,
+            )
+    if bare.count("{") > MAX_INLINE_TABLES:
+        at = -1
+        for _ in range(MAX_INLINE_TABLES + 1):
+            at = bare.find("{", at + 1)
+        raise _problem(
+            shown,
+            f"more than {MAX_INLINE_TABLES:,} inline tables; a policy has at most {MAX_ROWS:,} rows plus its "
+            "rules' conditions",
+            line=bare.count("\n", 0, at) + 1,
+        )
+
+
+def _scan(text: str, shown: str) -> None:
     stack: list[str] = []  # "a" array, "i" inline table
     mode = "key"  # key | value | header
     parts = 0
     line, line_start = 1, 0
-    inline = 0
 
     def fail(message: str, offset: int) -> PolicyError:
         return _problem(shown, message, "size", line, offset - line_start + 1)
@@ -290,13 +335,6 @@ def _scan(text: str, shown: str, inline_limit: int | None) -> None:
                 mode, parts = "key", 0
                 if len(stack) > MAX_NESTING:
                     raise fail(f"arrays and inline tables nested more than {MAX_NESTING} deep; policies need at most 4", match.start())
-                inline += 1
-                if inline_limit is not None and inline > inline_limit:
-                    raise fail(
-                        f"more than {inline_limit:,} inline tables; a policy allows at most 100,000 "
-                        "preference rows (split the table across versions or architectures)",
-                        match.start(),
-                    )
         elif char in "]}":
             if mode == "header":
                 mode, parts = "key", 0

@@ -214,7 +214,11 @@ def load_policy_bytes(raw: bytes, shown: str) -> PolicyFile:
     document: SourceDocument | None
     try:
         document = parse_document(raw, shown)
-    except TomlSyntaxError:
+    except TomlSyntaxError as exc:
+        if exc.check != "toml":  # refused before parsing: parsing it again would only cost the same
+            from ..errors import PolicyProblem
+
+            return PolicyFile(shown, raw, None, None, (PolicyProblem(exc.location, exc.check, exc.reason),))
         document = None
     try:
         policy = parse_policy(raw, shown)

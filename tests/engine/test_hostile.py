@@ -113,9 +113,9 @@ def _too_many_constraints(folder: Path) -> str:
 
 
 def _too_many_rows(folder: Path) -> str:
-    rows = "".join(f'  {{ architecture = "A{i}ForCausalLM", value = "CPP" }},\n' for i in range(150_001))
+    rows = "".join(f'  {{ architecture = "A{i}ForCausalLM", value = "CPP" }},\n' for i in range(100_001))
     _write(folder, CLEAN.replace("rows = [\n", "rows = [\n" + rows, 1))
-    return "more than 150,000 inline tables"
+    return "100,002 rows in one preference table; the schema allows at most 100,000"
 
 
 CASES = {f.__name__.lstrip("_"): f for f in (
