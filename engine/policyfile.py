@@ -188,7 +188,7 @@ _TOKEN = re.compile(
     r'''
       (?P<mlb>"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+)
     | (?P<mll>\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+)
-    | (?P<str>"(?:[^"\\\n]|\\.)*+"?|'[^'\n]*+'?)
+    | (?P<str>"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?)
     | (?P<comment>\#[^\n]*+)
     | (?P<nl>\n)
     | (?P<bare>[A-Za-z0-9_+\-:]++)
@@ -207,7 +207,7 @@ def check_text(raw: bytes, shown: str) -> None:
     within the bounds passes; invalid TOML is left to the parser to report."""
     _check_array_tables(raw, shown)
     text = raw.decode("utf-8", errors="replace")
-    if raw.count(b"{") > MAX_ROWS:  # only then can rows or inline tables be too many
+    if raw.count(b"{") > MAX_ARRAY_TABLES:  # only then can an inline list or the inline tables be too many
         _count_rows(text, shown)
     _scan(text, shown)
 
@@ -234,31 +234,44 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
 # Strings and comments, removed before counting rows: multi-line strings first (replaced by their
 # newlines, so line numbers stay), then one-line strings and comments (they hold no newline).
 _MULTILINE_STRING = re.compile(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
-_LINE_STRING_OR_COMMENT = re.compile(r'''"(?:[^"\\\n]|\\.)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
-_ROWS_KEY = re.compile(r"(?<![\w-])rows[ \t]*=[ \t]*\[")
+# Unrolled ("normal* (special normal*)*"): twice as fast as a per-character alternation.
+_LINE_STRING_OR_COMMENT = re.compile(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
+_LIST_KEY = re.compile(r"(?<![\w-])(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[")
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def _count_rows(text: str, shown: str) -> None:
-    """Refuse more rows in one ``rows = [...]`` array, or more inline tables in the file, than a
-    policy may hold. Counting is done by ``str`` methods on the text without strings and
-    comments, so a 300,000-row file is refused in well under a second."""
+    """Refuse more entries in an inline list of tables (``rows = [...]``, ``constraints = [...]``,
+    ``requirement``, ``conditional``), or more inline tables in the file, than a policy may hold.
+    Counting runs on the text without strings and comments, bracket by bracket, and stops at the
+    bound: a 300,000-row file is refused in about a second instead of minutes of parsing."""
     if '"""' in text or "\'\'\'" in text:
         text = _MULTILINE_STRING.sub(lambda m: "\n" * m.group().count("\n"), text)
     bare = _LINE_STRING_OR_COMMENT.sub("", text)
-    for match in _ROWS_KEY.finditer(bare):
-        # Rows hold scalars only (the schema), so the array ends at the first "]"; a row holding
-        # an array only ends the count early, and the schema then reports that row.
-        end = bare.find("]", match.end())
-        rows = bare.count("{", match.end(), end if end >= 0 else len(bare))
-        if rows > MAX_ROWS:
-            line = bare.count("\n", 0, match.start()) + 1
-            raise _problem(
-                shown,
-                f"{rows:,} rows in one preference table; the schema allows at most {MAX_ROWS:,} "
-                "(split the table across versions or architectures)",
-                line=line,
-                column=match.start() - (bare.rfind("\n", 0, match.start()) + 1) + 1,
-            )
+    for match in _LIST_KEY.finditer(bare):
+        name = match.group(1)
+        limit = MAX_ROWS if name == "rows" else MAX_ARRAY_TABLES
+        if bare.count("{", match.end()) <= limit:
+            continue
+        depth = count = 0
+        for bracket in _BRACKET.finditer(bare, match.end()):
+            char = bracket.group()
+            if char in "[{":
+                if depth == 0 and char == "{":
+                    count += 1
+                    if count > limit:
+                        raise _problem(
+                            shown,
+                            f"more than {limit:,} entries in `{name} = [...]`; the schema allows at most {limit:,} "
+                            "(split the table across versions or architectures)",
+                            line=bare.count("\n", 0, match.start()) + 1,
+                            column=match.start() - (bare.rfind("\n", 0, match.start()) + 1) + 1,
+                        )
+                depth += 1
+            elif depth == 0:
+                break  # the list's own closing bracket
+            else:
+                depth -= 1
     if bare.count("{") > MAX_INLINE_TABLES:
         at = -1
         for _ in range(MAX_INLINE_TABLES + 1):

@@ -112,16 +112,27 @@ def _too_many_constraints(folder: Path) -> str:
     return "more than 10,000 [[constraints]] tables"
 
 
+def _too_many_inline_constraints(folder: Path) -> str:
+    head = CLEAN[: CLEAN.index("[[constraints]]")]
+    item = (
+        '{{ id = "c{i}", decision = "transceiver_runtime", severity = "error", when = {{ transceiver_runtime = "PYTHON", '
+        'backend = {{ not = ["NIXL"] }} }}, message = "m {{backend}}", fix = "f", reason = "r", source = "s" }}'
+    )
+    items = ",\n".join(item.format(i=i) for i in range(10_001))
+    _write(folder, head.replace('source = "kvpolicy tests"\n', f'source = "kvpolicy tests"\nconstraints = [\n{items}\n]\n', 1))
+    return "more than 10,000 entries in `constraints = [...]`"
+
+
 def _too_many_rows(folder: Path) -> str:
     rows = "".join(f'  {{ architecture = "A{i}ForCausalLM", value = "CPP" }},\n' for i in range(100_001))
     _write(folder, CLEAN.replace("rows = [\n", "rows = [\n" + rows, 1))
-    return "100,002 rows in one preference table; the schema allows at most 100,000"
+    return "more than 100,000 entries in `rows = [...]`; the schema allows at most 100,000"
 
 
 CASES = {f.__name__.lstrip("_"): f for f in (
     _deep_array, _deep_inline, _huge_integer, _dotted_header, _dotted_key, _oversize, _dev_zero, _fifo, _loop,
     _outside, _folder_named_toml, _format_spec, _format_spec_20_digits, _attribute, _bad_date,
-    _too_many_constraints, _too_many_rows,
+    _too_many_constraints, _too_many_inline_constraints, _too_many_rows,
 )}
 
 
