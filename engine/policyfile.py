@@ -60,6 +60,12 @@ MAX_ROWS = 100_000
 #: Inline tables in a file: preference rows (at most 100,000) plus conditions and notices.
 MAX_INLINE_TABLES = 150_000
 
+#: Features of a policy (as in the schema).
+MAX_FEATURES = 1_000
+
+#: Table headers in a file: every list of rules and constraints at its bound, rows as ``[[...rows]]``.
+MAX_HEADERS = 150_000
+
 
 def _problem(path: str, message: str, check: str = "size", line: int = 1, column: int = 1) -> PolicyError:
     return PolicyError(PolicyProblem(Location(path, line, column), check, message))
@@ -207,12 +213,31 @@ def check_text(raw: bytes, shown: str) -> None:
     within the bounds passes; invalid TOML is left to the parser to report."""
     _check_array_tables(raw, shown)
     text = raw.decode("utf-8", errors="replace")
-    if raw.count(b"{") > MAX_ARRAY_TABLES:  # only then can an inline list or the inline tables be too many
+    if raw.count(b"{") > MAX_FEATURES:  # only then can an inline list or the inline tables be too many
         _count_rows(text, shown)
     _scan(text, shown)
 
 
+_HEADER = re.compile(rb"^[ \t]*\[", re.MULTILINE)
+_FEATURE_HEADER = re.compile(rb"^[ \t]*\[[ \t]*features[ \t]*\.", re.MULTILINE)
+
+
+def _check_headers(raw: bytes, shown: str) -> None:
+    if raw.count(b"[") <= MAX_FEATURES:
+        return
+    for pattern, limit, what in (
+        (_FEATURE_HEADER, MAX_FEATURES, f"more than {MAX_FEATURES:,} [features.*] tables; the schema allows at most {MAX_FEATURES:,} features"),
+        (_HEADER, MAX_HEADERS, f"more than {MAX_HEADERS:,} table headers; no policy needs that many"),
+    ):
+        count = 0
+        for match in pattern.finditer(raw):
+            count += 1
+            if count > limit:
+                raise _problem(shown, what, line=raw.count(b"\n", 0, match.start()) + 1)
+
+
 def _check_array_tables(raw: bytes, shown: str) -> None:
+    _check_headers(raw, shown)
     if raw.count(b"[[") <= MAX_ARRAY_TABLES:
         return
     counts: dict[bytes, int] = {}
@@ -236,7 +261,7 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
 _MULTILINE_STRING = re.compile(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
 # Unrolled ("normal* (special normal*)*"): twice as fast as a per-character alternation.
 _LINE_STRING_OR_COMMENT = re.compile(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
-_LIST_KEY = re.compile(r"(?<![\w-])(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[")
+_LIST_KEY = re.compile(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
 _BRACKET = re.compile(r"[\[\]{}]")
 
 
@@ -249,8 +274,8 @@ def _count_rows(text: str, shown: str) -> None:
         text = _MULTILINE_STRING.sub(lambda m: "\n" * m.group().count("\n"), text)
     bare = _LINE_STRING_OR_COMMENT.sub("", text)
     for match in _LIST_KEY.finditer(bare):
-        name = match.group(1)
-        limit = MAX_ROWS if name == "rows" else MAX_ARRAY_TABLES
+        name = match.group(1) or match.group(2)
+        limit = MAX_ROWS if name == "rows" else MAX_FEATURES if name == "features" else MAX_ARRAY_TABLES
         if bare.count("{", match.end()) <= limit:
             continue
         depth = count = 0
@@ -262,7 +287,8 @@ def _count_rows(text: str, shown: str) -> None:
                     if count > limit:
                         raise _problem(
                             shown,
-                            f"more than {limit:,} entries in `{name} = [...]`; the schema allows at most {limit:,} "
+                            f"more than {limit:,} entries in `{name} = {'{...}' if name == 'features' else '[...]'}`; "
+                            f"the schema allows at most {limit:,} "
                             "(split the table across versions or architectures)",
                             line=bare.count("\n", 0, match.start()) + 1,
                             column=match.start() - (bare.rfind("\n", 0, match.start()) + 1) + 1,

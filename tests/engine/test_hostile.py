@@ -123,6 +123,12 @@ def _too_many_inline_constraints(folder: Path) -> str:
     return "more than 10,000 entries in `constraints = [...]`"
 
 
+def _too_many_features(folder: Path) -> str:
+    features = "".join(f'[features.f{i}]\ndescription = "feature {i}"\n\n' for i in range(1_001))
+    _write(folder, CLEAN.replace("[decisions.backend]", features + "[decisions.backend]", 1))
+    return "more than 1,000 [features.*] tables"
+
+
 def _too_many_rows(folder: Path) -> str:
     rows = "".join(f'  {{ architecture = "A{i}ForCausalLM", value = "CPP" }},\n' for i in range(100_001))
     _write(folder, CLEAN.replace("rows = [\n", "rows = [\n" + rows, 1))
@@ -132,7 +138,7 @@ def _too_many_rows(folder: Path) -> str:
 CASES = {f.__name__.lstrip("_"): f for f in (
     _deep_array, _deep_inline, _huge_integer, _dotted_header, _dotted_key, _oversize, _dev_zero, _fifo, _loop,
     _outside, _folder_named_toml, _format_spec, _format_spec_20_digits, _attribute, _bad_date,
-    _too_many_constraints, _too_many_inline_constraints, _too_many_rows,
+    _too_many_constraints, _too_many_inline_constraints, _too_many_features, _too_many_rows,
 )}
 
 
