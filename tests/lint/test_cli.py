@@ -238,3 +238,35 @@ def test_policy_too_large_to_analyse_is_a_finding_not_a_silent_pass(cli, tmp_pat
     (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nanalysis-limit = "warning"\n')
     code, out, _ = cli("lint", str(path), "--config", str(tmp_path / "pyproject.toml"), "--fail-level", "error")
     assert code == 0 and "KVP029" in out
+
+
+def test_suppression_reason_reaches_json_and_sarif(cli, tmp_path):
+    text = (FIXTURES / "KVP030.toml").read_text().replace(
+        'source = "fixture" },\n]', 'source = "fixture" },  # kvpolicy: ignore[KVP030] reproduces upstream 2026-08-24\n]', 1
+    )
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    suppressed = json.loads(cli("lint", str(path), "--format", "json")[1])["suppressed"]
+    assert [s["reason"] for s in suppressed] == ["reproduces upstream 2026-08-24"]
+    results = json.loads(cli("lint", str(path), "--format", "sarif")[1])["runs"][0]["results"]
+    assert [r["suppressions"][0]["justification"] for r in results] == ["reproduces upstream 2026-08-24"]
+
+
+def test_sarif_fingerprints_are_stable_when_lines_move(cli, tmp_path):
+    path = tmp_path / "policy.toml"
+    text = (FIXTURES / "KVP021.toml").read_text()
+    path.write_text(text)
+    before = [r["partialFingerprints"]["primaryLocationLineHash"] for r in json.loads(cli("lint", str(path), "--format", "sarif")[1])["runs"][0]["results"]]
+    path.write_text("# a comment that moves every line down\n\n" + text)
+    after = json.loads(cli("lint", str(path), "--format", "sarif")[1])["runs"][0]["results"]
+    assert before and [r["partialFingerprints"]["primaryLocationLineHash"] for r in after] == before
+    assert len(set(before)) == len(before)
+
+
+def test_junit_names_are_unique(cli, tmp_path):
+    path = tmp_path / "policy.toml"
+    # Two misspelt values in one condition: two KVP010 findings at one location.
+    path.write_text((FIXTURES / "clean.toml").read_text().replace('backend = { not = "NIXL" }', 'backend = { not = ["NIXLL", "UCXX"] }', 1))
+    _, out, _ = cli("lint", str(path), "--format", "junit")
+    names = [case.get("name") for case in ElementTree.fromstring(out.split("\n", 1)[1]).iter("testcase")]
+    assert len(names) == len(set(names)) >= 2
