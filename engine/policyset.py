@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import PolicyError, PolicyProblem
 from .loader import CASES_SUFFIX, display_path, load_policy_file, policy_files, shipped_root, version_key
-from .policyfile import allowed_symlink_roots, check_text, read_policy_bytes
+from .policyfile import check_text, read_policy_bytes
 from .model import Policy
 from .resolution import Resolution
 from .resolver import Program
@@ -106,10 +106,10 @@ def _versions_in(folder: Path) -> dict[str, Path]:
     large, or a symlink out of the folder makes the folder unusable (as ``kvpolicy lint`` reports)."""
     found: dict[str, Path] = {}
     problems: list[PolicyProblem] = []
-    allowed = allowed_symlink_roots(folder)
     for path in policy_files(folder):
         try:
-            raw = read_policy_bytes(path, display_path(path), root=folder, allowed=allowed)
+            # allow-symlinks is read from pyproject.toml only when a symlink is met
+            raw = read_policy_bytes(path, display_path(path), root=folder)
         except PolicyError as exc:
             problems += exc.problems
             continue

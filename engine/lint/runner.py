@@ -263,14 +263,10 @@ def lint_paths(
 ) -> LintResult:
     """Lint the policy files that ``paths`` name."""
     config = config or LintConfig()
-    allowed: dict[Path, tuple[Path, ...]] = {}
-    files = []
-    for path, root in expand_paths(paths):
-        if root not in allowed:
-            from ..policyfile import allowed_symlink_roots
-
-            allowed[root] = config.allow_symlinks if config.source else allowed_symlink_roots(root)
-        files.append(read_policy_file(path, root, allowed[root]))
+    # The configuration's allow-symlinks; without one, the reader looks for pyproject.toml from the
+    # policy folder when it meets a symlink (as load() does).
+    allowed = config.allow_symlinks if config.source else None
+    files = [read_policy_file(path, root, allowed) for path, root in expand_paths(paths)]
     return lint_files(files, config, base=git_base(base) if base else None)
 
 

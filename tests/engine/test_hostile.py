@@ -210,6 +210,11 @@ def test_symlinks_inside_the_folder_and_allowed_folders_are_followed(tmp_path):
         kvpolicy.load(folder)
     (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nallow-symlinks = ["shared"]\n', encoding="utf-8")
     assert kvpolicy.load(folder).version == "2030.01.02"
+    from kvpolicy.lint.runner import find_config
+
+    assert not [f for f in lint_paths([str(folder)]).findings if f.code == "KVP003"]
+    config = find_config(explicit=str(tmp_path / "pyproject.toml"))
+    assert not [f for f in lint_paths([str(folder)], config).findings if f.code == "KVP003"]
 
 
 def test_load_refuses_a_path_of_the_wrong_type():
