@@ -428,10 +428,10 @@ class _Evaluator:
                 if held:
                     if len({r[1] for r in held}) > 1:
                         diags.append(("requirements-conflict", "error", name))
-                    else:
-                        _, value, rule, notice = held[0]
-                        if notice is not None:
-                            diags.append(notice)
+                    else:  # agreeing requirements decide together, each with its notice (as the resolver)
+                        value = held[0][1]
+                        rule = "+".join(r[2] for r in held)
+                        diags += [r[3] for r in held if r[3] is not None]
                 if value is None and rows is not None:
                     row = _uniform(cube, 0, rows)
                     if row is not None:

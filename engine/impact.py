@@ -102,6 +102,11 @@ class Side:
             return ("invalid-config",)
         return tuple(d.id for d in self.resolution.errors) if self.resolution else ()
 
+    @property
+    def warning_ids(self) -> frozenset[str]:
+        """Ids of the warnings the resolution carries."""
+        return frozenset(d.id for d in self.resolution.warnings) if self.resolution else frozenset()
+
     def short(self) -> str:
         """``PYTHON/NIXL``, ``off``, ``invalid`` (with ``!`` when it cannot start)."""
         if self.invalid is not None:
@@ -133,8 +138,8 @@ class SectionImpact:
 
     @property
     def status(self) -> str:
-        """unchanged, runtime changes, backend changes, changes, starts failing, stops failing,
-        still failing."""
+        """unchanged, new warning, runtime changes, backend changes, changes, starts failing,
+        stops failing, still failing, fails differently."""
         old, new = self.old, self.new
         if new.failing and not old.failing:
             return "starts failing"
@@ -150,6 +155,8 @@ class SectionImpact:
             return "unchanged"
         if dict(old.resolution.values) != dict(new.resolution.values):
             return "changes"
+        if new.warning_ids - old.warning_ids:
+            return "new warning"
         return "unchanged"
 
 
@@ -185,7 +192,7 @@ class ConfigImpact:
             same = self.mismatch_old == self.mismatch_new and all(s.old.error_ids == s.new.error_ids for s in self.sections)
             return "still failing" if same else "fails differently"
         statuses = {s.status for s in self.sections}
-        for status in ("still failing", "fails differently", "runtime changes", "backend changes", "changes"):
+        for status in ("still failing", "fails differently", "runtime changes", "backend changes", "changes", "new warning"):
             if status in statuses:
                 return status
         return "unchanged"
@@ -247,10 +254,12 @@ def _from_checkpoint(model: str, models_root: Path | None, config_dir: Path) -> 
     for folder in candidates:
         config = folder / "config.json"
         if config.is_file():
+            from .configfile import ConfigFileError, read_config
+
             try:
-                data = json.loads(config.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                return ConfigProblem(str(config), getattr(exc, "lineno", None), f"cannot read the checkpoint config: {exc}")
+                data, _ = read_config(config)
+            except ConfigFileError as exc:
+                return ConfigProblem(exc.path, exc.line, f"cannot read the checkpoint config: {exc.message}", exc.column)
             architectures = data.get("architectures") if isinstance(data, dict) else None
             if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
                 return ConfigProblem(str(config), None, "the checkpoint config has no `architectures` list")
@@ -269,7 +278,8 @@ def find_configs(paths: Iterable[str | Path]) -> tuple[list[Path], list[ConfigPr
     for item in paths:
         path = Path(item)
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIXES)
+            # Not only regular files: a FIFO or device named *.yaml is reported by the reader, not skipped.
+            found += sorted(p for p in path.rglob("*") if p.suffix.lower() in _SUFFIXES and not p.is_dir())
         elif path.is_file():
             found.append(path)
         else:
@@ -278,35 +288,16 @@ def find_configs(paths: Iterable[str | Path]) -> tuple[list[Path], list[ConfigPr
 
 
 def _parse(path: Path) -> tuple[Any, Any] | ConfigProblem:
-    """(document, YAML node tree or None) of a YAML or JSON file, or the problem with its location."""
-    import yaml  # the engine's other commands never need it
+    """(document, YAML node tree or None) of a YAML or JSON file, or the problem with its location.
+
+    Read by :func:`kvpolicy.configfile.read_config`: regular files only, size-capped, bounded
+    depth and alias expansion, duplicate keys refused."""
+    from .configfile import ConfigFileError, read_config
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return ConfigProblem(str(path), None, f"cannot read: {exc}")
-    if path.suffix.lower() == ".json":
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return ConfigProblem(str(path), exc.lineno, f"invalid JSON: {exc.msg}", exc.colno)
-    else:
-        try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            return ConfigProblem(
-                str(path),
-                mark.line + 1 if mark is not None else None,
-                f"invalid YAML: {problem}",
-                mark.column + 1 if mark is not None else None,
-            )
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        node = None
-    return document, node
+        return read_config(path)
+    except ConfigFileError as exc:
+        return ConfigProblem(exc.path, exc.line, exc.message, exc.column)
 
 
 def _line_of(node: Any, *keys: Any) -> int | None:

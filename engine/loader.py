@@ -8,9 +8,12 @@ to its rule codes.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import hashlib
 import json
+import os
+import re
 import string
 from collections.abc import Iterable
 from functools import lru_cache
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError, PolicyProblem
+from .policyfile import MAX_POLICY_BYTES, read_policy_bytes
 from .model import (
     DECISIONS,
     Condition,
@@ -49,8 +53,6 @@ __all__ = [
     "version_key",
 ]
 
-#: The largest policy file kvpolicy reads (a 100,000-row policy is about 15 MB).
-MAX_POLICY_BYTES = 32 << 20
 
 #: Files in a policy folder that hold policy test cases, not policies.
 CASES_SUFFIX = ".cases.toml"
@@ -60,6 +62,10 @@ CONFIG_FLAGS = frozenset({"enable_pipelined_transfer"})
 
 #: Names a notice or constraint message may use in ``{...}``.
 PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer_timeout_ms", "preferred"})
+
+#: A placeholder is a bare name: no format spec (``{x:>99999999}`` would write 100 MB), no
+#: conversion, no attribute or index.
+_PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _CONTEXT_SUBJECTS = frozenset({"architecture", "model_type"})
 
@@ -102,21 +108,23 @@ def policy_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.toml") if not p.name.endswith(CASES_SUFFIX))
 
 
-def load_policy_file(path: Path) -> Policy:
-    """Read, parse and check one policy file; raise :class:`PolicyError` listing every problem."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise PolicyError(
-            PolicyProblem(Location(str(path)), "io", f"cannot read the file: {exc.strerror or exc}")
-        ) from None
-    return parse_policy(raw, display_path(path))
+def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
+    """Read, parse and check one policy file; raise :class:`PolicyError` listing every problem.
+
+    ``root`` is the policy folder the file was found in (default: the file's folder); see
+    :func:`kvpolicy.policyfile.read_policy_bytes` for what is refused before parsing."""
+    shown = display_path(path)
+    return parse_policy(read_policy_bytes(path, shown, root=root), shown)
 
 
 def display_path(path: Path) -> str:
-    """How messages name a file: relative to the working directory when it lies below it."""
+    """How messages name a file: relative to the working directory when it lies below it.
+
+    Symlinks are not resolved: a message names the file the user listed (and a symlink loop
+    cannot raise here)."""
+    absolute = Path(os.path.abspath(path))
     try:
-        return str(path.resolve().relative_to(Path.cwd()))
+        return str(absolute.relative_to(os.path.abspath(Path.cwd())))
     except ValueError:
         return str(path)
 
@@ -138,7 +146,7 @@ def parse_policy(raw: bytes, path: str) -> Policy:
     try:
         document = parse_document(raw, path)
     except TomlSyntaxError as exc:
-        raise PolicyError(PolicyProblem(exc.location, "toml", exc.reason)) from None
+        raise PolicyError(PolicyProblem(exc.location, exc.check, exc.reason)) from None
     problems = _schema_problems(document)
     if problems:
         raise PolicyError(problems)
@@ -219,6 +227,7 @@ class _Builder:
 
     def build(self) -> Policy:
         data = self.data
+        self._check_version(data["version"])
         features = {
             name: Feature.model_construct(
                 name=name,
@@ -260,6 +269,14 @@ class _Builder:
         )
 
     # -- pieces --
+
+    def _check_version(self, version: str) -> None:
+        """The schema checks the shape YYYY.MM.DD; here, that it is a real date."""
+        year, month, day = (int(part) for part in version.split(".")[:3])
+        try:
+            datetime.date(year, month, day)
+        except ValueError as exc:
+            self.problem(("version",), "schema", f"version {version} is not a date (YYYY.MM.DD): {exc}")
 
     def _claim(self, rule_id: str, path: tuple[Any, ...]) -> None:
         location = self.doc.locate(path)
@@ -491,10 +508,22 @@ class _Builder:
 
     def _check_placeholders(self, text: str, path: tuple[Any, ...]) -> None:
         try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+            parsed = [(f, spec, conversion) for _, f, spec, conversion in string.Formatter().parse(text) if f is not None]
         except ValueError as exc:
             self.problem(path, "placeholder", f"bad placeholder syntax: {exc}; write {{{{ and }}}} for braces")
             return
+        fields = []
+        for name, spec, conversion in parsed:
+            if spec or conversion or not _PLACEHOLDER_NAME.fullmatch(name):
+                shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                self.problem(
+                    path,
+                    "placeholder",
+                    f"placeholder {_short(shown)} is not a plain {{name}}: messages take no format spec, "
+                    "conversion, attribute or index; write {name} (or {{ and }} for braces)",
+                )
+                continue
+            fields.append(name)
         for name in fields:
             if name not in PLACEHOLDERS:
                 self.problem(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -9,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError, PolicyProblem
-from .loader import load_policy_file, policy_files, shipped_root, version_key
+from .loader import CASES_SUFFIX, display_path, load_policy_file, policy_files, shipped_root, version_key
+from .policyfile import check_text, read_policy_bytes
 from .model import Policy
 from .resolution import Resolution
 from .resolver import Program
@@ -98,17 +100,30 @@ def _top_level(text: str, offset: int) -> bool:
 
 
 def _versions_in(folder: Path) -> dict[str, Path]:
-    """Map version -> file for a folder, reading only each file's ``version`` key."""
+    """Map version -> file for a folder, reading only each file's ``version`` key.
+
+    Every file goes through the same reader as a full load: a file that is not a regular file, too
+    large, or a symlink out of the folder makes the folder unusable (as ``kvpolicy lint`` reports)."""
     found: dict[str, Path] = {}
     problems: list[PolicyProblem] = []
     for path in policy_files(folder):
         try:
-            text = path.read_text(encoding="utf-8")
+            # allow-symlinks is read from pyproject.toml only when a symlink is met
+            raw = read_policy_bytes(path, display_path(path), root=folder)
+        except PolicyError as exc:
+            problems += exc.problems
+            continue
+        try:
+            text = raw.decode("utf-8")
             # A top-level `version = "..."` line is the common case; parsing the whole file only to
             # read one key cost ~12 ms per file here, most of a cold start.
             match = _VERSION_LINE.search(text)
-            version = match.group(1) if match and _top_level(text, match.start()) else tomllib.loads(text).get("version")
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            if match and _top_level(text, match.start()):
+                version = match.group(1)
+            else:
+                check_text(raw, str(path))
+                version = tomllib.loads(text).get("version")
+        except (UnicodeDecodeError, ValueError, PolicyError, RecursionError):
             # The full load reports the problem with its location if this file is the one asked for.
             found.setdefault(f"?{path.name}", path)
             continue
@@ -137,8 +152,23 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
     policies shipped with kvpolicy. ``version`` picks a version from the folder; by default the
     newest. Raises :class:`kvpolicy.PolicyError` (with ``file:line:col``) for a broken policy.
     """
+    if path is not None and not isinstance(path, (str, Path)):
+        raise PolicyError(
+            PolicyProblem(
+                Location(repr(path)[:60]), "io", f"path must be a str or pathlib.Path naming a policy file or folder, not {type(path).__name__}"
+            )
+        )
     root = shipped_root() if path is None else Path(path)
-    if root.is_file():
+    if os.path.lexists(root) and not root.is_dir():
+        if root.name.endswith(CASES_SUFFIX):
+            target = root.name[: -len(CASES_SUFFIX)] + ".toml"
+            raise PolicyError(
+                PolicyProblem(
+                    Location(display_path(root)),
+                    "io",
+                    f"this is a test file (policy test cases for `kvpolicy test`), not a policy; name the policy it tests, e.g. {target}",
+                )
+            )
         policy = load_policy_file(root)
         if version is not None and policy.version != version:
             raise PolicyError(
@@ -153,7 +183,7 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
         if not real:
             unreadable = [p for v, p in versions.items() if v.startswith("?")]
             if unreadable:
-                load_policy_file(unreadable[0])  # raises with the location of the problem
+                load_policy_file(unreadable[0], root=root)  # raises with the location of the problem
             raise PolicyError(PolicyProblem(Location(str(root)), "io", "the folder holds no policy files (*.toml)"))
         version = max(real, key=version_key)
     if version not in real:
@@ -164,7 +194,7 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
                 f"no policy version {version}; available: {', '.join(sorted(real, key=version_key)) or 'none'}",
             )
         )
-    return PolicySet(load_policy_file(real[version]), real)
+    return PolicySet(load_policy_file(real[version], root=root), real)
 
 
 _DEFAULT: PolicySet | None = None

@@ -63,7 +63,8 @@ class Resolution(tuple):  # type: ignore[type-arg]
     """The answer to one context under one policy version. Immutable.
 
     ``values`` maps each decision to its value (empty when disaggregation is off),
-    ``decided_by`` names the rule that decided each value (``explicit`` for a user's choice), and
+    ``decided_by`` names the rule that decided each value (``explicit`` for a user's choice; ``a+b`` when
+    requirements ``a`` and ``b`` agree and decide together, ids sorted), and
     ``trace`` says why the other candidates lost; the trace is computed when it is read.
     """
 

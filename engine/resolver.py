@@ -164,7 +164,8 @@ class _CompiledDecision:
         self.name = decision.name
         self.auto = decision.auto
         self.undecided = decision.undecided
-        # Sorted by id so that, when several requirements agree, the one named is order-independent.
+        # Sorted by id: when several requirements agree, all of them are named (``a+b``), in an
+        # order that does not depend on the file.
         self.requirements = tuple(
             _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.id)
         )
@@ -289,6 +290,14 @@ class Program:
                 if value:
                     flags.append(self._flag_features[key])
             elif key not in _PASSIVE_FIELDS:
+                if key in _SERVING_CONFIG_KEYS:
+                    # A whole serving config was passed where its cache_transceiver_config belongs.
+                    raise ContextError(
+                        key,
+                        "this is a key of a whole serving config, not of its cache_transceiver_config; pass "
+                        "config['cache_transceiver_config'] (for a disaggregated config, each of "
+                        "context_servers / generation_servers has its own), or use `kvpolicy impact`",
+                    )
                 raise ContextError(
                     key,
                     f"unknown context field{suggest(key, self._known_fields)} "
@@ -462,7 +471,7 @@ class Program:
                             if decided is None:
                                 outcome = "error"
                             else:
-                                outcome = "decided" if r.id == winner_id else "agreed"
+                                outcome = "decided" if r.id in winner_id.split("+") else "agreed"
                             trace.append(TraceStep(name, "requirement", r.id, outcome, f"requires {r.value}: {r.rule.reason or ''}"))
         if value is not None and trace is None:
             values[name] = value
@@ -594,14 +603,17 @@ class Program:
             )
             return None, ""
         winner = held[0]
-        notice = winner.notice
-        if notice is not None:
-            diagnostics.append(
-                Diagnostic(notice.id, notice.severity, "", name, "")
-                if lean
-                else self.notice_diagnostic(notice, name, ctx, values, winner.value, None)
-            )
-        return winner.value, winner.id
+        for agreeing in held:  # agreeing requirements: each one's notice, none dropped
+            notice = agreeing.notice
+            if notice is not None:
+                diagnostics.append(
+                    Diagnostic(notice.id, notice.severity, "", name, "")
+                    if lean
+                    else self.notice_diagnostic(notice, name, ctx, values, winner.value, None)
+                )
+        # Agreeing requirements decide together: naming only one would make decided_by depend on
+        # which id sorts first (a rename would change it) and hide the others.
+        return winner.value, winner.id if len(held) == 1 else "+".join(r.id for r in held)
 
     def constraint_diagnostic(self, constraint: Constraint, ctx: dict[str, Any], values: dict[str, Any]) -> Diagnostic:
         """The diagnostic of a constraint that fired."""
@@ -662,6 +674,13 @@ class Program:
             str(held[0].rule.location),
             fix,
         )
+
+
+#: Top-level keys of a TensorRT-LLM serving config (not context fields): a hint that the whole
+#: config was passed to ``resolve``.
+_SERVING_CONFIG_KEYS = frozenset(
+    {"cache_transceiver_config", "context_servers", "generation_servers", "model", "backend_config", "hostname", "port"}
+)
 
 
 def _env(value: Any) -> Mapping[str, str]:

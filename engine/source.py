@@ -48,10 +48,12 @@ class Location:
 class TomlSyntaxError(ValueError):
     """The text is not TOML. Carries the location ``tomllib`` reported."""
 
-    def __init__(self, message: str, location: Location) -> None:
+    def __init__(self, message: str, location: Location, check: str = "toml") -> None:
         super().__init__(f"{location}: {message}")
         self.reason = message
         self.location = location
+        self.check = check
+        """``toml`` for a syntax error, ``size`` for a file refused by the bounds checked before parsing."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,19 @@ class SourceDocument:
 
 
 def parse_document(raw: bytes, path: str) -> SourceDocument:
-    """Parse TOML bytes; raise :class:`TomlSyntaxError` with the position of the first problem."""
+    """Parse TOML bytes; raise :class:`TomlSyntaxError` with the position of the first problem.
+
+    The bounds of :func:`kvpolicy.policyfile.check_text` (nesting, key parts, value length, table
+    counts) are checked first, so no input reaches ``tomllib`` that could exhaust its recursion
+    or cost minutes later; a refusal has ``check == "size"``."""
+    from .errors import PolicyError
+    from .policyfile import check_text
+
+    try:
+        check_text(raw, path)
+    except PolicyError as exc:
+        problem = exc.problems[0]
+        raise TomlSyntaxError(problem.message, problem.location, problem.check) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -102,6 +116,8 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
         ) from None
     try:
         data = tomllib.loads(text)
+    except RecursionError:  # not reachable within check_text's bounds; kept so no input gives a traceback
+        raise TomlSyntaxError("the document is nested too deeply", Location(path), "size") from None
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         match = _TOMLLIB_POSITION.search(message)
@@ -116,6 +132,8 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
         if "end of document" in message:
             reason += " at the end of the file"
         raise TomlSyntaxError(f"invalid TOML: {reason}", Location(path, line, column)) from None
+    except ValueError as exc:  # e.g. an integer beyond int's string-conversion limit
+        raise TomlSyntaxError(f"invalid TOML: {exc}", Location(path), "size") from None
     positions = _Scanner(text).scan()
     return SourceDocument(path=path, raw=raw, text=text, data=data, positions=positions)
 

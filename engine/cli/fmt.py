@@ -6,13 +6,14 @@ would change, 2 a usage error or a file that is not TOML.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from .common import fail
 
-__all__ = ["register"]
+__all__ = ["check_format", "register"]
 
 
 def register(sub: Any) -> None:
@@ -32,59 +33,82 @@ def register(sub: Any) -> None:
     parser.set_defaults(run=run_fmt)
 
 
-def _files(paths: list[str]) -> list[Path] | str:
-    files: list[Path] = []
+def _files(paths: list[str]) -> list[tuple[Path, Path]] | str:
+    """(file, its policy folder) for every TOML file the paths name."""
+    files: list[tuple[Path, Path]] = []
     for name in paths:
         path = Path(name)
         if path.is_dir():
-            files += sorted(path.glob("*.toml"))
-        elif path.is_file():
-            files.append(path)
+            files += [(found, path) for found in sorted(path.glob("*.toml"))]
+        elif os.path.lexists(path):  # a FIFO or a looping symlink is refused by the reader, with a message
+            files.append((path, path.parent))
         else:
             return f"{name}: no such file or folder"
+    if not files:
+        return f"no TOML files in {', '.join(paths)}"
     return files
+
+
+def check_format(paths: list[str]) -> tuple[list[tuple[Path, str, str, str]], list[str], int] | str:
+    """Format every file in memory: ([(path, shown, before, after) of files that would change],
+    [errors], files read), or why the paths cannot be used. Files are read as every command reads
+    policy files (regular files, size cap, structure bounds before parsing)."""
+    from ..errors import PolicyError
+    from ..lint.fmt import FormatError, format_text
+    from ..loader import display_path
+    from ..policyfile import check_text, read_policy_bytes
+
+    files = _files(paths)
+    if isinstance(files, str):
+        return files
+    changed: list[tuple[Path, str, str, str]] = []
+    errors: list[str] = []
+    for path, root in files:
+        shown = display_path(path)
+        try:
+            raw = read_policy_bytes(path, shown, root=root)
+            check_text(raw, shown)
+            before = raw.decode("utf-8")
+            after = format_text(before)
+        except PolicyError as exc:
+            errors.append(str(exc.problems[0]))
+            continue
+        except UnicodeDecodeError:
+            errors.append(f"{shown}: the file is not UTF-8 text")
+            continue
+        except FormatError as exc:
+            errors.append(f"{shown} is not valid TOML: {exc}")
+            continue
+        if after != before:
+            changed.append((path, shown, before, after))
+    return changed, errors, len(files)
 
 
 def run_fmt(args: Any) -> int:
     """Format, check or diff."""
-    from ..lint.fmt import FormatError, diff, format_text
-    from ..loader import display_path
-
     paths = args.paths
     if not paths:
         if not Path("policies").is_dir():
             return fail("no PATHS given and ./policies/ does not exist; name the files or folders to format")
         paths = ["policies"]
-    files = _files(paths)
-    if isinstance(files, str):
-        return fail(files)
-    changed: list[str] = []
-    broken = 0
-    for path in files:
-        shown = display_path(path)
-        try:
-            before = path.read_text(encoding="utf-8")
-            after = format_text(before)
-        except (OSError, UnicodeDecodeError) as exc:
-            print(f"kvpolicy fmt: error: cannot read {shown}: {exc}", file=sys.stderr)
-            broken += 1
-            continue
-        except FormatError as exc:
-            print(f"kvpolicy fmt: error: {shown} is not valid TOML: {exc}", file=sys.stderr)
-            broken += 1
-            continue
-        if after == before:
-            continue
-        changed.append(shown)
+    from ..lint.fmt import diff
+
+    checked = check_format(paths)
+    if isinstance(checked, str):
+        return fail(checked)
+    changed, errors, count = checked
+    for error in errors:
+        print(f"kvpolicy fmt: error: {error}", file=sys.stderr)
+    for path, shown, before, after in changed:
         if args.diff:
             sys.stdout.write(diff(shown, before, after))
         elif args.check:
             print(f"Would reformat: {shown}")
         else:
             path.write_text(after, encoding="utf-8")
-    unchanged = len(files) - len(changed) - broken
+    unchanged = count - len(changed) - len(errors)
     verb = "would be reformatted" if args.check or args.diff else "reformatted"
     print(f"{len(changed)} file{'s' if len(changed) != 1 else ''} {verb}, {unchanged} already formatted", file=sys.stderr)
-    if broken:
+    if errors:
         return 2
     return 1 if changed and (args.check or args.diff) else 0

@@ -22,7 +22,15 @@ _SIDE_LABELS = {
 }
 #: Statuses that make ``--fail-on failing`` (the default) exit 1.
 _FAILING = {"starts failing", "fails differently", "malformed"}
-_CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes"}
+_CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes", "new warning"}
+#: What each ``--fail-on`` value fails on (values combine: ``--fail-on failing,new-warning``).
+FAIL_ON = {
+    "failing": _FAILING,
+    "still-failing": _FAILING | {"still failing"},
+    "new-warning": _FAILING | {"new warning"},
+    "change": _CHANGED,
+    "never": set(),
+}
 
 
 def register(sub: Any) -> None:
@@ -37,11 +45,23 @@ def register(sub: Any) -> None:
     parser.add_argument("--format", choices=("text", "json", "github"), default="text")
     parser.add_argument(
         "--fail-on",
-        choices=("failing", "change", "never"),
+        type=_fail_on,
         default="failing",
-        help="exit 1 when a config starts failing or is malformed (default), on any change, or never",
+        metavar="WHEN",
+        help="comma-separated: failing (default: a config starts failing, fails differently or is malformed), "
+        "still-failing (also configs that fail under both), new-warning (also a new warning), change (any change), never",
     )
     parser.set_defaults(run=run)
+
+
+def _fail_on(value: str) -> str:
+    import argparse
+
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in FAIL_ON]
+    if not parts or unknown:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected one or more of {', '.join(FAIL_ON)} (comma-separated)")
+    return ",".join(parts)
 
 
 def run(args: Any) -> int:
@@ -77,11 +97,11 @@ def run(args: Any) -> int:
     else:
         print(render_text(results, old.version, new.version))
     statuses = {r.status for r in results if not r.skipped}
-    if args.fail_on == "failing":
-        return 1 if statuses & _FAILING else 0
-    if args.fail_on == "change":
-        return 1 if statuses & _CHANGED else 0
-    return 0
+    statuses |= {s.status for r in results if not r.skipped for s in r.sections}
+    failing_on: set[str] = set()
+    for part in args.fail_on.split(","):
+        failing_on |= FAIL_ON[part]
+    return 1 if statuses & failing_on else 0
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -100,7 +120,7 @@ def _architecture(result: ConfigImpact) -> str:
 def _counts(results: list[ConfigImpact]) -> str:
     counts = Counter(r.status for r in results if not r.skipped)
     order = ("starts failing", "fails differently", "malformed", "runtime changes", "backend changes", "changes",
-             "stops failing", "still failing", "unchanged")
+             "new warning", "stops failing", "still failing", "unchanged")
     return ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
 
 
@@ -275,8 +295,9 @@ def _annotation(level: str, path: str, line: int | None, message: str) -> str:
 
 
 def render_github(results: list[ConfigImpact], old: str, new: str) -> str:
-    """GitHub workflow annotations: errors for configs that start failing or cannot be read,
-    warnings for runtime changes, notices for configs that stop failing."""
+    """GitHub workflow annotations: errors for every config that fails under the new version (it
+    starts failing, still fails, fails differently, or cannot be read), warnings for changes and
+    new warnings, notices for configs that stop failing."""
     lines = []
     for r in results:
         if r.skipped:
@@ -285,19 +306,21 @@ def render_github(results: list[ConfigImpact], old: str, new: str) -> str:
             lines.append(_annotation("error", p.path, p.line, p.message))
         for s in r.sections:
             status = s.status
-            if status == "unchanged" or status == "still failing":
+            if status == "unchanged":
                 continue
-            level = "error" if status in _FAILING else "notice" if status == "stops failing" else "warning"
+            # Every failing config gets an error, including one that already failed before.
+            level = "error" if status in _FAILING or status == "still failing" else "notice" if status == "stops failing" else "warning"
             side = _SIDE_LABELS.get(s.name, s.name)
             text = f"{side}: {status} from {old} to {new}: {s.old.short().rstrip('!')} -> {s.new.short().rstrip('!')}"
             errors = [d for d in (s.new.resolution.errors if s.new.resolution else ())]
-            if errors and status in _FAILING:
+            if errors and (status in _FAILING or status == "still failing"):
                 text += f". {errors[0].id}: {errors[0].message}"
             elif s.new.invalid:
                 text += f". {s.new.invalid}"
             lines.append(_annotation(level, r.path, s.line, text))
-        if r.mismatch_new and not r.mismatch_old:
+        if r.mismatch_new:
             line = r.sections[0].line if r.sections else None
-            lines.append(_annotation("error", r.path, line, f"under {new}: {r.mismatch_new}"))
+            still = " (already under " + old + ")" if r.mismatch_old else ""
+            lines.append(_annotation("error", r.path, line, f"under {new}: {r.mismatch_new}{still}"))
     return "\n".join(lines)
 

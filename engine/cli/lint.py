@@ -6,6 +6,7 @@ Diagnostics go to stdout in the chosen format; logs and usage errors to stderr. 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,6 @@ def run_lint(args: Any) -> int:
     """Lint, print the report, and return the exit code."""
     from ..lint.report import render
     from ..lint.runner import (
-        LintConfig,
         LintUsageError,
         check_pattern,
         find_config,
@@ -72,11 +72,11 @@ def run_lint(args: Any) -> int:
         select, ignore = _split(args.select), _split(args.ignore)
         for pattern in (*(select or ()), *(ignore or ())):
             check_pattern(pattern, "--select/--ignore")
-        config = LintConfig(
-            select if select is not None else config.select,
-            (*config.ignore, *ignore) if ignore else config.ignore,
-            args.fail_level or config.fail_level,
-            config.source,
+        config = dataclasses.replace(
+            config,
+            select=select if select is not None else config.select,
+            ignore=(*config.ignore, *ignore) if ignore else config.ignore,
+            fail_level=args.fail_level or config.fail_level,
         )
         paths = args.paths
         if not paths:
@@ -95,8 +95,6 @@ def run_lint(args: Any) -> int:
     else:
         sys.stdout.write(report)
     elapsed = time.perf_counter() - started
-    if not result.files:
-        print(f"kvpolicy lint: warning: no policy files (*.toml) in {', '.join(paths)}", file=sys.stderr)
     for file in result.files:
         if file.skipped:
             print(f"kvpolicy lint: warning: {file.skipped}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import PolicyError
@@ -16,7 +17,7 @@ def load_policy_argument(text: str) -> PolicySet | str:
     A path that exists is a policy file or a folder (its newest version; ``FOLDER@VERSION`` picks
     one); anything else is a version id of the shipped policies."""
     try:
-        if Path(text).exists():
+        if os.path.lexists(text):  # lexists: a dangling or looping symlink is reported by the reader
             return load(text)
         folder, sep, version = text.rpartition("@")
         if sep and Path(folder).is_dir():

@@ -90,12 +90,16 @@ def read_model_config(path: Path) -> dict[str, Any]:
     """Read a Hugging Face ``config.json`` (or the one in a checkpoint folder)."""
     if path.is_dir():
         path = path / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"--model: cannot read {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--model: {path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    from ..configfile import ConfigFileError, parse_json
+    from ..errors import PolicyError
+    from ..policyfile import _read_capped
+
+    try:  # as every config is read: regular files only, size-capped, bounded depth, no duplicate keys
+        data = parse_json(_read_capped(path, str(path), 4 << 20, "model configs").decode("utf-8", "replace"), str(path))
+    except PolicyError as exc:
+        raise ValueError(f"--model: {exc.problems[0]}") from None
+    except ConfigFileError as exc:
+        raise ValueError(f"--model: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"--model: {path}: expected a JSON object with `architectures`")
     return {"architectures": data.get("architectures"), "model_type": data.get("model_type")}
@@ -112,13 +116,21 @@ def run(args: Any) -> int:
         return context_error(exc)
     except ValueError as exc:
         return fail(str(exc))
+    from ..hints import context_notes
+
+    notes = context_notes(policy_set.policy, resolution.context)
     if args.format == "json":
         data = resolution.to_dict()
         if args.explain:
             data["trace"] = [step._asdict() for step in resolution.trace]
+        if notes:
+            data["notes"] = notes
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        print(render(resolution, explain=args.explain))
+        text = render(resolution, explain=args.explain)
+        if notes:
+            text += "\n" + "\n".join(f"note: {note}" for note in notes)
+        print(text)
     return 0 if resolution.ok else 1
 
 

@@ -501,10 +501,10 @@ def _decide(
         for r in held:
             _note(stats, r.id, witness, decided=False)
     elif held:
-        if len({r.value for r in held}) == 1:
-            value, rule_id = held[0].value, held[0].id
+        if len({r.value for r in held}) == 1:  # agreeing requirements decide together (see the resolver)
+            value, rule_id = held[0].value, "+".join(r.id for r in held)
         for r in held:
-            _note(stats, r.id, witness, decided=r.id == rule_id)
+            _note(stats, r.id, witness, decided=value is not None)
     if not auto:
         return value, rule_id
     # The row of the class representative stands for the rows of every member of the class, so

@@ -20,6 +20,7 @@ it fired.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -27,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ContextError, PolicyError
-from ..loader import CASES_SUFFIX, display_path, load_policy_file, policy_files
+from ..errors import ContextError, PolicyError, PolicyProblem
+from ..loader import CASES_SUFFIX, display_path, load_policy_file, policy_files, suggest
 from ..model import Policy
 from ..policyset import PolicySet
+from ..policyfile import read_policy_bytes
 from ..source import Location, TomlSyntaxError, parse_document
 
 __all__ = ["CaseResult", "CoverageItem", "TestRun", "run_tests"]
@@ -109,20 +111,18 @@ def _pairs(paths: Sequence[str]) -> list[tuple[Path, Path | None]]:
                 pairs.setdefault(path, cases if cases.is_file() and cases != path else None)
         else:
             raise CasesUsageError(f"{name}: no such file or folder")
+    if not pairs:
+        raise CasesUsageError(f"no policy files (*.toml) in {', '.join(paths)}; name a policy file or folder")
     return list(pairs.items())
 
 
 def _target(cases: Path) -> Path:
     """The policy a cases file tests: its ``policy`` key, or the file beside it."""
     try:
-        import tomllib
-    except ImportError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        data = tomllib.loads(cases.read_text(encoding="utf-8"))
+        data = parse_document(read_policy_bytes(cases, str(cases)), str(cases)).data
         named = data.get("policy")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        named = None
+    except (PolicyError, TomlSyntaxError):
+        named = None  # the cases file's own problem is reported when it is run
     if isinstance(named, str):
         return cases.parent / named
     return cases.with_name(cases.name[: -len(CASES_SUFFIX)] + ".toml")
@@ -134,6 +134,11 @@ def run_tests(paths: Sequence[str]) -> TestRun:
     run = TestRun()
     for policy_path, cases_path in _pairs(paths):
         try:
+            if not os.path.lexists(policy_path):
+                where = f" (tested by {display_path(cases_path)})" if cases_path is not None else ""
+                raise PolicyError(
+                    PolicyProblem(Location(display_path(policy_path)), "io", f"no such policy file{where}; add it or fix `policy =`")
+                )
             policy = load_policy_file(policy_path)
         except PolicyError as exc:
             run.errors.append(f"{display_path(policy_path)}: the policy does not load:\n{exc}")
@@ -150,9 +155,9 @@ def run_tests(paths: Sequence[str]) -> TestRun:
 def _run_file(run: TestRun, policy_set: PolicySet, cases_path: Path, exercised: set[str]) -> None:
     shown = display_path(cases_path)
     try:
-        document = parse_document(cases_path.read_bytes(), shown)
-    except OSError as exc:
-        run.errors.append(f"{shown}: cannot read the file: {exc.strerror or exc}")
+        document = parse_document(read_policy_bytes(cases_path, shown), shown)
+    except PolicyError as exc:
+        run.errors.append(str(exc.problems[0]))
         return
     except TomlSyntaxError as exc:
         run.errors.append(f"{exc.location}: {exc.reason}")
@@ -165,9 +170,17 @@ def _run_file(run: TestRun, policy_set: PolicySet, cases_path: Path, exercised: 
     if not isinstance(cases, list):
         run.errors.append(f"{document.locate(('case',))}: write cases as [[case]] tables")
         return
+    if not cases:
+        run.errors.append(f"{document.locate(())}: the file holds no [[case]] tables; add one or delete the file")
+    names: dict[str, Location] = {}
     for index, case in enumerate(cases):
         location = document.locate(("case", index))
-        run.cases.append(_run_case(policy_set, case, location, exercised))
+        result = _run_case(policy_set, case, location, exercised)
+        first = names.setdefault(result.name, location) if isinstance(case, dict) and "name" in case else location
+        if first is not location:
+            # Reports, JUnit and people name a case by its name: two cases cannot share one.
+            result = CaseResult(result.name, location, result.policy, (f"duplicate case name; the first is at {first}", *result.failures))
+        run.cases.append(result)
 
 
 def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: set[str]) -> CaseResult:
@@ -191,6 +204,16 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
         problems.append("starts must be true or false")
     if "context" not in case:
         problems.append("the case has no context")
+    if not expect and not decided_by and diagnostics is None:
+        problems.append("the case checks nothing: add expect, decided_by or diagnostics")
+    decisions = policy_set.decisions
+    for table, given in (("expect", expect), ("decided_by", decided_by)):
+        if isinstance(given, dict):
+            for key in given:
+                if key not in decisions:
+                    problems.append(
+                        f"{table}: {key!r} is not a decision{suggest(key, decisions)} (decisions: {', '.join(decisions)})"
+                    )
     if problems:
         return CaseResult(name, location, version, tuple(problems))
     fields = dict(context)
@@ -206,7 +229,7 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
     except ContextError as exc:
         return CaseResult(name, location, version, (f"invalid context: {exc}",))
     for rule_id in resolution.decided_by.values():
-        exercised.add(rule_id)
+        exercised.update(rule_id.split("+"))  # agreeing requirements decide together
     ids = [d.id for d in resolution.diagnostics]
     exercised.update(ids)
     failures = []

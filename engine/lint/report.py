@@ -5,6 +5,7 @@ Every formatter is a pure function of the result: ``str`` out, nothing printed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import PurePath
 from typing import Any
@@ -43,17 +44,32 @@ def text(result: LintResult) -> str:
         out.append(f"{location}: {finding.code} {finding.message}")
         lines = sources.get(location.path, [])
         if 0 < location.line <= len(lines):
-            source = lines[location.line - 1].rstrip()
+            source, column = _excerpt(lines[location.line - 1].rstrip(), location.column)
             gutter = " " * len(str(location.line))
             out.append(f"{gutter} |")
             out.append(f"{location.line} | {source}")
-            out.append(f"{gutter} | {' ' * (location.column - 1)}^ {finding.code}")
+            out.append(f"{gutter} | {' ' * (column - 1)}^ {finding.code}")
             out.append(f"{gutter} |")
         for related, note in finding.related:
             out.append(f"  = note: {note} at {related}")
         out.append("")
     out.append(_summary(result))
     return "\n".join(out) + "\n"
+
+
+#: Characters of a source line shown in an excerpt (a hostile file may hold one 30 MB line).
+_EXCERPT = 120
+
+
+def _excerpt(line: str, column: int) -> tuple[str, int]:
+    """The part of ``line`` around ``column`` (at most ``_EXCERPT`` characters) and the column in it."""
+    if len(line) <= _EXCERPT:
+        return line, column
+    start = max(0, min(column - _EXCERPT // 2, len(line) - _EXCERPT))
+    shown = line[start : start + _EXCERPT]
+    prefix = "..." if start else ""
+    suffix = "..." if start + _EXCERPT < len(line) else ""
+    return prefix + shown + suffix, column - start + len(prefix)
 
 
 def _summary(result: LintResult) -> str:
@@ -74,9 +90,9 @@ def _summary(result: LintResult) -> str:
     return f"Found {total} finding{'s' if total != 1 else ''}: {', '.join(parts)} ({tail})"
 
 
-def _finding_json(finding: Finding) -> dict[str, Any]:
+def _finding_json(finding: Finding, reason: str | None = None) -> dict[str, Any]:
     rule = RULES[finding.code]
-    return {
+    item = {
         "code": finding.code,
         "name": rule.name,
         "category": rule.category,
@@ -91,6 +107,9 @@ def _finding_json(finding: Finding) -> dict[str, Any]:
         ],
         "context": finding.context,
     }
+    if reason is not None:
+        item["reason"] = reason
+    return item
 
 
 def as_json(result: LintResult) -> str:
@@ -98,7 +117,7 @@ def as_json(result: LintResult) -> str:
     counts = result.counts()
     document = {
         "findings": [_finding_json(f) for f in result.findings],
-        "suppressed": [_finding_json(f) for f in result.suppressed],
+        "suppressed": [_finding_json(f, result.reason(f)) for f in result.suppressed],
         "summary": {
             "files": len(result.files),
             "errors": counts["error"],
@@ -167,6 +186,18 @@ def sarif(result: LintResult) -> str:
             }
         )
 
+    sources = _lines(result)
+    seen: dict[str, int] = {}
+
+    def fingerprint(finding: Finding) -> str:
+        # Stable when lines move: the rule, the file and the text of the line, not its number;
+        # ":n" tells apart equal findings on equal lines (as GitHub's own line hash does).
+        lines = sources.get(finding.location.path, [])
+        text = lines[finding.location.line - 1].strip() if 0 < finding.location.line <= len(lines) else ""
+        digest = hashlib.sha256("\0".join((finding.code, finding.location.path, text)).encode()).hexdigest()[:32]
+        seen[digest] = seen.get(digest, 0) + 1
+        return f"{digest}:{seen[digest]}"
+
     def one(finding: Finding, suppressed: bool) -> dict[str, Any]:
         item: dict[str, Any] = {
             "ruleId": finding.code,
@@ -174,6 +205,7 @@ def sarif(result: LintResult) -> str:
             "level": finding.severity,
             "message": {"text": finding.message},
             "locations": [{"physicalLocation": _physical(finding.location)}],
+            "partialFingerprints": {"primaryLocationLineHash": fingerprint(finding)},
         }
         if finding.related:
             item["relatedLocations"] = [
@@ -181,7 +213,10 @@ def sarif(result: LintResult) -> str:
                 for index, (loc, note) in enumerate(finding.related)
             ]
         if suppressed:
-            item["suppressions"] = [{"kind": "inSource", "justification": "# kvpolicy: ignore comment"}]
+            reason = result.reason(finding)
+            item["suppressions"] = [
+                {"kind": "inSource", "justification": reason or "# kvpolicy: ignore comment (no reason given)"}
+            ]
         return item
 
     document = {
@@ -215,10 +250,14 @@ def junit(result: LintResult) -> str:
     total = failures = 0
     for path, findings in by_file.items():
         suite = ElementTree.SubElement(root, "testsuite", name=path)
+        names: dict[str, int] = {}
         for finding in findings:
-            case = ElementTree.SubElement(
-                suite, "testcase", name=f"{finding.code} {RULES[finding.code].name} at {finding.location}", classname=path
-            )
+            # CI systems key test cases by name: two findings of one rule at one place stay two cases.
+            name = f"{finding.code} {RULES[finding.code].name} at {finding.location}"
+            names[name] = names.get(name, 0) + 1
+            if names[name] > 1:
+                name += f" ({names[name]})"
+            case = ElementTree.SubElement(suite, "testcase", name=name, classname=path)
             failure = ElementTree.SubElement(case, "failure", message=finding.message, type=finding.code)
             failure.text = f"{finding.location}: {finding.code} [{finding.severity}] {finding.message}"
         cases = len(findings)

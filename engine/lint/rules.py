@@ -21,7 +21,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import PolicyProblem
-from ..model import DECISIONS, Condition, Policy, Row, Rule
+from ..model import DECISIONS, Condition, Matcher, Policy, Row, Rule
 from ..source import Location, SourceDocument
 from .analysis import Analysis, AnalysisLimit, analyse, context_of, describe_context
 
@@ -33,7 +33,7 @@ else:  # pragma: no cover
 if TYPE_CHECKING:
     from ..policyset import PolicySet
 
-__all__ = ["CATEGORIES", "RULES", "Finding", "LintRule", "PolicyFile", "catalogue"]
+__all__ = ["ANALYSIS_RULES", "CATEGORIES", "RULES", "Finding", "LintRule", "PolicyFile", "catalogue"]
 
 Severity = Literal["error", "warning"]
 
@@ -123,6 +123,7 @@ class PolicyFile:
         self.policy = policy
         self.problems = problems
         self.skipped: str | None = None
+        self.skipped_reason: str | None = None
 
     @cached_property
     def analysis(self) -> Analysis | None:
@@ -132,6 +133,7 @@ class PolicyFile:
         try:
             return analyse(self.policy)
         except AnalysisLimit as exc:
+            self.skipped_reason = str(exc)
             self.skipped = f"{self.path}: precedence and safety analysis skipped: {exc}"
             return None
 
@@ -210,6 +212,37 @@ def schema_violation(file: PolicyFile) -> Iterator[Finding]:
 
 
 # -- reference -------------------------------------------------------------------------------------
+
+
+#: Loader checks that a rule of its own maps; every other check (``io``, ``size``, and any the
+#: loader gains later) is KVP003, so lint never passes a file that ``kvpolicy.load`` refuses.
+_MAPPED_CHECKS = {"toml", "schema", "unknown-name", "duplicate-id", "placeholder", "cycle", "conflicting-rows"}
+
+
+@_rule("KVP003", "refused-file", "syntax", "error", "The file cannot be read within kvpolicy's limits", "loader")
+def refused_file(file: PolicyFile) -> Iterator[Finding]:
+    """## What it does
+    Reports a file that every command refuses before parsing it: not a regular file (a FIFO, a
+    device, a folder), a symlink that loops or points outside the policy folder, a file over
+    the size limit, or a structure beyond the parser's bounds (nesting, dotted keys, bare values
+    over 64 characters, more tables than a policy may hold).
+
+    ## Why is this bad?
+    ``kvpolicy.load`` refuses the file with the same message: every process that uses the
+    policy fails at start-up. A hostile file must fail fast, not hang or exhaust memory.
+
+    ## Example
+    ```toml
+    schema = 1000000000000000000000000000000000000000000000000000000000000000000000
+    ```
+
+    ## Fix
+    Keep policy files plain: regular files inside the policy folder (or a folder that
+    ``[tool.kvpolicy] allow-symlinks`` names), under 32 MiB, nested as the schema shows.
+    """
+    for problem in file.problems:
+        if problem.check not in _MAPPED_CHECKS:
+            yield Finding("KVP003", problem.message, problem.location, "error")
 
 
 @_rule("KVP010", "unknown-name", "reference", "error", "A value, feature, decision or input that the policy does not declare", "loader")
@@ -685,6 +718,123 @@ def conflicting_requirements(file: PolicyFile) -> Iterator[Finding]:
         )
 
 
+@_rule("KVP024", "redundant-requirement", "precedence", "warning", "A requirement that another requirement already implies")
+def redundant_requirement(file: PolicyFile) -> Iterator[Finding]:
+    """## What it does
+    Reports a requirement whose condition implies the condition of another requirement of the
+    same decision that requires the same value: wherever it holds, the other one holds too and
+    already forces the value. The check is syntactic (each test of the other condition is
+    implied by a test of this one), so it never reports a requirement that adds something.
+
+    ## Why is this bad?
+    The requirement decides nothing the other one does not. Both notes are reported where both
+    hold, and a later edit to one of them silently leaves the other in force.
+
+    ## Example
+    ```toml
+    [[decisions.transceiver_runtime.requirement]]
+    id = "serialized-state-requires-cpp"
+    when = { features.serialized_state = true }
+    value = "CPP"
+    [[decisions.transceiver_runtime.requirement]]
+    id = "serialized-state-on-ucx-requires-cpp"   # redundant: implied by the one above
+    when = { backend = "UCX", features.serialized_state = true }
+    value = "CPP"
+    ```
+
+    ## Fix
+    Delete the narrower requirement (move its note or reason to the broader one), or make it
+    require something the broader one does not.
+    """
+    policy = file.policy
+    assert policy is not None
+    for decision in policy.decisions.values():
+        requirements = decision.requirements
+        for narrow in requirements:
+            for broad in requirements:
+                if broad is narrow or broad.value != narrow.value or not _implies(narrow.when, broad.when):
+                    continue
+                # Two requirements with the same condition imply each other: report only the later one.
+                if _implies(broad.when, narrow.when) and (narrow.location.line, narrow.id) < (broad.location.line, broad.id):
+                    continue
+                yield Finding(
+                    "KVP024",
+                    f"requirement {narrow.id} is redundant: wherever it holds, requirement {broad.id} also "
+                    f"holds and requires {broad.value}; delete it or narrow what it requires",
+                    file.anchor(narrow),
+                    "warning",
+                    related=((file.anchor(broad), f"requirement {broad.id}"),),
+                )
+                break
+
+
+def _implies(narrow: Condition, broad: Condition) -> bool:
+    """Whether ``narrow`` holding makes ``broad`` hold, judged field by field (sound, not complete)."""
+    for name in type(broad).model_fields:
+        want = getattr(broad, name)
+        have = getattr(narrow, name)
+        if not want:
+            continue
+        if isinstance(want, dict):
+            if not isinstance(have, dict):
+                return False
+            for key, test in want.items():
+                if key not in have:
+                    return False
+                if isinstance(test, Matcher):
+                    if not isinstance(have[key], Matcher) or not _matcher_implies(have[key], test):
+                        return False
+                elif have[key] != test:
+                    return False
+        elif have != want:
+            return False
+    return True
+
+
+def _matcher_implies(narrow: Matcher, broad: Matcher) -> bool:
+    if not narrow.negate and not broad.negate:
+        return narrow.values <= broad.values
+    if not narrow.negate and broad.negate:
+        return not (narrow.values & broad.values)
+    if narrow.negate and broad.negate:
+        return broad.values <= narrow.values
+    return False  # "any value but X" never implies "one of Y": the values are open-ended
+
+
+@_rule("KVP029", "analysis-limit", "precedence", "error", "The exact analysis could not run within its budget")
+def analysis_limit(file: PolicyFile) -> Iterator[Finding]:
+    """## What it does
+    Reports a policy whose exact precedence and safety analysis (KVP021, KVP022, KVP023,
+    KVP030) would need more evaluations than its budget, because too many inputs are read
+    together. Those rules did not run, and no suppression of theirs is judged unused.
+
+    ## Why is this bad?
+    A gate that skips its analysis and stays green would pass an ``auto`` choice that fails at
+    start-up. The run fails instead, so the skip is seen.
+
+    ## Example
+    Twenty features, each read by its own requirement of one decision: 2**20 combinations.
+
+    ## Fix
+    Split conditions, or fold features that always travel together into one. Where the policy
+    is large on purpose, set ``analysis-limit = "warning"`` in ``[tool.kvpolicy]`` (or ignore
+    KVP029) and accept that those rules do not run.
+    """
+    assert file.policy is not None
+    if file.analysis is None:
+        yield Finding(
+            "KVP029",
+            f"precedence and safety analysis skipped: {file.skipped_reason}; KVP021, KVP022, KVP023 and "
+            "KVP030 did not run on this file",
+            Location(file.path, 1, 1),
+            "error",
+        )
+
+
+#: Rules whose findings come from the exact analysis (not judged when it was skipped).
+ANALYSIS_RULES = frozenset({"KVP021", "KVP022", "KVP023", "KVP030"})
+
+
 # -- safety ----------------------------------------------------------------------------------------
 
 
@@ -725,6 +875,9 @@ def auto_rejected(file: PolicyFile) -> Iterator[Finding]:
         owners.setdefault(row.id, row)
     constraints = {c.id: c for c in policy.constraints}
     outcome = file.policy_set.outcome
+    # One finding per (rule that chose, decision): every constraint that rejects its choice and
+    # every combination of the other decisions (e.g. each backend) where that happens, in one.
+    grouped: dict[tuple[str, str], dict[str, list[tuple[str, str, str, dict[str, Any], dict[str, Any], Any]]]] = {}
     for (constraint_id, decision, rule_id, others), witnesses in sorted(analysis.rejected.items()):
         for witness in sorted(witnesses, key=lambda w: w.get("#size", 0))[:64]:
             ctx = context_of(witness, policy)
@@ -740,21 +893,44 @@ def auto_rejected(file: PolicyFile) -> Iterator[Finding]:
                     break
             if working is None:
                 continue
-            targets = _deciders(analysis, owners, rule_id)
             where = ", ".join(f"{k} {v}" for k, v in others)
-            for target in targets:
+            for target in _deciders(analysis, owners, rule_id):
                 shown = ctx if target.id == rule_id else _with_architecture(ctx, target)
-                yield Finding(
-                    "KVP030",
-                    f"auto resolves {decision} to {rejected} through {target.id}"
-                    f"{' with ' + where if where else ''}, which constraint {constraint_id} rejects; "
-                    f"{decision} = {working} would pass (e.g. {describe_context(shown, policy)})",
-                    file.anchor(target),
-                    "error",
-                    related=((file.anchor(constraints[constraint_id]), f"constraint {constraint_id}"),),
-                    context=_counterexample(file, _witness_of(shown, witness)),
-                )
+                by_constraint = grouped.setdefault((target.id, decision), {})
+                by_constraint.setdefault(constraint_id, []).append((where, rejected, working, shown, witness, target))
             break
+    for (target_id, decision), by_constraint in grouped.items():
+        first_constraint, entries = next(iter(by_constraint.items()))
+        _, rejected, working, shown, witness, target = entries[0]
+        parts = []
+        count = 0
+        for constraint_id, found in by_constraint.items():
+            wheres = list(dict.fromkeys(e[0] for e in found if e[0]))
+            count += max(1, len(wheres))
+            parts.append(
+                f"constraint {constraint_id} rejects it{' with ' + '; '.join(wheres) if wheres else ''} "
+                f"(e.g. {describe_context(found[0][3], policy)})"
+            )
+        if len(by_constraint) == 1 and count == 1:
+            where = entries[0][0]
+            message = (
+                f"auto resolves {decision} to {rejected} through {target_id}{' with ' + where if where else ''}, "
+                f"which constraint {first_constraint} rejects; {decision} = {working} would pass "
+                f"(e.g. {describe_context(shown, policy)})"
+            )
+        else:
+            message = (
+                f"auto resolves {decision} to {rejected} through {target_id}, which fails at start-up in {count} "
+                f"contexts where {decision} = {working} would pass: {'; '.join(parts)}"
+            )
+        yield Finding(
+            "KVP030",
+            message,
+            file.anchor(target),
+            "error",
+            related=tuple((file.anchor(constraints[c]), f"constraint {c}") for c in by_constraint),
+            context=_counterexample(file, _witness_of(shown, witness)),
+        )
 
 
 def _deciders(analysis: Analysis, owners: dict[str, Any], rule_id: str) -> list[Any]:
@@ -765,8 +941,8 @@ def _deciders(analysis: Analysis, owners: dict[str, Any], rule_id: str) -> list[
         for row in rows:
             unique.setdefault(row.id, row)
         return sorted(unique.values(), key=lambda r: r.location.line)
-    owner = owners.get(rule_id)
-    return [owner] if owner is not None else []
+    found = [owners.get(part) for part in rule_id.split("+")]  # agreeing requirements: a+b
+    return [owner for owner in found if owner is not None]
 
 
 def _with_architecture(ctx: dict[str, Any], row: Row) -> dict[str, Any]:

@@ -7,6 +7,8 @@ Only unusable *arguments* (a path that cannot be read, a bad ``--base`` ref, a b
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -17,8 +19,9 @@ from typing import Any
 
 from ..errors import PolicyError
 from ..loader import CASES_SUFFIX, display_path, parse_policy, policy_files
+from ..policyfile import read_policy_bytes
 from ..source import Location, SourceDocument, TomlSyntaxError, parse_document
-from .rules import RULES, Finding, PolicyFile
+from .rules import ANALYSIS_RULES, RULES, Finding, PolicyFile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +48,10 @@ class LintConfig:
     fail_level: str = "warning"
     source: str | None = None
     """The file the configuration came from, if any."""
+    allow_symlinks: tuple[Path, ...] = ()
+    """Folders outside the policy folder that policy symlinks may point into (resolved)."""
+    analysis_limit: str = "error"
+    """Severity of KVP029 (the exact analysis could not run within its budget)."""
 
     def enabled(self, code: str) -> bool:
         """Whether a rule code is selected and not ignored (by code prefix, name or category)."""
@@ -82,9 +89,13 @@ def find_config(start: Path | None = None, explicit: str | None = None) -> LintC
                 break
     if path is None:
         return LintConfig()
+    from ..policyfile import _read_capped
+
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(_read_capped(path, str(path), 1 << 20).decode("utf-8"))
+    except PolicyError as exc:
+        raise LintUsageError(str(exc.problems[0])) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise LintUsageError(f"cannot read {path}: {exc}") from None
     table = data.get("tool", {}).get("kvpolicy")
     if table is None:
@@ -96,9 +107,10 @@ def config_from_table(table: Any, source: str) -> LintConfig:
     """Check and turn a ``[tool.kvpolicy]`` table into a configuration."""
     if not isinstance(table, dict):
         raise LintUsageError(f"{source}: [tool.kvpolicy] must be a table")
-    unknown = sorted(set(table) - {"select", "ignore", "fail-level"})
+    known = ("select", "ignore", "fail-level", "allow-symlinks", "analysis-limit")
+    unknown = sorted(set(table) - set(known))
     if unknown:
-        raise LintUsageError(f"{source}: unknown [tool.kvpolicy] key(s) {', '.join(unknown)} (known: select, ignore, fail-level)")
+        raise LintUsageError(f"{source}: unknown [tool.kvpolicy] key(s) {', '.join(unknown)} (known: {', '.join(known)})")
     lists = {}
     for key in ("select", "ignore"):
         value = table.get(key, ["KVP"] if key == "select" else [])
@@ -110,7 +122,16 @@ def config_from_table(table: Any, source: str) -> LintConfig:
     level = table.get("fail-level", "warning")
     if level not in FAIL_LEVELS:
         raise LintUsageError(f"{source}: [tool.kvpolicy] fail-level must be one of {', '.join(FAIL_LEVELS)}, not {level!r}")
-    return LintConfig(lists["select"], lists["ignore"], level, source)
+    allowed = table.get("allow-symlinks", [])
+    if not isinstance(allowed, list) or not all(isinstance(v, str) for v in allowed):
+        raise LintUsageError(f"{source}: [tool.kvpolicy] allow-symlinks must be a list of folders")
+    limit = table.get("analysis-limit", "error")
+    if limit not in FAIL_LEVELS:
+        raise LintUsageError(f"{source}: [tool.kvpolicy] analysis-limit must be one of {', '.join(FAIL_LEVELS)}, not {limit!r}")
+    base = Path(source).parent
+    return LintConfig(
+        lists["select"], lists["ignore"], level, source, tuple(Path(os.path.abspath(base / a)) for a in allowed), limit
+    )
 
 
 def check_pattern(pattern: str, where: str) -> None:
@@ -130,6 +151,12 @@ class LintResult:
     suppressed: list[Finding] = field(default_factory=list)
     files: list[PolicyFile] = field(default_factory=list)
     config: LintConfig = field(default_factory=LintConfig)
+    reasons: dict[tuple[str, int], str] = field(default_factory=dict)
+    """The reason given by the suppression comment at (path, line)."""
+
+    def reason(self, finding: Finding) -> str:
+        """Why a suppressed finding is accepted, as its comment says ('' when it says nothing)."""
+        return self.reasons.get((finding.location.path, finding.location.line), "")
 
     def failed(self, fail_level: str | None = None) -> bool:
         """Whether a finding reaches the fail level."""
@@ -144,33 +171,42 @@ class LintResult:
         return counts
 
 
-def expand_paths(paths: Sequence[str]) -> list[Path]:
-    """Policy files named by ``paths`` (folders: their ``*.toml`` except test-case files)."""
-    files: list[Path] = []
+def expand_paths(paths: Sequence[str]) -> list[tuple[Path, Path]]:
+    """(policy file, policy folder) for every file ``paths`` name (folders: their ``*.toml``
+    except test-case files). Raises :class:`LintUsageError` when they name no policy file."""
+    files: list[tuple[Path, Path]] = []
+    cases: list[str] = []
     for name in paths:
         path = Path(name)
         if path.is_dir():
-            found = policy_files(path)
-            files += found
-        elif path.is_file():
+            files += [(found, path) for found in policy_files(path)]
+            if not policy_files(path):
+                cases += [str(p) for p in sorted(path.glob("*" + CASES_SUFFIX))]
+        elif os.path.lexists(path):
             if path.name.endswith(CASES_SUFFIX):
+                cases.append(name)
                 continue  # policy test cases: `kvpolicy test` reads them
-            files.append(path)
+            # Not resolved here: a FIFO, a device or a symlink loop is reported by the reader.
+            files.append((path, path.parent))
         else:
             raise LintUsageError(f"{name}: no such file or folder")
-    unique: dict[Path, Path] = {}
-    for file in files:
-        unique.setdefault(file.resolve(), file)
+    if not files:
+        hint = f" ({', '.join(cases)} hold policy test cases: `kvpolicy test` runs them)" if cases else ""
+        raise LintUsageError(f"no policy files (*.toml) in {', '.join(paths)}{hint}; name a policy file or folder")
+    unique: dict[str, tuple[Path, Path]] = {}
+    for file, root in files:
+        unique.setdefault(os.path.realpath(file), (file, root))  # realpath: never raises on a loop
     return list(unique.values())
 
 
-def read_policy_file(path: Path) -> PolicyFile:
-    """Read and load one file, keeping the loader's problems instead of raising."""
+def read_policy_file(path: Path, root: Path | None = None, allowed: tuple[Path, ...] | None = None) -> PolicyFile:
+    """Read and load one file, keeping the loader's problems (and the reader's refusal) instead of raising."""
+    shown = display_path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise LintUsageError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    return load_policy_bytes(raw, display_path(path))
+        raw = read_policy_bytes(path, shown, root=root, allowed=allowed)
+    except PolicyError as exc:
+        return PolicyFile(shown, b"", None, None, exc.problems)
+    return load_policy_bytes(raw, shown)
 
 
 def load_policy_bytes(raw: bytes, shown: str) -> PolicyFile:
@@ -178,7 +214,11 @@ def load_policy_bytes(raw: bytes, shown: str) -> PolicyFile:
     document: SourceDocument | None
     try:
         document = parse_document(raw, shown)
-    except TomlSyntaxError:
+    except TomlSyntaxError as exc:
+        if exc.check != "toml":  # refused before parsing: parsing it again would only cost the same
+            from ..errors import PolicyProblem
+
+            return PolicyFile(shown, raw, None, None, (PolicyProblem(exc.location, exc.check, exc.reason),))
         document = None
     try:
         policy = parse_policy(raw, shown)
@@ -222,7 +262,11 @@ def lint_paths(
     base: str | None = None,
 ) -> LintResult:
     """Lint the policy files that ``paths`` name."""
-    files = [read_policy_file(p) for p in expand_paths(paths)]
+    config = config or LintConfig()
+    # The configuration's allow-symlinks; without one, the reader looks for pyproject.toml from the
+    # policy folder when it meets a symlink (as load() does).
+    allowed = config.allow_symlinks if config.source else None
+    files = [read_policy_file(path, root, allowed) for path, root in expand_paths(paths)]
     return lint_files(files, config, base=git_base(base) if base else None)
 
 
@@ -246,6 +290,8 @@ def lint_files(
     for rule in RULES.values():
         if rule.kind == "set" and config.enabled(rule.code):
             raw += rule.check(files, base)
+    if config.analysis_limit != "error":
+        raw = [dataclasses.replace(f, severity=config.analysis_limit) if f.code == "KVP029" else f for f in raw]
     used: set[tuple[str, int, str]] = set()
     comments = {file.path: suppressions(file) for file in files}
     unique = {f.sort_key(): f for f in raw}
@@ -254,9 +300,12 @@ def lint_files(
         if codes is not None and finding.code in codes[0]:
             used.add((finding.location.path, finding.location.line, finding.code))
             result.suppressed.append(finding)
+            result.reasons[(finding.location.path, finding.location.line)] = codes[2]
         else:
             result.findings.append(finding)
     loaded = {file.path for file in files if file.policy is not None}
+    # Where the exact analysis was skipped, its rules did not run: their suppressions are not unused.
+    unanalysed = {file.path for file in files if file.policy is not None and file.skipped_reason is not None}
     for path, lines in comments.items():
         for line, (codes, column, reason) in lines.items():
             if not reason and config.enabled("KVP091"):
@@ -277,7 +326,12 @@ def lint_files(
                         Finding("KVP090", f"suppression names unknown rule code {code!r}", Location(path, line, column), "warning")
                     )
                 # In a file that does not load, most rules did not run: nothing to judge.
-                elif config.enabled(code) and path in loaded and (path, line, code) not in used:
+                elif (
+                    config.enabled(code)
+                    and path in loaded
+                    and (path, line, code) not in used
+                    and not (path in unanalysed and code in ANALYSIS_RULES)
+                ):
                     result.findings.append(
                         Finding(
                             "KVP090",

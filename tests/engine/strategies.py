@@ -152,3 +152,33 @@ def random_contexts() -> st.SearchStrategy[dict[str, Any]]:
             "env": st.dictionaries(st.sampled_from(("E1", "E2")), st.sampled_from(("1", "x", "")), max_size=2),
         }
     )
+
+
+from kvpolicy.loader import shipped_root  # noqa: E402
+
+CLEAN = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
+
+
+@st.composite
+def hostile_structures(draw: Any) -> tuple[bytes, bool]:
+    """(policy bytes, whether they exceed a pre-parse bound): deep arrays and inline tables, long
+    dotted keys and headers, long integers, around and beyond each bound."""
+    from kvpolicy.policyfile import MAX_BARE_VALUE, MAX_KEY_PARTS, MAX_NESTING
+
+    kind = draw(st.sampled_from(("array", "inline", "mixed", "dotted-key", "header", "integer")))
+    if kind in ("array", "inline", "mixed"):
+        depth = draw(st.one_of(st.integers(1, MAX_NESTING + 2), st.integers(MAX_NESTING, 3000)))
+        opens = [draw(st.sampled_from("[{")) if kind == "mixed" else ("[" if kind == "array" else "{") for _ in range(depth)]
+        value = "1"
+        for bracket in reversed(opens):
+            value = f"[{value}]" if bracket == "[" else f"{{a = {value}}}"
+        return (CLEAN + f"\nx = {value}\n").encode(), depth > MAX_NESTING
+    if kind in ("dotted-key", "header"):
+        parts = draw(st.one_of(st.integers(1, MAX_KEY_PARTS + 2), st.integers(MAX_KEY_PARTS, 30_000)))
+        key = ".".join(draw(st.sampled_from(["a", '"q.u"', "'l'", "b-c"])) for _ in range(1)) if parts == 1 else ".".join(["k"] * parts)
+        line = f"[{key}]\n" if kind == "header" else f"{key} = 1\n"
+        text = CLEAN + "\n" + line if kind == "header" else line + CLEAN
+        return text.encode(), parts > MAX_KEY_PARTS
+    digits = draw(st.one_of(st.integers(1, MAX_BARE_VALUE + 2), st.integers(MAX_BARE_VALUE, 20_000)))
+    sign = draw(st.sampled_from(["", "-", "+"]))
+    return CLEAN.replace("schema = 1", f"schema = {sign}{'1' * digits}", 1).encode(), len(sign) + digits > MAX_BARE_VALUE

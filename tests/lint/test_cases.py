@@ -70,7 +70,9 @@ def test_threshold_fails_below(cli, tmp_path, monkeypatch):
 
 
 def test_broken_cases_are_errors_not_tracebacks(cli, tmp_path, monkeypatch):
-    _policy_with_cases(tmp_path, '[[case]]\nname = "x"\ncontext = { backend = "UCXX" }\n[[case]]\nnmae = 1\n')
+    _policy_with_cases(
+        tmp_path, '[[case]]\nname = "x"\ncontext = { backend = "UCXX" }\nexpect = { backend = "UCX" }\n[[case]]\nnmae = 1\n'
+    )
     monkeypatch.chdir(tmp_path)
     code, out, _ = cli("test", ".")
     assert code == 1
@@ -94,3 +96,31 @@ def test_json_and_junit_formats(cli, tmp_path, monkeypatch):
     code, out, _ = cli("test", ".", "--format", "junit")
     root = ElementTree.fromstring(out.split("\n", 1)[1])
     assert code == 1 and root.get("tests") == "2" and root.get("failures") == "1"
+
+
+def test_case_mistakes_are_errors(cli, tmp_path, monkeypatch):
+    """A misspelt decision, a case that checks nothing and a repeated name fail the run with the
+    case's location, instead of "expected PYTHON, got None" or a silent pass."""
+    _policy_with_cases(
+        tmp_path,
+        '[[case]]\nname = "typo"\ncontext = {}\nexpect = { transceiver_runtim = "CPP" }\n'
+        '[[case]]\nname = "nothing"\ncontext = {}\n'
+        '[[case]]\nname = "typo"\ncontext = {}\ndecided_by = { backend = "backend-default-nixl" }\n',
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("test", ".")
+    assert code == 1
+    assert "expect: 'transceiver_runtim' is not a decision; did you mean 'transceiver_runtime'?" in out
+    assert "got None" not in out
+    assert "the case checks nothing: add expect, decided_by or diagnostics" in out
+    assert "p.cases.toml:8:1 (policy" in out and "duplicate case name; the first is at p.cases.toml:1:1" in out
+    (tmp_path / "p.cases.toml").write_text("# no cases yet\n")
+    code, out, _ = cli("test", ".")
+    assert code == 1 and "holds no [[case]] tables" in out
+
+
+def test_no_policy_files_is_an_error(cli, tmp_path):
+    assert cli("test", str(tmp_path))[0] == 2
+    (tmp_path / "x.cases.toml").write_text('[[case]]\nname = "a"\ncontext = {}\nexpect = { backend = "NIXL" }\n')
+    code, out, _ = cli("test", str(tmp_path), "--coverage", "--threshold", "100")
+    assert code == 1 and "no such policy file" in out

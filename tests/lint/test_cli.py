@@ -47,6 +47,16 @@ def test_github_annotations_escape(cli, tmp_path):
     _, out, _ = cli("lint", str(FIXTURES / "KVP030.toml"), "--format", "github")
     assert out.startswith("::error file=tests/lint/fixtures/KVP030.toml,line=44,col=3,title=KVP030 auto-rejected::")
     assert out.count("\n") == 1
+    # A path with the property separators and a message with a percent sign: both escaped, one line each.
+    folder = tmp_path / "a,b:c%d"
+    folder.mkdir()
+    text = (FIXTURES / "clean.toml").read_text().replace('summary = "Lint fixture."', 'summary = "Lint fixture."\n"50%,x:y" = 1', 1)
+    (folder / "p.toml").write_text(text)
+    _, out, _ = cli("lint", str(folder / "p.toml"), "--format", "github")
+    (line,) = out.splitlines()
+    properties, message = line.split("::")[1:3]
+    assert "a%2Cb%3Ac%25d" in properties and "a,b" not in properties
+    assert "unknown key '50%25,x:y'" in message
 
 
 def test_junit_is_xml(cli):
@@ -66,6 +76,25 @@ def test_exit_codes(cli, tmp_path):
     with pytest.raises(SystemExit) as exc:
         cli("lint", "--format", "xml")
     assert exc.value.code == 2
+
+
+def test_no_policy_files_is_a_usage_error(cli, tmp_path):
+    code, _, err = cli("lint", str(tmp_path))
+    assert code == 2 and "no policy files" in err
+    (tmp_path / "p.cases.toml").write_text("")
+    code, _, err = cli("lint", str(tmp_path))
+    assert code == 2 and "hold policy test cases" in err
+
+
+def test_pre_commit_lint_hook_catches_a_duplicate_version_in_an_unstaged_file(cli, tmp_path, monkeypatch):
+    """The hook runs `kvpolicy lint` with no file names: the folder is linted, so a staged file
+    that repeats the version of an unstaged one fails (KVP050)."""
+    (tmp_path / "policies").mkdir()
+    for name in ("a.toml", "b.toml"):
+        shutil.copy(FIXTURES / "clean.toml", tmp_path / "policies" / name)
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("lint")
+    assert code == 1 and "KVP050" in out
 
 
 def test_no_paths_lints_policies_folder(cli, monkeypatch, tmp_path):
@@ -125,7 +154,7 @@ def test_rule_and_rules(cli):
     assert code == 2 and "did you mean" in err
     code, out, _ = cli("rules")
     assert code == 0 and "KVP001" in out and "precedence:" in out
-    assert len(json.loads(cli("rules", "--format", "json")[1])) == 19
+    assert len(json.loads(cli("rules", "--format", "json")[1])) == 22
 
 
 def _git(*args, cwd):
@@ -175,11 +204,14 @@ def test_pre_commit_hooks_name_real_commands():
     from kvpolicy.cli import COMMANDS
 
     hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
-    assert {h["id"] for h in hooks} == {"kvpolicy-lint", "kvpolicy-fmt", "kvpolicy-test"}
+    assert {h["id"] for h in hooks} == {"kvpolicy-check", "kvpolicy-lint", "kvpolicy-fmt", "kvpolicy-test"}
     for hook in hooks:
         program, command = hook["entry"].split()[:2]
         assert program == "kvpolicy" and command in COMMANDS
         assert hook["language"] == "python"
+        if command in ("check", "lint", "test"):
+            # The whole folder, not the staged files: version hygiene compares every file.
+            assert hook["pass_filenames"] is False, hook["id"]
 
 
 def test_output_file(cli, tmp_path):
@@ -189,20 +221,52 @@ def test_output_file(cli, tmp_path):
     assert json.loads(target.read_text())["version"] == "2.1.0"
 
 
-def test_policy_too_large_to_analyse_is_skipped_not_hung(cli, tmp_path):
+def test_policy_too_large_to_analyse_is_a_finding_not_a_silent_pass(cli, tmp_path):
     """Twenty features read together would need 2**20 evaluations per context class: the exact
-    analysis refuses up front, the other rules still run, and stderr says what was skipped."""
-    text = (FIXTURES / "clean.toml").read_text()
-    features = "".join(f'[features.f{i}]\ndescription = "feature {i}"\n\n' for i in range(20))
-    requirements = "".join(
-        f'[[decisions.transceiver_runtime.requirement]]\nid = "f{i}-requires-cpp"\nwhen = {{ features.f{i} = true }}\n'
-        f'value = "CPP"\nreason = "r"\nsource = "s"\n\n'
-        for i in range(20)
+    analysis refuses up front and says so as an error finding (KVP029), the other rules still
+    run, and the suppressions of the rules that did not run are not called unused."""
+    text = (FIXTURES / "KVP029.toml").read_text().replace(
+        'value = "PYTHON", reason = "GPT-OSS prefers PYTHON.", source = "fixture" },',
+        'value = "PYTHON", reason = "GPT-OSS prefers PYTHON.", source = "fixture" },  # kvpolicy: ignore[KVP030] upstream',
     )
-    text = text.replace("[decisions.backend]", features + "[decisions.backend]", 1)
-    text = text.replace("[decisions.transceiver_runtime.preference]", requirements + "[decisions.transceiver_runtime.preference]", 1)
     path = tmp_path / "big.toml"
     path.write_text(text)
     code, out, err = cli("lint", str(path))
-    assert "analysis skipped" in err
-    assert code == 0, out
+    assert code == 1, out
+    assert "KVP029 precedence and safety analysis skipped" in out
+    assert "KVP090" not in out
+    (tmp_path / "pyproject.toml").write_text('[tool.kvpolicy]\nanalysis-limit = "warning"\n')
+    code, out, _ = cli("lint", str(path), "--config", str(tmp_path / "pyproject.toml"), "--fail-level", "error")
+    assert code == 0 and "KVP029" in out
+
+
+def test_suppression_reason_reaches_json_and_sarif(cli, tmp_path):
+    text = (FIXTURES / "KVP030.toml").read_text().replace(
+        'source = "fixture" },\n]', 'source = "fixture" },  # kvpolicy: ignore[KVP030] reproduces upstream 2026-08-24\n]', 1
+    )
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    suppressed = json.loads(cli("lint", str(path), "--format", "json")[1])["suppressed"]
+    assert [s["reason"] for s in suppressed] == ["reproduces upstream 2026-08-24"]
+    results = json.loads(cli("lint", str(path), "--format", "sarif")[1])["runs"][0]["results"]
+    assert [r["suppressions"][0]["justification"] for r in results] == ["reproduces upstream 2026-08-24"]
+
+
+def test_sarif_fingerprints_are_stable_when_lines_move(cli, tmp_path):
+    path = tmp_path / "policy.toml"
+    text = (FIXTURES / "KVP021.toml").read_text()
+    path.write_text(text)
+    before = [r["partialFingerprints"]["primaryLocationLineHash"] for r in json.loads(cli("lint", str(path), "--format", "sarif")[1])["runs"][0]["results"]]
+    path.write_text("# a comment that moves every line down\n\n" + text)
+    after = json.loads(cli("lint", str(path), "--format", "sarif")[1])["runs"][0]["results"]
+    assert before and [r["partialFingerprints"]["primaryLocationLineHash"] for r in after] == before
+    assert len(set(before)) == len(before)
+
+
+def test_junit_names_are_unique(cli, tmp_path):
+    path = tmp_path / "policy.toml"
+    # Two misspelt values in one condition: two KVP010 findings at one location.
+    path.write_text((FIXTURES / "clean.toml").read_text().replace('backend = { not = "NIXL" }', 'backend = { not = ["NIXLL", "UCXX"] }', 1))
+    _, out, _ = cli("lint", str(path), "--format", "junit")
+    names = [case.get("name") for case in ElementTree.fromstring(out.split("\n", 1)[1]).iter("testcase")]
+    assert len(names) == len(set(names)) >= 2

@@ -182,3 +182,24 @@ def _rows_sorted(node: Any) -> Any:
     if isinstance(node, list):
         return [_rows_sorted(v) for v in node]
     return node
+
+
+from tests.engine.strategies import hostile_structures  # noqa: E402
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(hostile_structures())
+def test_lint_verdict_equals_load_on_hostile_structures(case):
+    """Deep nesting, long keys and long integers: lint fails exactly when load refuses."""
+    from kvpolicy.errors import PolicyError
+    from kvpolicy.loader import parse_policy
+
+    raw, _ = case
+    try:
+        parse_policy(raw, "fuzz.toml")
+        refused = False
+    except PolicyError:
+        refused = True
+    result = lint_files([load_policy_bytes(raw, "fuzz.toml")])
+    if refused:  # lint may find more than load refuses (KVP030), never less
+        assert result.failed("error") and all(f.location.line >= 1 for f in result.findings)

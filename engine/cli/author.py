@@ -1,0 +1,179 @@
+"""The policy author's loop: ``kvpolicy check [DIR]`` and ``kvpolicy new VERSION``.
+
+``check`` is what CI and pre-commit call: lint, ``fmt --check`` and ``test --coverage`` over one
+policy folder, every report, one summary and one exit code (0 all passed, 1 something failed,
+2 the folder cannot be used). ``new`` starts the next version from the newest one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import fail
+
+__all__ = ["register"]
+
+DEFAULT_PATH = "policies"
+
+
+def register(sub: Any) -> None:
+    """Add ``check`` and ``new``."""
+    parser = sub.add_parser(
+        "check",
+        help="lint, fmt --check and test --coverage in one run (what CI and pre-commit call)",
+        description=(
+            "Run `kvpolicy lint`, `kvpolicy fmt --check` and `kvpolicy test --coverage --threshold PCT` on one "
+            "policy folder; print each report, then one summary. Exit 0 when all pass, 1 when one fails, 2 when "
+            "the folder cannot be used."
+        ),
+    )
+    parser.add_argument("path", nargs="?", default=None, metavar="DIR", help=f"the policy folder (default: ./{DEFAULT_PATH})")
+    parser.add_argument("--threshold", type=float, default=100.0, metavar="PCT", help="minimum rule coverage (default: 100)")
+    parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.kvpolicy] from this file (default: nearest pyproject.toml)")
+    parser.set_defaults(run=run_check)
+
+    parser = sub.add_parser(
+        "new",
+        help="start the next policy version from the newest one",
+        description=(
+            "Copy the newest policy of DIR to VERSION.toml with its version set to VERSION, and its test cases "
+            "to VERSION.cases.toml. VERSION is a date (YYYY.MM.DD, optionally .N) after the newest version."
+        ),
+    )
+    parser.add_argument("version", metavar="VERSION", help="the new version, e.g. 2026.10.01")
+    parser.add_argument("--dir", default=DEFAULT_PATH, metavar="DIR", help=f"the policy folder (default: ./{DEFAULT_PATH})")
+    parser.set_defaults(run=run_new)
+
+
+def run_check(args: Any) -> int:
+    """Lint, format check and tests; one summary line per step and one exit code."""
+    from ..lint.cases import CasesUsageError, run_tests
+    from ..lint.cases import render as render_tests
+    from ..lint.report import render as render_lint
+    from ..lint.runner import LintUsageError, find_config, lint_paths
+    from .fmt import check_format
+
+    folder = args.path or DEFAULT_PATH
+    if not Path(folder).is_dir():
+        return fail(f"{folder}: not a policy folder; name the folder that holds the policy files")
+    if not 0 <= args.threshold <= 100:
+        return fail("--threshold must be a percentage between 0 and 100")
+    summary: list[tuple[str, str, str]] = []
+    usage = False
+
+    try:
+        result = lint_paths([folder], find_config(explicit=args.config))
+    except LintUsageError as exc:
+        summary.append(("lint", "error", str(exc)))
+        usage = True
+    else:
+        if result.findings:
+            sys.stdout.write(render_lint(result, "text"))
+        counts = result.counts()
+        detail = f"{len(result.files)} files, {counts['error']} errors, {counts['warning']} warnings, {len(result.suppressed)} suppressed"
+        summary.append(("lint", "failed" if result.failed() else "passed", detail))
+
+    checked = check_format([folder])
+    if isinstance(checked, str):
+        summary.append(("fmt", "error", checked))
+        usage = True
+    else:
+        changed, errors, count = checked
+        for error in errors:
+            print(f"fmt: {error}")
+        for _, shown, _, _ in changed:
+            print(f"Would reformat: {shown} (run `kvpolicy fmt {folder}`)")
+        state = "failed" if changed or errors else "passed"
+        summary.append(("fmt", state, f"{count} files, {len(changed)} would be reformatted, {len(errors)} unreadable"))
+
+    try:
+        run = run_tests([folder])
+    except CasesUsageError as exc:
+        summary.append(("test", "error", str(exc)))
+        usage = True
+    else:
+        below = [p for p in run.coverage if run.percent(p) + 1e-9 < args.threshold]
+        if run.failed or run.errors or below:
+            sys.stdout.write(render_tests(run, coverage=bool(below)))
+        passed = len(run.cases) - len(run.failed)
+        detail = (
+            f"{passed} passed, {len(run.failed)} failed, {len(run.errors)} errors, "
+            f"coverage {run.total_percent():.1f}% (threshold {args.threshold:g}%)"
+        )
+        summary.append(("test", "failed" if run.failed or run.errors or below else "passed", detail))
+
+    failed = [name for name, state, _ in summary if state != "passed"]
+    print(f"kvpolicy check {folder}:")
+    for name, state, detail in summary:
+        print(f"  {name:<5} {state:<7} {detail}")
+    print("passed" if not failed else f"failed: {', '.join(failed)}")
+    if usage:
+        return 2
+    return 1 if failed else 0
+
+
+_VERSION = re.compile(r"^[0-9]{4}\.[0-9]{2}\.[0-9]{2}(\.[0-9]+)?$")
+_VERSION_LINE = re.compile(r'^(version\s*=\s*)"([^"]*)"', re.MULTILINE)
+_POLICY_LINE = re.compile(r'^(policy\s*=\s*)"([^"]*)"', re.MULTILINE)
+
+
+def run_new(args: Any) -> int:
+    """Scaffold VERSION.toml and VERSION.cases.toml from the newest version of the folder."""
+    from ..errors import PolicyError
+    from ..loader import CASES_SUFFIX, load_policy_file, version_key
+    from ..policyfile import read_policy_bytes
+    from ..policyset import load
+
+    version = args.version
+    if not _VERSION.match(version):
+        return fail(f"{version!r} is not a version: write a date, YYYY.MM.DD (optionally .N)")
+    try:
+        datetime.date(*(int(part) for part in version.split(".")[:3]))
+    except ValueError as exc:
+        return fail(f"{version} is not a date: {exc}")
+    folder = Path(args.dir)
+    try:
+        newest = load(folder)
+    except PolicyError as exc:
+        return fail(f"{folder}: {exc}")
+    if version_key(version) <= version_key(newest.version):
+        return fail(f"{version} is not after the newest version {newest.version}; pick a later date")
+    target = folder / f"{version}.toml"
+    cases_target = folder / f"{version}{CASES_SUFFIX}"
+    for path in (target, cases_target):
+        if path.exists():
+            return fail(f"{path} already exists")
+    source = Path(newest.path)
+    try:
+        text = read_policy_bytes(source, str(source), root=folder).decode("utf-8")
+    except PolicyError as exc:
+        return fail(str(exc))
+    text, count = _VERSION_LINE.subn(lambda m: f'{m.group(1)}"{version}"', text, count=1)
+    if count != 1:
+        return fail(f"{source}: no top-level `version = \"...\"` line to rewrite")
+    target.write_text(text, encoding="utf-8")
+    try:
+        load_policy_file(target, root=folder)
+    except PolicyError as exc:  # pragma: no cover - the newest version loaded a moment ago
+        target.unlink()
+        return fail(f"the copy does not load: {exc}")
+    created = [str(target)]
+    cases_source = source.with_name(source.name[: -len(".toml")] + CASES_SUFFIX)
+    if cases_source.is_file():
+        cases = read_policy_bytes(cases_source, str(cases_source), root=folder).decode("utf-8")
+        cases = _POLICY_LINE.sub(lambda m: f'{m.group(1)}"{target.name}"', cases, count=1)
+    else:
+        cases = (
+            f"# Test cases of {target.name}: `kvpolicy test {folder}` runs them.\n\n"
+            '[[case]]\nname = "describe the context"\ncontext = { architecture = "LlamaForCausalLM" }\n'
+            'expect = { transceiver_runtime = "CPP" }\n'
+        )
+    cases_target.write_text(cases, encoding="utf-8")
+    created.append(str(cases_target))
+    print(f"created {', '.join(created)} from {newest.version}")
+    print(f"next: edit {target.name} (and its summary), add cases for what changes, then `kvpolicy check {folder}`")
+    return 0

@@ -1,0 +1,62 @@
+"""Notes on a context that resolves, but probably not as meant: a misspelt architecture, an
+environment variable with a value the policy never reads as set.
+
+They change nothing in the resolution (a near-miss architecture still resolves as an unknown
+model, as ``resolve`` must for a model it has never seen); the CLI prints them so a typo does not
+pass silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from .model import Policy
+
+__all__ = ["context_notes"]
+
+
+def _known_env(policy: Policy) -> dict[str, set[str]]:
+    """Variables the policy reads -> the values it tests for (a feature's variable: "1")."""
+    known: dict[str, set[str]] = {}
+    negated: set[str] = set()
+    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
+    conditions += [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
+    for condition in conditions:
+        for variable, matcher in condition.env.items():
+            if matcher.negate:  # "any value but X": every other value is read
+                negated.add(variable)
+            known.setdefault(variable, set()).update(matcher.values)
+    for feature in policy.features.values():
+        if feature.env:
+            known.setdefault(feature.env, set()).add("1")
+    return {variable: values for variable, values in known.items() if variable not in negated}
+
+
+def context_notes(policy: Policy, context: Mapping[str, Any]) -> list[str]:
+    """Notes for a normalised context (``Resolution.context``) under ``policy``."""
+    notes: list[str] = []
+    architecture = context.get("architecture")
+    if isinstance(architecture, str):
+        named = policy.architectures()
+        if architecture not in named:
+            lowered = {name.lower(): name for name in named}
+            close = lowered.get(architecture.lower()) or next(
+                iter(difflib.get_close_matches(architecture, named, n=1, cutoff=0.85)), None
+            )
+            if close:
+                notes.append(
+                    f"architecture {architecture!r} is not named by policy {policy.version}; did you mean {close!r}? "
+                    "It resolves as a model with no preference"
+                )
+    env = context.get("env") or {}
+    for variable, accepted in sorted(_known_env(policy).items()):
+        value = env.get(variable)
+        if value is not None and value not in accepted:
+            wanted = " or ".join(repr(v) for v in sorted(accepted))
+            notes.append(
+                f"{variable}={value!r} is ignored: policy {policy.version} reads it only as {wanted}"
+                f"{' (set it to ' + repr(sorted(accepted)[0]) + ')' if len(accepted) == 1 else ''}"
+            )
+    return notes

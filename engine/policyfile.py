@@ -1,0 +1,387 @@
+"""Reading a policy (or cases) file safely: cheap checks before any parse.
+
+Every command reads policy files through :func:`read_policy_bytes` and :func:`check_text`, so
+``load``, ``lint``, ``test``, ``fmt`` and ``diff`` accept and refuse the same files with the same
+located message. The checks run before ``tomllib`` sees a byte, and each costs at most one pass:
+
+- the path must be a regular file (a FIFO, a device or a folder is refused without opening it
+  for a blocking read); a symlink must stay inside the policy root unless ``[tool.kvpolicy]``
+  ``allow-symlinks`` names the folder it points into; a symlink loop is reported as one;
+- the size is checked with ``fstat`` and the file is read with a cap, so ``/dev/zero`` or a file
+  growing while read cannot exhaust memory;
+- nesting of arrays and inline tables, dotted keys and table headers, and the length of a bare
+  value (a 5,000-digit integer) are bounded by one regex-driven scan, so neither ``tomllib``'s
+  recursion nor the later stages' per-level costs are reachable;
+- the number of ``[[array]]`` tables of one name and of inline tables is bounded before parsing,
+  so a 300,000-row file is refused in a fraction of a second rather than after minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+from .errors import PolicyError, PolicyProblem
+from .source import Location
+
+__all__ = [
+    "MAX_ARRAY_TABLES",
+    "MAX_BARE_VALUE",
+    "MAX_INLINE_TABLES",
+    "MAX_KEY_PARTS",
+    "MAX_NESTING",
+    "MAX_POLICY_BYTES",
+    "MAX_ROWS",
+    "allowed_symlink_roots",
+    "check_text",
+    "read_policy_bytes",
+]
+
+#: The largest policy file kvpolicy reads (a 100,000-row policy is about 15 MB).
+MAX_POLICY_BYTES = 32 << 20
+
+#: Arrays and inline tables nested in one another (the policy format needs 4).
+MAX_NESTING = 16
+
+#: Parts of one dotted key or table header (``[decisions.backend.preference]`` has 3).
+MAX_KEY_PARTS = 16
+
+#: Characters of one bare value: numbers, booleans, dates (an int64 has at most 20).
+MAX_BARE_VALUE = 64
+
+#: ``[[name]]`` tables of one name (the schema allows 10,000 rules or constraints per list).
+MAX_ARRAY_TABLES = 10_000
+
+#: Rows of one preference table (as in the schema), whether inline tables or ``[[...rows]]``.
+MAX_ROWS = 100_000
+
+#: Inline tables in a file: preference rows (at most 100,000) plus conditions and notices.
+MAX_INLINE_TABLES = 150_000
+
+#: Features of a policy (as in the schema).
+MAX_FEATURES = 1_000
+
+#: Table headers in a file: every list of rules and constraints at its bound, rows as ``[[...rows]]``.
+MAX_HEADERS = 150_000
+
+
+def _problem(path: str, message: str, check: str = "size", line: int = 1, column: int = 1) -> PolicyError:
+    return PolicyError(PolicyProblem(Location(path, line, column), check, message))
+
+
+def allowed_symlink_roots(start: Path) -> tuple[Path, ...]:
+    """Folders ``[tool.kvpolicy] allow-symlinks`` (nearest ``pyproject.toml`` from ``start``
+    upwards) lets policy symlinks point into, resolved relative to that ``pyproject.toml``.
+
+    A ``pyproject.toml`` that cannot be read allows nothing (lint reports it as a usage error)."""
+    import tomllib
+
+    here = start.resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if not candidate.is_file():
+            continue
+        try:
+            data = tomllib.loads(_read_capped(candidate, str(candidate), 1 << 20).decode("utf-8"))
+        except (PolicyError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, ValueError):
+            return ()
+        table = data.get("tool", {}).get("kvpolicy", {})
+        allowed = table.get("allow-symlinks", []) if isinstance(table, dict) else []
+        if not isinstance(allowed, list):
+            return ()
+        return tuple((folder / str(entry)).resolve() for entry in allowed if isinstance(entry, str))
+    return ()
+
+
+def read_policy_bytes(
+    path: Path,
+    shown: str,
+    *,
+    root: Path | None = None,
+    allowed: tuple[Path, ...] | None = None,
+    limit: int = MAX_POLICY_BYTES,
+) -> bytes:
+    """The bytes of a policy file, or :class:`PolicyError` (check ``io`` or ``size``) saying why not.
+
+    ``root`` is the policy folder: a symlink whose target lies outside it (and outside every
+    folder of ``allowed``; default: ``[tool.kvpolicy] allow-symlinks``) is refused."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = path.resolve(strict=True)
+        except RuntimeError:
+            raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP on Linux; Python >= 3.13 raises OSError instead of RuntimeError
+                raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+            raise _problem(shown, f"the symlink's target cannot be read: {exc.strerror or exc}", "io") from None
+        base = (root if root is not None else path.parent).resolve()
+        roots = (base, *(allowed if allowed is not None else allowed_symlink_roots(path.parent)))
+        if not any(target == r or r in target.parents for r in roots):
+            raise _problem(
+                shown,
+                f"the symlink points outside the policy folder (to {target}); copy the file in, or allow "
+                'its folder with allow-symlinks = ["..."] in [tool.kvpolicy] of pyproject.toml',
+                "io",
+            )
+    return _read_capped(path, shown, limit)
+
+
+def _read_capped(path: Path, shown: str, limit: int, kind: str = "policy files") -> bytes:
+    """At most ``limit`` bytes of a regular file; :class:`PolicyError` (``io`` or ``size``) otherwise.
+    ``kind`` names the files in messages ("policy files", "config files")."""
+    try:
+        info = os.stat(path)
+    except RuntimeError:
+        raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+    except OSError as exc:
+        if exc.errno == 40:
+            raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise _problem(shown, f"not a regular file ({_kind(info.st_mode)}); {kind} must be regular files", "io")
+    if info.st_size > limit:
+        raise _problem(shown, f"the file is {info.st_size:,} bytes; {kind} are limited to {limit:,} bytes")
+    try:
+        # O_NONBLOCK: if the path was swapped for a FIFO since the stat, opening must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _problem(shown, f"not a regular file; {kind} must be regular files", "io")
+        chunks = []
+        total = 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise _problem(shown, f"the file grew past {limit:,} bytes while read; {kind} are limited to {limit:,} bytes")
+    return b"".join(chunks)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+# -- bounds before tomllib -------------------------------------------------------------------------
+
+# One token per match; strings and comments are consumed whole so that brackets and dots inside
+# them do not count. Possessive quantifiers keep an unterminated string linear (tomllib then
+# reports it with its position).
+_TOKEN = re.compile(
+    r'''
+      (?P<mlb>"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+)
+    | (?P<mll>\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+)
+    | (?P<str>"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?)
+    | (?P<comment>\#[^\n]*+)
+    | (?P<nl>\n)
+    | (?P<bare>[A-Za-z0-9_+\-:]++)
+    | (?P<punct>[\[\]{}=,.])
+    | [^\S\n]++
+    | .
+    ''',
+    re.VERBOSE,
+)
+_ARRAY_HEADER = re.compile(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
+
+
+def check_text(raw: bytes, shown: str) -> None:
+    """Refuse, with a location, a file whose structure would cost more than a policy can need:
+    too deep, too many parts in a key, a too-long bare value, too many tables or rows. Valid TOML
+    within the bounds passes; invalid TOML is left to the parser to report."""
+    _check_array_tables(raw, shown)
+    text = raw.decode("utf-8", errors="replace")
+    if raw.count(b"{") > MAX_FEATURES:  # only then can an inline list or the inline tables be too many
+        _count_rows(text, shown)
+    _scan(text, shown)
+
+
+_HEADER = re.compile(rb"^[ \t]*\[", re.MULTILINE)
+_FEATURE_HEADER = re.compile(rb"^[ \t]*\[[ \t]*features[ \t]*\.", re.MULTILINE)
+
+
+def _check_headers(raw: bytes, shown: str) -> None:
+    if raw.count(b"[") <= MAX_FEATURES:
+        return
+    for pattern, limit, what in (
+        (_FEATURE_HEADER, MAX_FEATURES, f"more than {MAX_FEATURES:,} [features.*] tables; the schema allows at most {MAX_FEATURES:,} features"),
+        (_HEADER, MAX_HEADERS, f"more than {MAX_HEADERS:,} table headers; no policy needs that many"),
+    ):
+        count = 0
+        for match in pattern.finditer(raw):
+            count += 1
+            if count > limit:
+                raise _problem(shown, what, line=raw.count(b"\n", 0, match.start()) + 1)
+
+
+def _check_array_tables(raw: bytes, shown: str) -> None:
+    _check_headers(raw, shown)
+    if raw.count(b"[[") <= MAX_ARRAY_TABLES:
+        return
+    counts: dict[bytes, int] = {}
+    for match in _ARRAY_HEADER.finditer(raw):
+        name = re.sub(rb"\s+", b"", match.group(1))
+        counts[name] = counts.get(name, 0) + 1
+        limit = MAX_ROWS if name.endswith(b".rows") else MAX_ARRAY_TABLES
+        if counts[name] > limit:
+            line = raw.count(b"\n", 0, match.start()) + 1
+            raise _problem(
+                shown,
+                f"more than {limit:,} [[{name.decode('utf-8', 'replace')}]] tables; "
+                f"a policy allows at most {limit:,} per list",
+                line=line,
+                column=1,
+            )
+
+
+# Strings and comments, removed before counting rows: multi-line strings first (replaced by their
+# newlines, so line numbers stay), then one-line strings and comments (they hold no newline).
+_MULTILINE_STRING = re.compile(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
+# Unrolled ("normal* (special normal*)*"): twice as fast as a per-character alternation.
+_LINE_STRING_OR_COMMENT = re.compile(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
+_LIST_KEY = re.compile(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _count_rows(text: str, shown: str) -> None:
+    """Refuse more entries in an inline list of tables (``rows = [...]``, ``constraints = [...]``,
+    ``requirement``, ``conditional``), or more inline tables in the file, than a policy may hold.
+    Counting runs on the text without strings and comments, bracket by bracket, and stops at the
+    bound: a 300,000-row file is refused in about a second instead of minutes of parsing."""
+    if '"""' in text or "\'\'\'" in text:
+        text = _MULTILINE_STRING.sub(lambda m: "\n" * m.group().count("\n"), text)
+    bare = _LINE_STRING_OR_COMMENT.sub("", text)
+    for match in _LIST_KEY.finditer(bare):
+        name = match.group(1) or match.group(2)
+        limit = MAX_ROWS if name == "rows" else MAX_FEATURES if name == "features" else MAX_ARRAY_TABLES
+        if bare.count("{", match.end()) <= limit:
+            continue
+        depth = count = 0
+        for bracket in _BRACKET.finditer(bare, match.end()):
+            char = bracket.group()
+            if char in "[{":
+                if depth == 0 and char == "{":
+                    count += 1
+                    if count > limit:
+                        raise _problem(
+                            shown,
+                            f"more than {limit:,} entries in `{name} = {'{...}' if name == 'features' else '[...]'}`; "
+                            f"the schema allows at most {limit:,} "
+                            "(split the table across versions or architectures)",
+                            line=bare.count("\n", 0, match.start()) + 1,
+                            column=match.start() - (bare.rfind("\n", 0, match.start()) + 1) + 1,
+                        )
+                depth += 1
+            elif depth == 0:
+                break  # the list's own closing bracket
+            else:
+                depth -= 1
+    if bare.count("{") > MAX_INLINE_TABLES:
+        at = -1
+        for _ in range(MAX_INLINE_TABLES + 1):
+            at = bare.find("{", at + 1)
+        raise _problem(
+            shown,
+            f"more than {MAX_INLINE_TABLES:,} inline tables; a policy has at most {MAX_ROWS:,} rows plus its "
+            "rules' conditions",
+            line=bare.count("\n", 0, at) + 1,
+        )
+
+
+def _scan(text: str, shown: str) -> None:
+    stack: list[str] = []  # "a" array, "i" inline table
+    mode = "key"  # key | value | header
+    parts = 0
+    line, line_start = 1, 0
+
+    def fail(message: str, offset: int) -> PolicyError:
+        return _problem(shown, message, "size", line, offset - line_start + 1)
+
+    for match in _TOKEN.finditer(text):
+        kind = match.lastgroup
+        if kind is None:
+            continue
+        if kind == "nl":
+            line += 1
+            line_start = match.end()
+            if not stack:
+                mode, parts = "key", 0
+            continue
+        if kind in ("mlb", "mll"):
+            token = match.group()
+            newlines = token.count("\n")
+            if newlines:
+                line += newlines
+                line_start = match.start() + token.rfind("\n") + 1
+            continue
+        if kind == "comment":
+            continue
+        if kind in ("str", "bare"):
+            if mode == "value" and kind == "bare" and match.end() - match.start() > MAX_BARE_VALUE:
+                raise fail(
+                    f"a value of {match.end() - match.start():,} characters; numbers in a policy have "
+                    f"at most 20 digits (values are at most {MAX_BARE_VALUE} characters)",
+                    match.start(),
+                )
+            if mode in ("key", "header") and parts == 0:
+                parts = 1
+            continue
+        char = match.group()
+        if char == ".":
+            if mode in ("key", "header"):
+                parts += 1
+                if parts > MAX_KEY_PARTS:
+                    raise fail(
+                        f"a dotted key or table header of more than {MAX_KEY_PARTS} parts; "
+                        "policy keys have at most 7",
+                        match.start(),
+                    )
+        elif char == "=":
+            if mode == "key":
+                mode, parts = "value", 0
+        elif char == "[":
+            if mode == "value":
+                stack.append("a")
+                if len(stack) > MAX_NESTING:
+                    raise fail(f"arrays and inline tables nested more than {MAX_NESTING} deep; policies need at most 4", match.start())
+            elif mode == "key" and not stack:
+                mode = "header"
+        elif char == "{":
+            if mode == "value":
+                stack.append("i")
+                mode, parts = "key", 0
+                if len(stack) > MAX_NESTING:
+                    raise fail(f"arrays and inline tables nested more than {MAX_NESTING} deep; policies need at most 4", match.start())
+        elif char in "]}":
+            if mode == "header":
+                mode, parts = "key", 0
+            elif stack:
+                stack.pop()
+                mode = "value"
+        elif char == ",":
+            if stack and stack[-1] == "i":
+                mode, parts = "key", 0
+            elif stack:
+                mode = "value"
