@@ -105,15 +105,22 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
                 found.append(Server(side, side.split("_")[0], (side,), None,
                                     problems=(ServerProblem((side,), f"{side}: expected a mapping, got {kind(section)}"),)))
                 continue
+            clashes = [k for k in section if k in inherited and section[k] != inherited[k]]
+            if clashes:
+                # upstream's extract_disagg_cfg raises for a key set differently at both levels
+                found.append(Server(side, side.split("_")[0], (side, clashes[0]), None, problems=tuple(
+                    ServerProblem((side, k), f"{k} is set both at the top level and in {side}, with different values; "
+                                  "TensorRT-LLM refuses this: keep one") for k in clashes)))
+                continue
             merged = {**inherited, **section}
             origin = {k: ((side,) if k in section else ()) for k in merged}
             found.append(_server(side, side.split("_")[0], merged, origin, {}, fixed))
         return found if _transfers(found) else None
     worker = document.get("worker_config")
     if isinstance(worker, Mapping) and any(short in worker for short, _ in _PERF_SANITY):
-        env, env_used, problems = _worker_env(document.get("environment"))
         found = []
         for short, role in _PERF_SANITY:
+            env, env_used, problems = _worker_env(document.get("environment"), f"{short}_worker_env_var")
             if short not in worker:
                 continue
             section = worker[short]
@@ -212,12 +219,25 @@ def _server(
     return Server(name, role, keys, fields, tuple(used), None, parallel)
 
 
-def _worker_env(value: Any) -> tuple[dict[str, str], tuple[str, ...], tuple[ServerProblem, ...]]:
-    """``environment.worker_env_var``: ``"A=1 B=2"`` as the perf-sanity launcher exports it, or a mapping."""
-    if not isinstance(value, Mapping) or "worker_env_var" not in value:
+def _worker_env(value: Any, role_key: str) -> tuple[dict[str, str], tuple[str, ...], tuple[ServerProblem, ...]]:
+    """``environment.worker_env_var`` then the role's own ``ctx_worker_env_var`` / ``gen_worker_env_var``
+    (appended, so they win), as the perf-sanity launcher exports them."""
+    if not isinstance(value, Mapping):
         return {}, (), ()
-    raw = value["worker_env_var"]
-    keys = ("environment", "worker_env_var")
+    env: dict[str, str] = {}
+    used: list[str] = []
+    for key in ("worker_env_var", role_key):
+        if key in value:
+            part, part_used, problems = _env_words(value[key], ("environment", key))
+            if problems:
+                return {}, (), problems
+            env.update(part)
+            used += part_used
+    return env, tuple(used), ()
+
+
+def _env_words(raw: Any, keys: tuple[str, str]) -> tuple[dict[str, str], tuple[str, ...], tuple[ServerProblem, ...]]:
+    """``"A=1 B=2"`` words (or a mapping) as environment variables."""
     env: dict[str, str] = {}
     if isinstance(raw, Mapping):
         env = {str(k): "" if v is None else str(v) for k, v in raw.items()}
@@ -225,15 +245,15 @@ def _worker_env(value: Any) -> tuple[dict[str, str], tuple[str, ...], tuple[Serv
         try:
             words = shlex.split(raw)
         except ValueError as exc:
-            return {}, (), (ServerProblem(keys, f"environment.worker_env_var: cannot split {raw!r}: {exc}"),)
+            return {}, (), (ServerProblem(keys, f"{_dotted(keys)}: cannot split {raw!r}: {exc}"),)
         for word in words:
             variable, sep, item = word.partition("=")
             if not sep or not variable:
-                return {}, (), (ServerProblem(keys, f"environment.worker_env_var: expected NAME=VALUE, got {word!r}"),)
+                return {}, (), (ServerProblem(keys, f"{_dotted(keys)}: expected NAME=VALUE, got {word!r}"),)
             env[variable] = item
     elif raw is not None:
-        return {}, (), (ServerProblem(keys, f"environment.worker_env_var: expected NAME=VALUE words, got {kind(raw)}"),)
-    return env, tuple(f"environment.worker_env_var.{k} = {v}" for k, v in env.items()), ()
+        return {}, (), (ServerProblem(keys, f"{_dotted(keys)}: expected NAME=VALUE words, got {kind(raw)}"),)
+    return env, tuple(f"{_dotted(keys)}.{k} = {v}" for k, v in env.items()), ()
 
 
 def _dotted(keys: tuple[Any, ...]) -> str:

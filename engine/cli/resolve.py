@@ -48,6 +48,12 @@ def add_context_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipelined", action="store_true", help="enable_pipelined_transfer = true"
     )
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="an environment variable (repeatable)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a serving config (YAML or JSON, any layout TensorRT-LLM reads): resolve each of its servers "
+        "(--arch/--model name the architecture when the config's model path cannot be read)",
+    )
 
 
 def _nullable(text: str) -> str | None:
@@ -106,10 +112,12 @@ def read_model_config(path: Path) -> dict[str, Any]:
 
 
 def run(args: Any) -> int:
-    """Resolve (and explain) one context."""
+    """Resolve (and explain) one context, or every server of a serving config."""
     policy_set = load_from_args(args)
     if isinstance(policy_set, int):
         return policy_set
+    if args.config:
+        return _run_config(args, policy_set)
     try:
         resolution = policy_set.resolve(**context_from_args(args))
     except ContextError as exc:
@@ -132,6 +140,68 @@ def run(args: Any) -> int:
             text += "\n" + "\n".join(f"note: {note}" for note in notes)
         print(text)
     return 0 if resolution.ok else 1
+
+
+def _run_config(args: Any, policy_set: Any) -> int:
+    """``resolve --config``: every server the config starts, each resolved as TensorRT-LLM reads it."""
+    from ..configfile import ConfigFileError, read_config
+    from ..impact import _from_checkpoint
+    from ..serving import servers_of
+
+    path = Path(args.config)
+    try:
+        document, _ = read_config(path)
+    except ConfigFileError as exc:
+        return fail(str(exc))
+    servers = servers_of(document) if isinstance(document, dict) else None
+    if not servers:
+        return fail(f"{path}: no cache_transceiver_config in any layout TensorRT-LLM reads: nothing to resolve")
+    architecture: dict[str, Any] = {}
+    if args.arch:
+        architecture = {"architecture": args.arch}
+    elif args.model:
+        try:
+            architecture = {"pretrained_config": read_model_config(Path(args.model))}
+        except ValueError as exc:
+            return fail(str(exc))
+    elif isinstance(document.get("model"), str):
+        found = _from_checkpoint(document["model"], None, path.parent)
+        if found is not None and not hasattr(found, "message"):
+            name, model_type, _ = found
+            architecture = {"pretrained_config": {"architectures": [name], "model_type": model_type}}
+    failing = False
+    out: list[Any] = []
+    for server in servers:
+        where = ".".join(map(str, server.keys))
+        if server.problems:
+            return fail("; ".join(f"{path}: {p.message}" for p in server.problems))
+        if server.fixed is not None:
+            out.append((server, None, server.fixed))
+            continue
+        if server.fields is None:
+            out.append((server, None, f"no cache_transceiver_config at {where}: disaggregation off"))
+            continue
+        try:
+            resolution = policy_set.resolve(**{**server.fields, **architecture})
+        except ContextError as exc:
+            return context_error(exc)
+        failing = failing or not resolution.ok
+        out.append((server, resolution, None))
+    if args.format == "json":
+        print(json.dumps(
+            [{"server": s.name, "used": list(s.used), **({"resolution": r.to_dict()} if r else {"not_resolved": why})}
+             for s, r, why in out],
+            indent=2, sort_keys=True,
+        ))
+    else:
+        blocks = []
+        for server, resolution, why in out:
+            head = f"== {server.name} ({path}) =="
+            read = f"read: {'; '.join(server.used)}" if server.used else "read: nothing"
+            body = why if resolution is None else render(resolution, explain=args.explain)
+            blocks.append("\n".join((head, read, body)))
+        print("\n\n".join(blocks))
+    return 1 if failing else 0
 
 
 def describe_context(resolution: Resolution) -> str:

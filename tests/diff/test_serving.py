@@ -1,0 +1,88 @@
+"""Serving configs are read the way TensorRT-LLM reads them, in every layout, and say what they used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvpolicy.cli import main
+from kvpolicy.configfile import read_config
+from kvpolicy.impact import impact_of
+from kvpolicy.serving import servers_of
+
+FIXTURES = Path(__file__).parent / "fixtures" / "serving"
+
+
+def servers(name: str):
+    document, _ = read_config(FIXTURES / name)
+    return servers_of(document)
+
+
+def test_top_level_transceiver_config_and_env_overrides_reach_every_server(shipped) -> None:
+    found = servers("disagg-top-level-transceiver.yaml")
+    assert [s.role for s in found] == ["context", "generation"]
+    for server in found:
+        assert server.fields["backend"] == "DEFAULT"
+        assert server.fields["env"] == {"TRTLLM_USE_UCX_KVCACHE": "1"}
+        assert "env_overrides.TRTLLM_USE_UCX_KVCACHE = 1" in server.used
+        assert "cache_transceiver_config.kv_transfer_poll_interval_ms = 5000" in server.used
+        # DEFAULT follows the override, as upstream's _resolve_default_backend does.
+        resolution = shipped["2026.09.10"].resolve(architecture="LlamaForCausalLM", **server.fields)
+        assert resolution.backend == "UCX"
+        assert resolution.runtime == "PYTHON" and not resolution.ok  # verbatim preference, then fails
+
+
+def test_perf_sanity_layout(shipped) -> None:
+    ctx, gen = servers("perf-sanity-kvcmv2-nixl.yaml")
+    assert (ctx.name, gen.name) == ("worker_config.ctx", "worker_config.gen")
+    assert ctx.fields["kv_cache_manager"] == "V2"
+    assert "worker_config.ctx.kv_cache_config.use_kv_cache_manager_v2 = true" in ctx.used
+    assert ctx.fields["env"]["TRTLLM_USE_NIXL_KVCACHE"] == "1"
+    assert "TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP" not in ctx.fields["env"]
+    assert gen.fields["env"]["TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP"] == "1"
+    resolution = shipped["2026.09.10"].resolve(architecture="GptOssForCausalLM", **ctx.fields)
+    assert (resolution.runtime, resolution.kv_cache_manager, resolution.ok) == ("PYTHON", "V2", True)
+
+
+def test_trt_backend_is_never_resolved() -> None:
+    found = servers("trt-backend.yaml")
+    assert all(s.fields is None and s.fixed and "never resolved" in s.fixed for s in found)
+
+
+def test_transceiver_config_without_backend_is_disaggregation_off(shipped) -> None:
+    (server,) = servers("no-backend-is-off.yaml")
+    assert server.fields["backend"] is None
+    assert not shipped["2026.09.10"].resolve(**server.fields).enabled
+
+
+def test_a_key_set_differently_at_both_levels_is_refused() -> None:
+    context, generation = servers("clash.yaml")
+    assert context.problems and "both at the top level and in context_servers" in context.problems[0].message
+    assert not generation.problems and generation.fields["backend"] == "NIXL"
+
+
+def test_every_real_transceiver_field_is_accepted(shipped) -> None:
+    (server,) = servers("agent-bounce.json")
+    assert server.fields["kv_cache_manager"] == "auto"
+    resolution = shipped["2026.09.10"].resolve(**server.fields)
+    assert resolution.ok and resolution.runtime == "PYTHON"
+
+
+def test_impact_reads_every_layout(shipped) -> None:
+    results = {Path(r.path).name: r for r in impact_of([FIXTURES], shipped["2026.08.18"], shipped["2026.09.10"])}
+    assert {s.name for s in results["perf-sanity-kvcmv2-nixl.yaml"].sections} == {"worker_config.ctx", "worker_config.gen"}
+    trt = results["trt-backend.yaml"]
+    assert [s.new.short() for s in trt.sections] == ["CPP (not resolved)"] * 2 and trt.status == "unchanged"
+    assert results["clash.yaml"].problems
+    assert "TRTLLM_USE_UCX_KVCACHE" in " ".join(results["disagg-top-level-transceiver.yaml"].sections[0].used)
+
+
+@pytest.mark.parametrize("name", ["disagg-top-level-transceiver.yaml", "perf-sanity-kvcmv2-nixl.yaml"])
+def test_resolve_config_resolves_each_server(capsys, name) -> None:
+    code = main(["resolve", "--config", str(FIXTURES / name), "--arch", "LlamaForCausalLM", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert len(data) == 2 and all(entry["used"] for entry in data)
+    assert code == (0 if all(e["resolution"]["ok"] for e in data) else 1)
+    assert code == (1 if name.startswith("disagg") else 0)
