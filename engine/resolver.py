@@ -249,6 +249,8 @@ class Program:
                     "pass a dict or keyword fields",
                 )
             fields = {**config, **fields}
+            # As upstream's CacheTransceiverConfig: a config without a backend starts no transceiver.
+            fields.setdefault("backend", None)
         pop = fields.pop
         ctx = {
             "architecture": pop("architecture", None),

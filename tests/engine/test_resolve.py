@@ -353,3 +353,10 @@ def test_trace_names_winner_and_losers(newest):
     assert outcomes["null-runtime-cpp"] == "skipped"
     text = str(resolution.trace)
     assert "transceiver_runtime:" in text and "adopted verbatim" in text
+
+
+def test_config_mapping_without_backend_is_disaggregation_off(newest):
+    # Upstream's CacheTransceiverConfig defaults backend to None: no transceiver starts.
+    assert not newest.resolve({"kv_transfer_timeout_ms": 30000}).enabled
+    assert newest.resolve({"kv_transfer_timeout_ms": 30000}, backend="NIXL").enabled
+    assert newest.resolve(kv_transfer_timeout_ms=30000).backend == "NIXL"  # keywords: DEFAULT
