@@ -175,8 +175,14 @@ def _rank(
     # NIXL's defaults only for what the placement leaves alone (no CMA tuning when UCX runs on TCP).
     env = placement.get("env", {})
     settings = NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in env))
+    # CURVE on, as in production: each rank's key pair was made by the parent, both on both allow-lists.
+    keys = placement["keys"]
     transceivers = {
-        kind: NixlTransceiver(pool, name=f"{role}-{kind}", timeout_s=60, host=host, settings=settings) for kind, pool in pools.items()
+        kind: NixlTransceiver(
+            pool, name=f"{role}-{kind}", timeout_s=60, host=host, settings=settings,
+            identity=keys[role], allowed_peers={r: public for r, (public, _) in keys.items()},
+        )
+        for kind, pool in pools.items()
     }
     raw = create_agent(f"raw-{role}-{os.getpid()}", settings)
     registrations = [
@@ -228,7 +234,7 @@ def _rank(
                 result = elapsed
             elif op == "offer":
                 payload, request_id = args
-                transceivers[payload.layout].send(request_id, payload.src)
+                transceivers[payload.layout].send(request_id, payload.src, to="receiver")
                 result = None
             elif op == "receive":
                 payload, request_id = args
@@ -297,7 +303,10 @@ def bench_nixl(
     """Raw NIXL and the transceiver between two processes. ``placements``: where the sender and the
     receiver run (see :func:`_rank`); ``link_bytes()``: bytes the link has carried so far, read
     around each payload's repetitions to show how much of it crossed the link."""
-    sender_at, receiver_at = placements or ({}, {})
+    import zmq
+
+    keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
+    sender_at, receiver_at = ({**p, "keys": keys} for p in (placements or ({}, {})))
     sender = Rank("sender", block_pool, layer_pool, device, payloads, sender_at)
     receiver = Rank("receiver", block_pool, layer_pool, device, payloads, receiver_at)
     results: dict[str, dict[str, Any]] = {}
