@@ -215,7 +215,9 @@ class Remotes:
             self._admit(identity, key, rank, rank.metadata, segments)
         elif not os.environ.get("NIXL_ETCD_ENDPOINTS"):
             self._refuse(key, rank, "no NIXL metadata in the hello and no NIXL_ETCD_ENDPOINTS to read it from")
-        elif key not in self._fetching and len(self._fetching) >= limits.fetches:
+        elif key in self._fetching:
+            self._refuse(key, rank, "a metadata read for this key is already in flight")
+        elif len(self._fetching) >= limits.fetches:
             self._refuse(key, rank, f"{limits.fetches} metadata reads already in flight")
         else:
             self._start_fetch(identity, key, rank, segments)

@@ -8,7 +8,7 @@ import zmq.auth
 from transfer_worker import KEYS_DIR, new_key
 
 from kvpolicy.transports import control
-from kvpolicy.transports.keys import split_address
+from kvpolicy.transports.keys import fingerprint, split_address
 
 
 def dealer(address: str, secret_file: str | None = None) -> zmq.Socket:
@@ -26,10 +26,12 @@ def dealer(address: str, secret_file: str | None = None) -> zmq.Socket:
     return socket
 
 
-def allowed_dealer(address: str, name: str = "insider") -> zmq.Socket:
-    """A client whose key is on every test worker's allow-list (a peer that is part of the cluster)."""
+def allowed_dealer(address: str, name: str = "insider") -> tuple[zmq.Socket, str]:
+    """A client whose key is on every test worker's allow-list (a peer that is part of the cluster),
+    and a NIXL agent name bound to that key (what its hellos may claim)."""
     _, secret_file = new_key(name, KEYS_DIR)
-    return dealer(address, secret_file)
+    public, _ = zmq.auth.load_certificate(secret_file)
+    return dealer(address, secret_file), f"{name}-{fingerprint(public)}-1-abcd"
 
 
 def plain_dealer(address: str) -> zmq.Socket:

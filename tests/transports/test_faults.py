@@ -148,7 +148,7 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
     # An allowed key that never says hello (a stranger without a key does not get this far).
     from attackers import allowed_dealer
 
-    foreign = allowed_dealer(prefill.address)
+    foreign, _ = allowed_dealer(prefill.address)
     try:
         foreign.send(b"\xc1 not msgpack")
         foreign.send(msgpack.packb({"v": 2, "kind": "request", "request_id": 5}))  # wrong schema

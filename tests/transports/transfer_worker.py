@@ -109,6 +109,29 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 result = tx.disconnect(*args)
             elif op == "open_handles":
                 result = len(tx._handles)
+            elif op == "metadata":  # what an eavesdropper would like: agent name and NIXL metadata
+                result = (tx._agent_name, tx._local.agent.get_agent_metadata())
+            elif op == "raw":  # (peer name, frames): send frames as they are on this side's connection
+                peer, frames = args
+
+                def push() -> None:
+                    conn = tx._connections.connection_of(peer)
+                    for frame in frames:
+                        conn.socket.send(frame)
+
+                result = tx._loop.submit(push).result(10)
+            elif op == "resources":  # what one peer could exhaust on this side
+                import threading
+
+                sender = tx._sender
+                result = {
+                    "threads": threading.active_count(),
+                    "fds": len(os.listdir("/proc/self/fd")),
+                    "parked": sum(len(a) for a in sender.parked.values()),
+                    "remotes": len(tx._remotes.remotes),
+                    "ended": len(sender.ended) + len(tx._receiver.ended),
+                    "handles": len(tx._handles),
+                }
             elif op == "cancel":
                 result = tx.cancel(*args, **kwargs)
             elif op == "blocks":
