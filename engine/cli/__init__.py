@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "diff": ".diff",
     "impact": ".impact",
     "demo": ".demo",
+    "keys": ".keys",
 }
 
 #: One line per command for `kvpolicy --help`, so listing them imports none of their modules.
@@ -45,6 +46,7 @@ SUMMARIES: dict[str, str] = {
     "diff": "every context two policy versions resolve differently",
     "impact": "how serving configs resolve under two policy versions",
     "demo": "run prefill -> decode on real models through the runtime the policy chose",
+    "keys": "make or inspect the CURVE keys of the transfer layer's control plane",
 }
 
 
