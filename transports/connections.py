@@ -22,6 +22,7 @@ from . import control
 from .keys import fingerprint, split_address
 from .layout import KVLayout
 from .local import LocalSide
+from .mapping import map_ranks, overlap
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -70,6 +71,31 @@ class Connections:
         self.lock = threading.Lock()
         self.version = 0
         """Bumped whenever :attr:`peers` changes (callers cache what they derive from it)."""
+        self._writers: tuple[int, tuple[str, ...]] | None = None
+        self._covered: set[tuple[str, ...]] = set()
+
+    def default_writers(self, layout: KVLayout) -> tuple[str, ...]:
+        """Every connected sender overlapping ``layout`` (caller's thread; cached per peer set)."""
+        with self.lock:
+            cached = self._writers
+            if cached is None or cached[0] != self.version:
+                names = tuple(p.name for p in self.peers.values() if overlap(p.layout, layout) is not None)
+                cached = self._writers = (self.version, names)
+        if not cached[1]:
+            raise ValueError(f"no connected sender holds any of this pool's layers/heads ({layout})")
+        self.check_coverage(cached[1], layout)
+        return cached[1]
+
+    def check_coverage(self, names: tuple[str, ...], layout: KVLayout) -> None:
+        """Raise ``ValueError`` unless these senders cover ``layout``'s layers and heads exactly once."""
+        if names in self._covered:
+            return
+        with self.lock:
+            layouts = [self.peers[n].layout for n in names]
+        map_ranks(layouts, [layout])
+        if len(self._covered) > 1024:
+            self._covered.clear()
+        self._covered.add(names)
 
 
     def connect(self, address: str, future: Future, deadline: float) -> None:

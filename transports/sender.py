@@ -12,17 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from . import control
 from .local import LocalSide, remember
 from .mapping import plan_descriptors
 from .peers import Remote, Remotes
 from .request import RequestState, TransferHandle
+from .writes import WritePoster
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -82,7 +80,7 @@ class Sender:
         self._parked_per_key: Counter[bytes] = Counter()
         self.writes: list[Write] = []
         self.ended: OrderedDict[str, tuple[RequestState, str, frozenset[bytes] | None]] = OrderedDict()
-        self._local_prepped: Any = None
+        self._post = WritePoster(local)
 
     def busy(self) -> bool:
         """True while a write is in flight."""
@@ -254,7 +252,7 @@ class Sender:
             if not plan.descriptors:
                 self._complete(Write(offer, ask, None, 0, 0, 0, posted), ok=True, reason="")
                 return
-            xfer = self._prepped_write(remote, source, request.blocks) if remote.whole_blocks else self._listed_write(remote, plan)
+            xfer = self._post.whole_blocks(remote, source, request.blocks) if remote.whole_blocks else self._post.runs(remote, plan)
             status = self.local.agent.transfer(xfer)
         except Exception as exc:
             self._complete(Write(offer, ask, None, 0, 0, 0, posted), ok=False, reason=f"NIXL: {exc}")
@@ -269,33 +267,6 @@ class Sender:
             self._complete(write, ok=False, reason="NIXL reported an error posting the write")
         else:
             self.writes.append(write)
-
-    def _prepped_write(self, remote: Remote, source: Sequence[int], destination: Sequence[int]) -> Any:
-        """Whole blocks to whole blocks: by index into descriptor lists prepared once per side."""
-        agent, pool = self.local.agent, self.local.pool
-        if self._local_prepped is None:
-            self._local_prepped = agent.prep_xfer_dlist(
-                "NIXL_INIT_AGENT", _block_descriptors(pool.base_address, pool.block_bytes, pool.num_blocks, pool.device_id), pool.memory_type
-            )
-        if remote.prepped is None:
-            rank = remote.rank
-            remote.prepped = agent.prep_xfer_dlist(
-                rank.agent, _block_descriptors(rank.base_address, rank.layout.block_bytes, rank.num_blocks, rank.device_id), rank.memory_type
-            )
-        return agent.make_prepped_xfer(
-            "WRITE", self._local_prepped, np.asarray(source, dtype=np.int32), remote.prepped, np.asarray(destination, dtype=np.int32)
-        )
-
-    def _listed_write(self, remote: Remote, plan: Any) -> Any:
-        """Any overlap (head or layer splits): the planned, coalesced runs as one descriptor list."""
-        agent, runs = self.local.agent, plan.runs
-        local = np.empty((len(runs), 3), dtype=np.uint64)
-        local[:, 0], local[:, 1], local[:, 2] = runs[:, 0], runs[:, 2], self.local.pool.device_id
-        far = np.empty((len(runs), 3), dtype=np.uint64)
-        far[:, 0], far[:, 1], far[:, 2] = runs[:, 1], runs[:, 2], remote.rank.device_id
-        return agent.initialize_xfer(
-            "WRITE", agent.get_xfer_descs(local, self.local.pool.memory_type), agent.get_xfer_descs(far, remote.rank.memory_type), remote.rank.agent
-        )
 
     def progress(self) -> bool:
         """Poll NIXL for the writes in flight; report the finished ones. True if any finished."""
@@ -407,17 +378,5 @@ class Sender:
 
     def close(self) -> None:
         """Release the local prepared list."""
-        if self._local_prepped is not None:
-            try:
-                self.local.agent.release_dlist_handle(self._local_prepped)
-            except Exception as exc:
-                log.debug("transceiver %s: releasing the local prepared list failed: %s", self.local.name, exc)
-            self._local_prepped = None
+        self._post.close()
 
-
-def _block_descriptors(base: int, block_bytes: int, num_blocks: int, device_id: int) -> np.ndarray:
-    descriptors = np.empty((num_blocks, 3), dtype=np.uint64)
-    descriptors[:, 0] = base + np.arange(num_blocks, dtype=np.uint64) * np.uint64(block_bytes)
-    descriptors[:, 1] = block_bytes
-    descriptors[:, 2] = device_id
-    return descriptors

@@ -32,7 +32,6 @@ from .connections import Connections, Peer
 from .keys import AllowList, Identity, IdentitySpec
 from .local import Limits, LocalSide
 from .loop import ServiceLoop
-from .mapping import map_ranks, overlap
 from .peers import Remotes
 from .pool import BlockPool
 from .receiver import Receive, Receiver
@@ -103,8 +102,6 @@ class NixlTransceiver:
         self._released = False
         self._lock = threading.Lock()
         self._handles: dict[tuple[str, str], TransferHandle] = {}
-        self._writers: tuple[int, tuple[str, ...]] | None = None
-        self._covered: set[tuple[str, ...]] = set()
 
         agent_name = f"{self.name}-{me.fingerprint}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         agent = create_agent(agent_name, self.settings)
@@ -254,7 +251,7 @@ class NixlTransceiver:
         if isinstance(skip_blocks, bool) or not isinstance(skip_blocks, int) or skip_blocks < 0:
             raise ValueError(f"skip_blocks must be a non-negative int, got {skip_blocks!r}")
         if peers is None:
-            names = self._default_writers()
+            names = self._connections.default_writers(self.layout)
         else:
             connected = self.peers
             names = []
@@ -263,7 +260,7 @@ class NixlTransceiver:
                 if key not in connected:
                     raise ValueError(f"not connected to a sender named {key!r}; connect() first")
                 names.append(key)
-            self._check_coverage(tuple(names))
+            self._connections.check_coverage(tuple(names), self.layout)
         handle = self._new_handle(request_id, "receiver", block_ids, timeout_s)
         try:
             self._receiver.reserve(handle.block_ids)
@@ -316,30 +313,6 @@ class NixlTransceiver:
         return f"NixlTransceiver({self.name!r}, {self.address}, {self.pool!r})"
 
     # --------------------------------------------------------------------------- internals ----
-
-    def _default_writers(self) -> tuple[str, ...]:
-        """Every connected sender overlapping this pool; cached until the set of peers changes."""
-        with self._connections.lock:
-            version = self._connections.version
-            cached = self._writers
-            if cached is None or cached[0] != version:
-                names = tuple(p.name for p in self._connections.peers.values() if overlap(p.layout, self.layout) is not None)
-                cached = self._writers = (version, names)
-        if not cached[1]:
-            raise ValueError(f"no connected sender holds any of this pool's layers/heads ({self.layout})")
-        self._check_coverage(cached[1])
-        return cached[1]
-
-    def _check_coverage(self, names: tuple[str, ...]) -> None:
-        """Raise ``ValueError`` unless these senders cover this pool's layers and heads exactly once."""
-        if names in self._covered:
-            return
-        with self._connections.lock:
-            layouts = [self._connections.peers[n].layout for n in names]
-        map_ranks(layouts, [self.layout])
-        if len(self._covered) > 1024:
-            self._covered.clear()
-        self._covered.add(names)
 
     def _timeout(self, timeout_s: float | None) -> float:
         if timeout_s is None:
