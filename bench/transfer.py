@@ -181,6 +181,7 @@ def _rank(
         kind: NixlTransceiver(
             pool, name=f"{role}-{kind}", timeout_s=60, host=host, settings=settings,
             identity=keys[role], allowed_peers={r: public for r, (public, _) in keys.items()},
+            _plaintext=placement.get("plaintext", False),
         )
         for kind, pool in pools.items()
     }
@@ -234,7 +235,7 @@ def _rank(
                 result = elapsed
             elif op == "offer":
                 payload, request_id = args
-                transceivers[payload.layout].send(request_id, payload.src, to="receiver")
+                transceivers[payload.layout].send(request_id, payload.src, to=None if placement.get("plaintext") else "receiver")
                 result = None
             elif op == "receive":
                 payload, request_id = args
@@ -299,6 +300,7 @@ def bench_nixl(
     device: str,
     placements: tuple[dict[str, Any], dict[str, Any]] | None = None,
     link_bytes: Any = None,
+    plaintext: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Raw NIXL and the transceiver between two processes. ``placements``: where the sender and the
     receiver run (see :func:`_rank`); ``link_bytes()``: bytes the link has carried so far, read
@@ -306,7 +308,7 @@ def bench_nixl(
     import zmq
 
     keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
-    sender_at, receiver_at = ({**p, "keys": keys} for p in (placements or ({}, {})))
+    sender_at, receiver_at = ({**p, "keys": keys, "plaintext": plaintext} for p in (placements or ({}, {})))
     sender = Rank("sender", block_pool, layer_pool, device, payloads, sender_at)
     receiver = Rank("receiver", block_pool, layer_pool, device, payloads, receiver_at)
     results: dict[str, dict[str, Any]] = {}
@@ -443,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     torch_results = bench_torch(payloads, block_pool, layer_pool, reps, args.device)
     nixl_results = bench_nixl(payloads, block_pool, layer_pool, reps, args.device)
+    # What CURVE costs: the same two payloads again with the control plane in plaintext (bench only).
+    curve_payloads = [p for p in payloads if p.name in ("contiguous 64 MiB", "one block (4 MiB)")]
+    plain_results = bench_nixl(curve_payloads, block_pool, layer_pool, reps, args.device, plaintext=True)
     across = bench_hosts(payloads, block_pool, layer_pool, reps, args.device) if args.hosts == "netns" else None
     rows = []
     for payload in payloads:
@@ -473,6 +478,13 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
         "payloads": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
     }
+    plain64, plain1 = plain_results["contiguous 64 MiB"], plain_results["one block (4 MiB)"]
+    summary["curve"] = {
+        "transceiver_vs_nixl_curve": summary["transceiver_vs_nixl"],
+        "transceiver_vs_nixl_plaintext": round(plain64["transceiver_gbps"] / plain64["nixl_gbps"], 3),
+        "one_block_overhead_us_curve": summary["one_block_overhead_us"],
+        "one_block_overhead_us_plaintext": round(plain1["transceiver_us"] - plain1["nixl_us"], 1),
+    }
     summary["targets"] = {
         "transceiver_within_10pct_of_nixl": summary["transceiver_vs_nixl_min"] >= 0.9,
         "scattered_at_least_80pct_of_contiguous": summary["scattered_vs_contiguous"] >= 0.8,
@@ -500,6 +512,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scattered / contiguous (kvpolicy):  {summary['scattered_vs_contiguous']:.2f}  (512 blocks: {summary['scattered_512_vs_contiguous']:.2f})")
         print(f"kvpolicy / NIXL, worst payload:     {summary['transceiver_vs_nixl_min']:.2f}")
         print(f"one-block request overhead:         {summary['one_block_overhead_us']:.0f} us")
+        curve = summary["curve"]
+        print(
+            f"CURVE on / plaintext control plane:  64 MiB kv/NIXL {curve['transceiver_vs_nixl_curve']:.2f} / "
+            f"{curve['transceiver_vs_nixl_plaintext']:.2f}; one-block overhead {curve['one_block_overhead_us_curve']:.0f} / "
+            f"{curve['one_block_overhead_us_plaintext']:.0f} us"
+        )
         for target, met in summary["targets"].items():
             print(f"  {'met' if met else 'MISSED':<7}{target}")
         if across is not None:

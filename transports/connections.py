@@ -103,7 +103,7 @@ class Connections:
         endpoint, key = split_address(address)
         if key is None:
             raise ValueError(f"address {address!r} lacks the sender's public key: pass the sender's own `address` (tcp://HOST:PORT#KEY)")
-        key_name = self.local.allowed.name_of(key)
+        key_name = "plaintext" if self.local.plaintext else self.local.allowed.name_of(key)
         if key_name is None:
             raise PermissionError(f"the sender at {endpoint} has key {fingerprint(key)}, which is not in allowed_peers")
         conn = self.connections.get(endpoint)
@@ -117,9 +117,10 @@ class Connections:
         socket = self.ctx.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
-        socket.curve_secretkey = self.local.identity.secret
-        socket.curve_publickey = self.local.identity.public
-        socket.curve_serverkey = key
+        if not self.local.plaintext:
+            socket.curve_secretkey = self.local.identity.secret
+            socket.curve_publickey = self.local.identity.public
+            socket.curve_serverkey = key
         socket.connect(endpoint)
         conn = Connection(endpoint, key, key_name, socket, future)
         self.connections[endpoint] = conn

@@ -86,6 +86,7 @@ class LocalSide:
         metadata: str,
         loop: ServiceLoop,
         log_requests: bool,
+        plaintext: bool = False,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -99,6 +100,8 @@ class LocalSide:
         self.metadata = metadata
         self.loop = loop
         self.log_requests = log_requests
+        self.plaintext = plaintext
+        """Benchmarks only: no CURVE, no allow-list, every peer is one anonymous key."""
         self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
         self.handle_ended: Callable[[TransferHandle], None] = lambda handle: None
         """Told of every handle that ended (the facade forgets it: memory stays bounded)."""

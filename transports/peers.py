@@ -102,14 +102,15 @@ class Remotes:
         self.ctx = zmq.Context()
         self.zap = self.ctx.socket(zmq.REP)
         self.zap.setsockopt(zmq.LINGER, 0)
-        self.zap.bind(_ZAP_ENDPOINT)
         self.router = self.ctx.socket(zmq.ROUTER)
         for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, _MAX_FRAME), (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)):
             self.router.setsockopt(option, value)
-        self.router.curve_secretkey = identity.secret
-        self.router.curve_publickey = identity.public
-        self.router.curve_server = True
-        self.router.zap_domain = b"kvpolicy"
+        if not local.plaintext:
+            self.zap.bind(_ZAP_ENDPOINT)
+            self.router.curve_secretkey = identity.secret
+            self.router.curve_publickey = identity.public
+            self.router.curve_server = True
+            self.router.zap_domain = b"kvpolicy"
         if port:
             self.router.bind(f"tcp://{host}:{port}")
         else:
@@ -165,7 +166,7 @@ class Remotes:
             self.local.drop("malformed", f"{len(frames)} frames")
             return
         identity, frame = frames[0].bytes, frames[1]
-        key = frame.get("User-Id").encode()
+        key = b"plaintext" if self.local.plaintext else frame.get("User-Id").encode()
         bucket = self._frames.get(key)
         if bucket is None:
             bucket = self._frames[key] = Bucket(self.local.limits.frames_per_s, self.local.limits.frame_burst)
@@ -204,7 +205,7 @@ class Remotes:
         if rank.num_blocks > limits.max_peer_blocks:
             return self._refuse(key, rank, f"pool of {rank.num_blocks} blocks > max_peer_blocks {limits.max_peer_blocks}")
         parts = rank.agent.rsplit("-", 3)
-        if len(parts) != 4 or parts[1] != fingerprint(key):
+        if not self.local.plaintext and (len(parts) != 4 or parts[1] != fingerprint(key)):
             # Bound to the key: nobody can name another peer's agent and have us write into its memory.
             return self._refuse(key, rank, f"agent name {rank.agent!r} does not carry its key's fingerprint")
         try:

@@ -60,6 +60,8 @@ class NixlTransceiver:
         metadata: ``"inline"`` (default): NIXL metadata travels in the (encrypted) hello.
             ``"etcd"``: NIXL publishes it to the etcd of ``NIXL_ETCD_ENDPOINTS``; the sender reads it
             there, and loads it only if its agent name is bound to the authenticated key.
+        _plaintext: for bench/transfer.py only, to measure what CURVE costs: no authentication, no
+            encryption, no per-receiver binding. Never use it on a network.
     """
 
     runtime = "PYTHON"
@@ -79,6 +81,7 @@ class NixlTransceiver:
         log_requests: bool = False,
         metadata: str = "inline",
         limits: Limits | None = None,
+        _plaintext: bool = False,
     ) -> None:
         if not isinstance(pool, BlockPool):
             raise TypeError(f"pool must be a BlockPool, got {type(pool).__name__}")
@@ -112,6 +115,7 @@ class NixlTransceiver:
         self._local = local = LocalSide(
             name=self.name, pool=pool, agent=agent, agent_name=agent_name, identity=me, allowed=allowed,
             timeout_s=self.timeout_s, limits=limits or Limits(), metadata=metadata, loop=loop, log_requests=log_requests,
+            plaintext=bool(_plaintext),
         )
         local.handle_ended = self._forget_handle
         self.stats: dict[str, int] = local.stats
