@@ -1,6 +1,6 @@
 """Receiver side connections: one DEALER socket per sender, a CURVE client.
 
-A sender's address carries its public key (``tcp://HOST:PORT#KEY``); it must be on this side's
+A sender's address carries its public key (``tcp://KEY@HOST:PORT``); it must be on this side's
 allow-list, so a rank record pointing at a rogue sender leads nowhere. A sender that comes back with
 the same key replaces its old connection; :meth:`Connections.close_connection` (``disconnect``)
 tells the receiver role, which fails what waited on it and releases blocks held for it.
@@ -102,7 +102,7 @@ class Connections:
         """Connect to the sender at ``address`` (which carries its public key); ``future`` gets the Peer."""
         endpoint, key = split_address(address)
         if key is None:
-            raise ValueError(f"address {address!r} lacks the sender's public key: pass the sender's own `address` (tcp://HOST:PORT#KEY)")
+            raise ValueError(f"address {address!r} lacks the sender's public key: pass the sender's own `address` (tcp://KEY@HOST:PORT)")
         key_name = "plaintext" if self.local.plaintext else self.local.allowed.name_of(key)
         if key_name is None:
             raise PermissionError(f"the sender at {endpoint} has key {fingerprint(key)}, which is not in allowed_peers")

@@ -225,19 +225,24 @@ def create_keys(directory: str | os.PathLike, name: str) -> tuple[Path, Path]:
 
 
 def address_with_key(endpoint: str, public: bytes) -> str:
-    """A control address that carries the server's public key: ``tcp://host:port#HEX``."""
-    return f"{endpoint}#{_z85().decode(public).hex()}"
+    """A control address that carries the server's public key as its user part:
+    ``tcp://HEX@host:port`` (HEX: the 32-byte key in hex). ZMQ never sees the key part."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        raise ValueError(f"endpoint {endpoint!r} is not scheme://host:port")
+    return f"{scheme}://{_z85().decode(public).hex()}@{rest}"
 
 
 def split_address(address: str) -> tuple[str, bytes | None]:
     """``(endpoint, public key as z85 bytes or None)`` of an address made by :func:`address_with_key`."""
-    endpoint, sep, key = address.rpartition("#")
-    if not sep:
+    scheme, sep, rest = address.partition("://")
+    key, at, hostport = rest.rpartition("@")
+    if not sep or not at:
         return address, None
     try:
         raw = bytes.fromhex(key)
     except ValueError:
-        raise ValueError(f"address {address!r}: the part after '#' must be the sender's public key in hex") from None
+        raise ValueError(f"address {address!r}: the part before '@' must be the sender's public key in hex") from None
     if len(raw) != 32:
-        raise ValueError(f"address {address!r}: the key after '#' must be 32 bytes (64 hex digits)")
-    return endpoint, _z85().encode(raw)
+        raise ValueError(f"address {address!r}: the key before '@' must be 32 bytes (64 hex digits)")
+    return f"{scheme}://{hostport}", _z85().encode(raw)

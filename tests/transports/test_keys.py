@@ -54,5 +54,6 @@ def test_an_address_carries_the_senders_key():
     address = address_with_key("tcp://10.0.0.1:5555", me.public)
     assert split_address(address) == ("tcp://10.0.0.1:5555", me.public)
     assert split_address("tcp://10.0.0.1:5555") == ("tcp://10.0.0.1:5555", None)
+    assert address.startswith("tcp://") and address.endswith("@10.0.0.1:5555")
     with pytest.raises(ValueError, match="public key"):
-        split_address("tcp://10.0.0.1:5555#zz")
+        split_address("tcp://zz@10.0.0.1:5555")

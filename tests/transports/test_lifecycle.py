@@ -9,6 +9,7 @@ from conftest import requires_nixl
 from transfer_worker import WorkerError
 
 from kvpolicy.transports import BlockPool, KVLayout, RequestState
+from kvpolicy.transports.keys import split_address
 
 pytestmark = requires_nixl
 
@@ -62,7 +63,7 @@ def test_close_is_idempotent_and_releases_everything_after_an_internal_error(lon
         handle.wait(10)
     assert handle.state is RequestState.TIMED_OUT  # the service went on
     assert lone.stats["internal_errors"] == 1
-    port = int(lone.address.split("#")[0].rsplit(":", 1)[1])
+    port = int(lone.address.rsplit(":", 1)[1])
     lone.close()
     lone.close()
     assert lone.registrations == 0
@@ -82,7 +83,7 @@ def test_disconnect_removes_a_dead_sender_so_its_replacement_serves(workers):
     decode.call("receive", "lost", [1, 2], timeout_s=30)
     doomed.kill()
     replacement = workers("prefill", layout=LAYOUT.to_wire(), seed=3)
-    assert decode.call("connect", replacement.address) == f"prefill@{replacement.address.split('#')[0]}"
+    assert decode.call("connect", replacement.address) == f"prefill@{split_address(replacement.address)[0]}"
     with pytest.raises(WorkerError, match="overlap|more than once|twice|cover"):
         decode.call("receive", "ambiguous", [3, 4])  # two senders hold the same layers and heads
     assert decode.call("disconnect", "prefill") is True

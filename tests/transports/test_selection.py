@@ -41,7 +41,7 @@ def test_python_nixl_resolution_opens_the_nixl_transceiver(pool):
         assert (transceiver.runtime, transceiver.backend) == ("PYTHON", "NIXL")
         assert transceiver.timeout_s == 1.5
         assert transceiver.registrations == 1
-        assert transceiver.address.startswith("tcp://127.0.0.1:")
+        assert transceiver.address.endswith("@127.0.0.1:" + transceiver.address.rsplit(":", 1)[1])
     assert transceiver.registrations == 0
 
 
