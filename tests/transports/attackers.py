@@ -21,6 +21,7 @@ def dealer(address: str, secret_file: str | None = None) -> zmq.Socket:
         public, secret = zmq.auth.load_certificate(secret_file)
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 5000)  # a send never blocks a test for ever
     socket.curve_secretkey, socket.curve_publickey, socket.curve_serverkey = secret, public, server_key
     socket.connect(endpoint)
     return socket
@@ -39,8 +40,19 @@ def plain_dealer(address: str) -> zmq.Socket:
     endpoint, _ = split_address(address)
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 5000)
     socket.connect(endpoint)
     return socket
+
+
+def try_send(socket: zmq.Socket, frame: bytes) -> bool:
+    """Send without blocking: a socket whose handshake was refused has no peer to queue for, and a
+    plain send would then wait forever. False if the frame could not even be queued."""
+    try:
+        socket.send(frame, zmq.NOBLOCK)
+    except zmq.Again:
+        return False
+    return True
 
 
 def recv(socket: zmq.Socket, timeout_ms: int) -> control.Message | None:

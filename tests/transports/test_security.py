@@ -7,7 +7,7 @@ import time
 
 import msgpack
 import pytest
-from attackers import allowed_dealer, dealer, plain_dealer, recv
+from attackers import allowed_dealer, dealer, plain_dealer, recv, try_send
 from conftest import requires_nixl
 from test_faults import eventually
 from transfer_worker import KEYS_DIR, WorkerError, new_key
@@ -57,8 +57,8 @@ def test_stranger_without_a_key_gets_no_welcome_and_takes_nothing(cluster):
     agent, metadata = decode.call("metadata")
     for sock in (dealer(prefill.address), plain_dealer(prefill.address)):  # an unknown key; no CURVE at all
         try:
-            sock.send(control.encode(control.Hello(fake_rank(agent, metadata))))
-            sock.send(control.encode(control.Request("victim", 1, (5, 6), 0, int(time.time() * 1000) + 5000)))
+            try_send(sock, control.encode(control.Hello(fake_rank(agent, metadata))))
+            try_send(sock, control.encode(control.Request("victim", 1, (5, 6), 0, int(time.time() * 1000) + 5000)))
             assert recv(sock, 1500) is None  # no welcome, no result: not even the sender's agent name
         finally:
             sock.close(0)
@@ -174,7 +174,7 @@ def test_many_hellos_cost_no_threads_no_descriptors(workers):
             sockets.append(sock)
         for _ in range(200):  # and strangers open connection after connection
             stranger = dealer(prefill.address)
-            stranger.send(control.encode(control.Hello(fake_rank("x-y-1-2"))))
+            try_send(stranger, control.encode(control.Hello(fake_rank("x-y-1-2"))))
             sockets.append(stranger)
         eventually(lambda: prefill.call("stats")["refused_hellos"] >= 40 * 10 - 8 * 10, timeout_s=20)
         during = prefill.call("resources")
