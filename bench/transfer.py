@@ -175,8 +175,15 @@ def _rank(
     # NIXL's defaults only for what the placement leaves alone (no CMA tuning when UCX runs on TCP).
     env = placement.get("env", {})
     settings = NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in env))
+    # CURVE on, as in production: each rank's key pair was made by the parent, both on both allow-lists.
+    keys = placement["keys"]
     transceivers = {
-        kind: NixlTransceiver(pool, name=f"{role}-{kind}", timeout_s=60, host=host, settings=settings) for kind, pool in pools.items()
+        kind: NixlTransceiver(
+            pool, name=f"{role}-{kind}", timeout_s=60, host=host, settings=settings,
+            identity=keys[role], allowed_peers={r: public for r, (public, _) in keys.items()},
+            _plaintext=placement.get("plaintext", False),
+        )
+        for kind, pool in pools.items()
     }
     raw = create_agent(f"raw-{role}-{os.getpid()}", settings)
     registrations = [
@@ -228,7 +235,7 @@ def _rank(
                 result = elapsed
             elif op == "offer":
                 payload, request_id = args
-                transceivers[payload.layout].send(request_id, payload.src)
+                transceivers[payload.layout].send(request_id, payload.src, to=None if placement.get("plaintext") else "receiver")
                 result = None
             elif op == "receive":
                 payload, request_id = args
@@ -297,7 +304,10 @@ def bench_nixl(
     """Raw NIXL and the transceiver between two processes. ``placements``: where the sender and the
     receiver run (see :func:`_rank`); ``link_bytes()``: bytes the link has carried so far, read
     around each payload's repetitions to show how much of it crossed the link."""
-    sender_at, receiver_at = placements or ({}, {})
+    import zmq
+
+    keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
+    sender_at, receiver_at = ({**p, "keys": keys} for p in (placements or ({}, {})))
     sender = Rank("sender", block_pool, layer_pool, device, payloads, sender_at)
     receiver = Rank("receiver", block_pool, layer_pool, device, payloads, receiver_at)
     results: dict[str, dict[str, Any]] = {}
@@ -339,6 +349,51 @@ def bench_nixl(
         receiver.stop()
         sender.stop()
     return results
+
+
+def bench_curve(payloads: list[Payload], reps: int, device: str) -> dict[str, float]:
+    """What CURVE costs: two process pairs at once, one with the control plane on CURVE (as always),
+    one in plaintext (a private switch, bench only); each repetition runs the raw write, then one
+    request on each pair, so all three see the same machine state."""
+    import zmq
+
+    pairs = {}
+    try:
+        for plaintext in (False, True):
+            keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
+            at = {"keys": keys, "plaintext": plaintext}
+            sender = Rank("sender", 32, 8, device, payloads, at)
+            receiver = Rank("receiver", 32, 8, device, payloads, at)
+            pairs[plaintext] = (sender, receiver)
+            receiver("connect", sender.info["addresses"])
+        pairs[False][0]("peer", pairs[False][1].info)
+        times: dict[tuple[str, str], list[float]] = {}
+        for payload in payloads:
+            for rep in range(reps + 1):
+                raw = pairs[False][0]("raw", payload.name)
+                for plaintext, (sender, receiver) in pairs.items():
+                    request_id = f"curve-{payload.name}-{rep}"
+                    sender("offer", (payload, request_id))
+                    total = receiver("receive", (payload, request_id))["total_us"] / 1e6
+                    if rep:
+                        times.setdefault((payload.name, "plaintext" if plaintext else "curve"), []).append(total)
+                if rep:
+                    times.setdefault((payload.name, "raw"), []).append(raw)
+    finally:
+        for sender, receiver in pairs.values():
+            receiver.stop()
+            sender.stop()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    big, one = "contiguous 64 MiB", "one block (4 MiB)"
+    return {
+        "transceiver_vs_nixl_curve": round(med[(big, "raw")] / med[(big, "curve")], 3),
+        "transceiver_vs_nixl_plaintext": round(med[(big, "raw")] / med[(big, "plaintext")], 3),
+        "one_block_overhead_us_curve": round((med[(one, "curve")] - med[(one, "raw")]) * 1e6, 1),
+        "one_block_overhead_us_plaintext": round((med[(one, "plaintext")] - med[(one, "raw")]) * 1e6, 1),
+        # the cost of CURVE itself, without the raw write's noise: plaintext time / CURVE time
+        "curve_vs_plaintext_64mib": round(med[(big, "plaintext")] / med[(big, "curve")], 3),
+        "curve_vs_plaintext_one_block": round(med[(one, "plaintext")] / med[(one, "curve")], 3),
+    }
 
 
 # ------------------------------------------------------------------------------- two hosts ----
@@ -434,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     torch_results = bench_torch(payloads, block_pool, layer_pool, reps, args.device)
     nixl_results = bench_nixl(payloads, block_pool, layer_pool, reps, args.device)
+    curve = bench_curve([p for p in payloads if p.name in ("contiguous 64 MiB", "one block (4 MiB)")], reps, args.device)
     across = bench_hosts(payloads, block_pool, layer_pool, reps, args.device) if args.hosts == "netns" else None
     rows = []
     for payload in payloads:
@@ -464,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
         "payloads": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
     }
+    summary["curve"] = curve
     summary["targets"] = {
         "transceiver_within_10pct_of_nixl": summary["transceiver_vs_nixl_min"] >= 0.9,
         "scattered_at_least_80pct_of_contiguous": summary["scattered_vs_contiguous"] >= 0.8,
@@ -491,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scattered / contiguous (kvpolicy):  {summary['scattered_vs_contiguous']:.2f}  (512 blocks: {summary['scattered_512_vs_contiguous']:.2f})")
         print(f"kvpolicy / NIXL, worst payload:     {summary['transceiver_vs_nixl_min']:.2f}")
         print(f"one-block request overhead:         {summary['one_block_overhead_us']:.0f} us")
+        print(
+            f"CURVE on / plaintext control plane (interleaved): 64 MiB kv/NIXL {curve['transceiver_vs_nixl_curve']:.2f} / "
+            f"{curve['transceiver_vs_nixl_plaintext']:.2f}; one-block overhead {curve['one_block_overhead_us_curve']:.0f} / "
+            f"{curve['one_block_overhead_us_plaintext']:.0f} us; plaintext time / CURVE time: "
+            f"{curve['curve_vs_plaintext_64mib']:.2f} (64 MiB), {curve['curve_vs_plaintext_one_block']:.2f} (one block)"
+        )
         for target, met in summary["targets"].items():
             print(f"  {'met' if met else 'MISSED':<7}{target}")
         if across is not None:

@@ -9,6 +9,7 @@ etcd with :class:`EtcdRegistry`. Importing this package imports torch lazily (on
 
 from .agent import NixlSettings, nixl_available
 from .control import ControlMessageError
+from .keys import AllowList, Identity, KeyMaterialError, create_keys
 from .discovery import EtcdRegistry, RankWatch, Registration, RegistryError, RegistryUnavailable
 from .layout import KVLayout
 from .mapping import DescriptorPlan, Overlap, RankMapping, block_segments, map_ranks, overlap, plan_descriptors
@@ -26,7 +27,7 @@ from .selection import (
 
 def __getattr__(name: str) -> object:
     # The NIXL transceiver imports zmq at module level; keep it out of plain `import kvpolicy.transports`.
-    if name in ("NixlTransceiver", "Peer"):
+    if name in ("NixlTransceiver", "Peer", "Limits"):
         from . import transceiver
 
         return getattr(transceiver, name)
@@ -34,6 +35,11 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "AllowList",
+    "Identity",
+    "KeyMaterialError",
+    "Limits",
+    "create_keys",
     "BlockPool",
     "ControlMessageError",
     "DescriptorPlan",

@@ -4,6 +4,10 @@ A receiver says *hello* (its rank info, including its NIXL agent metadata), the 
 *welcome* (its own rank info); then the receiver sends *request* ("write these blocks of request X
 into my blocks ..."), either side may send *cancel*, and the sender ends each request with a *result*
 frame. Completion is always a result frame: a NIXL notification alone can be lost.
+
+Every attempt of a request carries a ``nonce`` chosen by the receiver; requests, cancels and results
+name it, so a frame of one attempt never settles another. Every number is bounded here, at the
+boundary, so that the code behind it works on values that cannot overflow an address or a count.
 """
 
 from __future__ import annotations
@@ -15,11 +19,22 @@ import msgpack
 
 from .layout import KVLayout
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
-_MAX_FRAME = 64 << 20
+_MAX_FRAME = 16 << 20
 _MAX_BLOCKS = 1 << 20
+MAX_METADATA = 1 << 20
+"""Largest NIXL agent metadata accepted in a hello (a UCX agent's is a few KiB)."""
+MAX_NAME = 256
+"""Longest transceiver name, agent name, request id."""
+MAX_REASON = 2048
+MAX_POOL_BLOCKS = 1 << 24
+"""Largest pool a peer may declare; a sender may lower it (``max_peer_blocks``)."""
+_MAX_LAYOUT_FIELD = 1 << 16
+_ADDRESS_SPACE = 1 << 64
+_MAX_COUNT = 1 << 53
+"""Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
 
 
 class ControlMessageError(ValueError):
@@ -54,8 +69,22 @@ class RankInfo:
             layout = KVLayout.from_wire(data["layout"])
         except ValueError as exc:
             raise ControlMessageError(f"rank.layout: {exc}") from None
+        for key, value in data["layout"].items():
+            if isinstance(value, int) and not 0 <= value < _MAX_LAYOUT_FIELD:
+                raise ControlMessageError(f"rank.layout.{key} {value} out of range")
         if data["memory_type"] not in ("DRAM", "VRAM"):
             raise ControlMessageError(f"rank.memory_type {data['memory_type']!r} is not DRAM or VRAM")
+        _check_text("rank.name", data["name"])
+        _check_text("rank.agent", data["agent"])
+        if len(data["metadata"]) > MAX_METADATA:
+            raise ControlMessageError(f"rank.metadata: {len(data['metadata'])} bytes, more than {MAX_METADATA}")
+        if not 0 < data["num_blocks"] <= MAX_POOL_BLOCKS:
+            raise ControlMessageError(f"rank.num_blocks {data['num_blocks']} not in 1..{MAX_POOL_BLOCKS}")
+        if not 0 <= data["device_id"] < _MAX_LAYOUT_FIELD:
+            raise ControlMessageError(f"rank.device_id {data['device_id']} out of range")
+        end = data["base_address"] + data["num_blocks"] * layout.block_bytes
+        if data["base_address"] <= 0 or end > _ADDRESS_SPACE:
+            raise ControlMessageError("rank: the pool [base_address, + num_blocks * block_bytes) is not in the address space")
         return cls(**{**data, "layout": layout})
 
 
@@ -94,17 +123,21 @@ class Request:
 
     kind: ClassVar[str] = "request"
     request_id: str
+    nonce: int
+    """This attempt, chosen by the receiver; results and cancels name it."""
     blocks: tuple[int, ...]
     skip_blocks: int
-    timeout_ms: int
+    deadline_ms: int
+    """Absolute deadline (Unix time, ms): no write may start after it."""
 
 
 @dataclass(frozen=True)
 class Cancel:
-    """Either side: stop ``request_id`` if no write for it is in flight."""
+    """Either side: stop attempt ``nonce`` of ``request_id`` (0: every attempt of this peer)."""
 
     kind: ClassVar[str] = "cancel"
     request_id: str
+    nonce: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,8 +146,10 @@ class Result:
 
     kind: ClassVar[str] = "result"
     request_id: str
+    nonce: int
     status: str
-    """``"ok"``, ``"error"`` or ``"cancelled"``."""
+    """``"ok"``, ``"error"``, ``"cancelled"`` (nothing written) or ``"aborted"`` (a write was stopped:
+    the blocks hold partial data). Whatever the status, no write of this attempt follows it."""
     reason: str = ""
     nbytes: int = 0
     descriptors_before: int = 0
@@ -125,17 +160,21 @@ class Result:
 
 Message = Union[Hello, Welcome, Request, Cancel, Result]
 
-RESULT_STATUSES = ("ok", "error", "cancelled")
+RESULT_STATUSES = ("ok", "error", "cancelled", "aborted")
 
 _SCHEMAS: dict[str, tuple[type, dict[str, type | tuple[type, ...]]]] = {
     "hello": (Hello, {"rank": dict}),
     "welcome": (Welcome, {"rank": dict}),
-    "request": (Request, {"request_id": str, "blocks": list, "skip_blocks": int, "timeout_ms": int}),
-    "cancel": (Cancel, {"request_id": str}),
+    "request": (
+        Request,
+        {"request_id": str, "nonce": int, "blocks": list, "skip_blocks": int, "deadline_ms": int},
+    ),
+    "cancel": (Cancel, {"request_id": str, "nonce": int}),
     "result": (
         Result,
         {
             "request_id": str,
+            "nonce": int,
             "status": str,
             "reason": str,
             "nbytes": int,
@@ -160,6 +199,11 @@ def _check_fields(where: str, data: Any, schema: dict[str, type | tuple[type, ..
         # bool is an int subclass; a boolean where a count belongs is a foreign or broken sender.
         if isinstance(value, bool) or not isinstance(value, expected):
             raise ControlMessageError(f"{where}.{key}: expected {expected}, got {type(value).__name__}")
+
+
+def _check_text(where: str, value: str, limit: int = MAX_NAME) -> None:
+    if not value or len(value) > limit:
+        raise ControlMessageError(f"{where}: empty or longer than {limit} characters")
 
 
 def encode(message: Message) -> bytes:
@@ -197,13 +241,23 @@ def decode(frame: bytes) -> Message:
     _check_fields(kind, data, schema)
     if kind in ("hello", "welcome"):
         data["rank"] = RankInfo.from_wire(data["rank"])
-    elif kind == "request":
+        return cls(**data)
+    _check_text(f"{kind}.request_id", data["request_id"])
+    if not 0 <= data["nonce"] < _MAX_COUNT or (kind != "cancel" and data["nonce"] == 0):
+        raise ControlMessageError(f"{kind}.nonce {data['nonce']} out of range")
+    if kind == "request":
         blocks = data["blocks"]
-        if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks):
-            raise ControlMessageError("request.blocks: expected non-negative ints")
-        if data["skip_blocks"] < 0 or data["timeout_ms"] <= 0:
-            raise ControlMessageError("request: skip_blocks must be >= 0 and timeout_ms > 0")
+        if not all(type(b) is int and 0 <= b < MAX_POOL_BLOCKS for b in blocks):
+            raise ControlMessageError(f"request.blocks: expected ints in 0..{MAX_POOL_BLOCKS - 1}")
+        if not 0 <= data["skip_blocks"] < MAX_POOL_BLOCKS or not 0 < data["deadline_ms"] < _MAX_COUNT:
+            raise ControlMessageError("request: skip_blocks or deadline_ms out of range")
         data["blocks"] = tuple(blocks)
-    elif kind == "result" and data["status"] not in RESULT_STATUSES:
-        raise ControlMessageError(f"result.status {data['status']!r} not in {RESULT_STATUSES}")
+    elif kind == "result":
+        if data["status"] not in RESULT_STATUSES:
+            raise ControlMessageError(f"result.status {data['status']!r} not in {RESULT_STATUSES}")
+        if len(data["reason"]) > MAX_REASON:
+            raise ControlMessageError(f"result.reason longer than {MAX_REASON} characters")
+        for key in ("nbytes", "descriptors_before", "descriptors", "queue_us", "transfer_us"):
+            if not 0 <= data[key] < _MAX_COUNT:
+                raise ControlMessageError(f"result.{key} {data[key]} out of range")
     return cls(**data)

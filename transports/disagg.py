@@ -15,11 +15,15 @@ orchestrates over pipes, with a timeout on every call, and computes the single-p
 from __future__ import annotations
 
 import multiprocessing
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .keys import create_keys
 
 __all__ = ["DecodeResult", "RunSettings", "Worker", "run_model"]
 
@@ -65,7 +69,7 @@ class DecodeResult:
 class _Side:
     """State of one worker process: model, pool, transceiver, and (decode) the prefix cache."""
 
-    def __init__(self, role: str, settings: RunSettings) -> None:
+    def __init__(self, role: str, settings: RunSettings, keys_dir: str) -> None:
         import kvpolicy
         from kvpolicy.transports import BlockPool, open_transceiver
         from kvpolicy.transports.models import ModelSpec, build_model, layer_windows, layout_for, weights_digest
@@ -82,7 +86,10 @@ class _Side:
         policy = kvpolicy.load(settings.policy_path, version=settings.policy_version)
         self.resolution = policy.resolve(settings.config, pretrained_config=self.config)
         self.pool = BlockPool(layout_for(self.config, settings.tokens_per_block), settings.num_blocks, device=settings.device)
-        self.transceiver = open_transceiver(self.resolution, self.pool, name=role)
+        # Each worker has its own key; both keys sit in one directory that both allow (see README, Trust model).
+        self.transceiver = open_transceiver(
+            self.resolution, self.pool, name=role, identity=f"{keys_dir}/{role}.key_secret", allowed_peers=keys_dir
+        )
         self.free = list(range(settings.num_blocks))
         self.requests: dict[str, list[int]] = {}
         # decode side: block-token-prefix -> (block id, layers it holds)
@@ -102,7 +109,7 @@ class _Side:
         blocks = self.allocate(blocks_for(len(prompt), self.settings.tokens_per_block))
         write_cache(self.pool, blocks, cache, len(prompt), self.windows)
         self.requests[request_id] = blocks
-        self.transceiver.send(request_id, blocks)
+        self.transceiver.send(request_id, blocks, to="decode")
         return {"first": first, "logprob": logprob, "offered_at": time.time(), "prefill_s": time.perf_counter() - start}
 
     def decode(self, request_id: str, prompt: Sequence[int], first: int, logprob: float, new_tokens: int, offered_at: float) -> DecodeResult:
@@ -259,8 +266,16 @@ def run_model(
     Returns the workers' set-up facts (runtime, deciding rule, weight digests), one decode result
     per prompt, and the prefill facts per prompt.
     """
-    prefill_info = prefill.call("setup", settings)
-    decode_info = decode.call("setup", settings)
+    keys_dir = tempfile.mkdtemp(prefix="kvpolicy-demo-keys-")
+    try:
+        for role in ("prefill", "decode"):
+            create_keys(keys_dir, role)
+        prefill_info = prefill.call("setup", settings, keys_dir)
+        decode_info = decode.call("setup", settings, keys_dir)
+    finally:
+        # The transceivers read their keys at set-up; the decode side's allow-list is read again only
+        # for keys it does not know, so nothing needs the files afterwards.
+        shutil.rmtree(keys_dir, ignore_errors=True)
     if prefill_info["digest"] != decode_info["digest"]:
         raise RuntimeError("the two workers built different weights; the comparison would be meaningless")
     decode.call("connect", prefill_info["address"])

@@ -101,6 +101,7 @@ class TransferHandle:
     reason: str = ""
     metrics: TransferMetrics = field(init=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
+    _released: threading.Event = field(default_factory=threading.Event, repr=False)
     _created: float = field(default_factory=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
@@ -115,6 +116,20 @@ class TransferHandle:
     def done(self) -> bool:
         """True once the request has reached a terminal state (its pages are released)."""
         return self._done.is_set()
+
+    @property
+    def released(self) -> bool:
+        """True once no write of this request can reach its blocks any more: they may be reused.
+
+        A receive that timed out is ``done`` at its deadline but stays unreleased until every sender
+        confirmed that its write is over (or was disconnected); until then the transceiver refuses
+        other receives into these blocks, and the caller must not reuse them either.
+        """
+        return self._released.is_set()
+
+    def wait_released(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until :attr:`released`; return it."""
+        return self._released.wait(timeout)
 
     def wait(self, timeout: float | None = None) -> TransferMetrics:
         """Block until the request ends; return its metrics or raise :class:`TransferError`.
@@ -137,3 +152,6 @@ class TransferHandle:
         self.reason = reason
         self.metrics.total_s = time.perf_counter() - self._created
         self._done.set()
+
+    def _release(self) -> None:
+        self._released.set()

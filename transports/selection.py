@@ -163,9 +163,10 @@ def find_transceiver(resolution: Any) -> Callable[..., Transceiver]:
 def open_transceiver(resolution: Any, pool: BlockPool, **options: Any) -> Transceiver:
     """Open the transceiver for the runtime and backend ``resolution`` decided, over ``pool``.
 
-    ``options`` go to the implementation (for PYTHON + NIXL: ``timeout_s``, ``name``, ``host``,
-    ``port``, ``settings``, ``log_requests``). The request timeout defaults to the resolution's
-    ``kv_transfer_timeout_ms``.
+    ``options`` go to the implementation (for PYTHON + NIXL: ``allowed_peers`` (required) and
+    ``identity`` (the CURVE keys, see ``kvpolicy keys``), ``timeout_s``, ``name``, ``host``, ``port``,
+    ``settings``, ``limits``, ``log_requests``, ``metadata``). The request timeout defaults to the
+    resolution's ``kv_transfer_timeout_ms``.
 
     Raises :class:`TransceiverSelectionError` if the resolution has errors, turns disaggregation off,
     or decided a runtime whose transceiver is not installed; the message names the decision, the rule

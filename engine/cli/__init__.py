@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "impact": ".impact",
     "report": ".report",
     "demo": ".demo",
+    "keys": ".keys",
 }
 
 #: One line per command for `kvpolicy --help`, so listing them imports none of their modules.
@@ -51,6 +52,7 @@ SUMMARIES: dict[str, str] = {
     "impact": "how serving configs resolve under two policy versions",
     "report": "one self-contained HTML page: decision matrix, history, diff and impact",
     "demo": "run prefill -> decode on real models through the runtime the policy chose",
+    "keys": "make or inspect the CURVE keys of the transfer layer's control plane",
 }
 
 

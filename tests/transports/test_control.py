@@ -18,10 +18,12 @@ RANK = control.RankInfo("decode", "agent-1", b"\x00meta", LAYOUT, 1 << 40, 64, "
     [
         control.Hello(RANK),
         control.Welcome(RANK),
-        control.Request("r1", (3, 1, 2), 1, 5000),
-        control.Cancel("r1"),
-        control.Result("r1", "ok", "", 4096, 64, 1, 12, 34),
-        control.Result("r1", "error", "boom"),
+        control.Request("r1", 9, (3, 1, 2), 1, 1_700_000_000_000),
+        control.Cancel("r1", 9),
+        control.Cancel("r1", 0),
+        control.Result("r1", 9, "ok", "", 4096, 64, 1, 12, 34),
+        control.Result("r1", 9, "error", "boom"),
+        control.Result("r1", 9, "aborted", "deadline"),
     ],
 )
 def test_round_trip(message):
@@ -52,7 +54,17 @@ def test_arbitrary_bytes_never_crash_the_decoder(frame):
 
 
 def _frame(**fields):
-    return msgpack.packb({"v": 1, **fields}, use_bin_type=True)
+    return msgpack.packb({"v": 2, **fields}, use_bin_type=True)
+
+
+def _result(**fields):
+    base = dict(kind="result", request_id="x", nonce=1, status="ok", reason="", nbytes=0, descriptors_before=0,
+                descriptors=0, queue_us=0, transfer_us=0)
+    return _frame(**{**base, **fields})
+
+
+def _request(**fields):
+    return _frame(**{**dict(kind="request", request_id="x", nonce=1, blocks=[1], skip_blocks=0, deadline_ms=10), **fields})
 
 
 @pytest.mark.parametrize(
@@ -60,21 +72,33 @@ def _frame(**fields):
     [
         (b"\xc1", "not a msgpack"),
         (msgpack.packb([1, 2]), "not a map"),
-        (msgpack.packb({"v": 2, "kind": "cancel", "request_id": "x"}), "version"),
+        (msgpack.packb({"v": 1, "kind": "cancel", "request_id": "x", "nonce": 0}), "version"),
         (_frame(kind="launch"), "unknown message kind"),
         (_frame(kind="cancel"), "missing fields"),
-        (_frame(kind="cancel", request_id="x", extra=1), "unexpected fields"),
-        (_frame(kind="cancel", request_id=7), "request_id"),
-        (_frame(kind="request", request_id="x", blocks=[1, -2], skip_blocks=0, timeout_ms=10), "non-negative"),
-        (_frame(kind="request", request_id="x", blocks=[True], skip_blocks=0, timeout_ms=10), "non-negative"),
-        (_frame(kind="request", request_id="x", blocks=[1], skip_blocks=0, timeout_ms=0), "timeout_ms"),
-        (
-            _frame(kind="result", request_id="x", status="maybe", reason="", nbytes=0, descriptors_before=0,
-                   descriptors=0, queue_us=0, transfer_us=0),
-            "status",
-        ),
+        (_frame(kind="cancel", request_id="x", nonce=0, extra=1), "unexpected fields"),
+        (_frame(kind="cancel", request_id=7, nonce=0), "request_id"),
+        (_frame(kind="cancel", request_id="", nonce=0), "request_id"),
+        (_frame(kind="cancel", request_id="x" * 300, nonce=0), "request_id"),
+        (_request(blocks=[1, -2]), "blocks"),
+        (_request(blocks=[True]), "blocks"),
+        (_request(blocks=[2**62]), "blocks"),
+        (_request(deadline_ms=0), "deadline_ms"),
+        (_request(skip_blocks=2**62), "skip_blocks"),
+        (_request(nonce=0), "nonce"),
+        (_request(nonce=2**63), "nonce"),
+        (_result(status="maybe"), "status"),
+        (_result(nbytes=-1), "nbytes"),
+        (_result(transfer_us=2**60), "transfer_us"),
+        (_result(reason="x" * 5000), "reason"),
         (_frame(kind="hello", rank={**RANK.to_wire(), "memory_type": "DISK"}), "memory_type"),
         (_frame(kind="hello", rank={**RANK.to_wire(), "layout": {"num_layers": 1}}), "layout"),
+        (_frame(kind="hello", rank={**RANK.to_wire(), "num_blocks": 2**64 - 1}), "num_blocks"),
+        (_frame(kind="hello", rank={**RANK.to_wire(), "num_blocks": 0}), "num_blocks"),
+        (_frame(kind="hello", rank={**RANK.to_wire(), "base_address": 2**64 - 4096}), "address space"),
+        (_frame(kind="hello", rank={**RANK.to_wire(), "base_address": 0}), "address space"),
+        (_frame(kind="hello", rank={**RANK.to_wire(), "metadata": b"x" * (2 << 20)}), "metadata"),
+        (_frame(kind="hello", rank={**RANK.to_wire(), "agent": ""}), "agent"),
+        (_frame(kind="hello", rank={**RANK.to_wire(), "layout": {**LAYOUT.to_wire(), "head_dim": 1 << 40}}), "layout"),
     ],
 )
 def test_off_schema_frames_are_refused(frame, match):

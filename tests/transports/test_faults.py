@@ -19,13 +19,22 @@ SHORT = 2.0  # seconds: the timeout of requests that are meant to fail
 
 
 class FakeSender:
-    """A control-plane-only 'sender': says welcome, then does whatever the test tells it to."""
+    """A control-plane-only 'sender' with an allowed key: says welcome, then does whatever the test
+    tells it to (it stands for a buggy or compromised peer, which CURVE alone cannot stop)."""
 
     def __init__(self) -> None:
+        import zmq.auth
+        from transfer_worker import new_key
+
+        from kvpolicy.transports.keys import address_with_key
+
+        _, secret_file = new_key("fake")
+        public, secret = zmq.auth.load_certificate(secret_file)
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.curve_secretkey, self.socket.curve_publickey, self.socket.curve_server = secret, public, True
         port = self.socket.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
+        self.address = address_with_key(f"tcp://127.0.0.1:{port}", public)
         self.identity: bytes | None = None
 
     def recv(self, timeout_ms: int = 20000) -> control.Message:
@@ -40,7 +49,7 @@ class FakeSender:
         def welcome() -> None:
             hello = self.recv()
             assert isinstance(hello, control.Hello)
-            rank = control.RankInfo("fake", "fake-agent", b"", LAYOUT, 0, 64, "DRAM", 0)
+            rank = control.RankInfo("fake", "fake-agent", b"", LAYOUT, 1 << 20, 64, "DRAM", 0)
             self.send(control.encode(control.Welcome(rank)))
 
         answering = threading.Thread(target=welcome, daemon=True)
@@ -136,16 +145,17 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
     decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
     decode.call("connect", prefill.address)
 
-    foreign = zmq.Context.instance().socket(zmq.DEALER)
-    foreign.setsockopt(zmq.LINGER, 0)
-    foreign.connect(prefill.address)
+    # An allowed key that never says hello (a stranger without a key does not get this far).
+    from attackers import allowed_dealer
+
+    foreign, _ = allowed_dealer(prefill.address)
     try:
         foreign.send(b"\xc1 not msgpack")
-        foreign.send(msgpack.packb({"v": 1, "kind": "request", "request_id": 5}))  # wrong schema
+        foreign.send(msgpack.packb({"v": 2, "kind": "request", "request_id": 5}))  # wrong schema
         foreign.send(msgpack.packb({"v": 99, "kind": "cancel", "request_id": "x"}))  # wrong version
         # well-formed, but from a peer that never said hello: must not start a write
-        foreign.send(control.encode(control.Request("foreign", (0, 1), 0, 1000)))
-        foreign.send(control.encode(control.Cancel("served")))
+        foreign.send(control.encode(control.Request("foreign", 7, (0, 1), 0, 1 << 45)))
+        foreign.send(control.encode(control.Cancel("served", 0)))
         serve_ok(prefill, decode, "served", [1, 2], [1, 2])
     finally:
         foreign.close(0)
@@ -154,9 +164,9 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
 
     # Toward the receiver: a result for a request it never made, garbage, a wrong-kind frame.
     fake_sender.accept(decode)
-    fake_sender.send(control.encode(control.Result("never-made", "ok", "", 1 << 30)))
+    fake_sender.send(control.encode(control.Result("never-made", 5, "ok", "", 1 << 30)))
     fake_sender.send(b"\x00garbage")
-    fake_sender.send(control.encode(control.Request("wrong-way", (0,), 0, 1000)))
+    fake_sender.send(control.encode(control.Request("wrong-way", 5, (0,), 0, 1 << 45)))
     serve_ok(prefill, decode, "still-served", [3], [3], peers=["prefill"])
     eventually(lambda: decode.call("stats")["dropped_unknown_request"] == 1)
     eventually(lambda: decode.call("stats")["dropped_malformed"] == 1)

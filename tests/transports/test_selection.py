@@ -37,11 +37,11 @@ def test_importing_kvpolicy_never_imports_torch_nixl_or_zmq():
 def test_python_nixl_resolution_opens_the_nixl_transceiver(pool):
     resolution = kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", kv_transfer_timeout_ms=1500)
     assert resolution.runtime == "PYTHON"
-    with open_transceiver(resolution, pool, name="selected") as transceiver:
+    with open_transceiver(resolution, pool, name="selected", allowed_peers=[]) as transceiver:
         assert (transceiver.runtime, transceiver.backend) == ("PYTHON", "NIXL")
         assert transceiver.timeout_s == 1.5
         assert transceiver.registrations == 1
-        assert transceiver.address.startswith("tcp://127.0.0.1:")
+        assert transceiver.address.endswith("@127.0.0.1:" + transceiver.address.rsplit(":", 1)[1])
     assert transceiver.registrations == 0
 
 
@@ -106,19 +106,19 @@ def test_cancel_is_refused_while_a_write_is_in_flight(pool):
     """White-box: CMA writes finish inside the post call, so an in-flight write is staged here."""
     from kvpolicy.transports import NixlTransceiver
 
-    with NixlTransceiver(pool, name="inflight", timeout_s=5) as transceiver:
+    with NixlTransceiver(pool, name="inflight", timeout_s=5, allowed_peers=[]) as transceiver:
         handle = transceiver.send("busy", [0, 1])
 
         def stage_write(in_flight: int):
             def run():
-                offer = transceiver._offers["busy"]
+                offer = transceiver._sender.offers["busy"]
                 offer.writes = in_flight
                 if in_flight:
                     offer.handle._state = RequestState.TRANSFERRING
                 else:
-                    transceiver._settle_offer(offer)
+                    transceiver._sender._settle(offer)
 
-            transceiver._submit(run)
+            transceiver._loop.submit(run).result(5)
 
         stage_write(1)
         assert transceiver.cancel("busy") is False

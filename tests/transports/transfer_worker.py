@@ -7,10 +7,27 @@ has a timeout, so a hung worker fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import shutil
+import tempfile
+import uuid
 from typing import Any
 
 CALL_TIMEOUT_S = 60.0
+
+KEYS_DIR = tempfile.mkdtemp(prefix="kvpolicy-test-keys-")
+"""Every worker's public key lands here and every worker allows this directory: the tests' cluster."""
+atexit.register(shutil.rmtree, KEYS_DIR, True)
+
+
+def new_key(name: str, directory: str = KEYS_DIR) -> tuple[str, str]:
+    """A fresh key pair for ``name`` in ``directory``: (key name, path of the secret key file)."""
+    from kvpolicy.transports import create_keys
+
+    key_name = f"{name}-{uuid.uuid4().hex[:6]}"
+    _, secret = create_keys(directory, key_name)
+    return key_name, str(secret)
 
 
 def fill_pattern(pool: Any, seed: int) -> None:
@@ -38,7 +55,7 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
 
     import torch
 
-    from kvpolicy.transports import BlockPool, KVLayout, NixlSettings, NixlTransceiver, TransferError
+    from kvpolicy.transports import BlockPool, KVLayout, Limits, NixlSettings, NixlTransceiver, TransferError
 
     layout = KVLayout(**config["layout"])
     pool = BlockPool(layout, config.get("num_blocks", 64))
@@ -49,6 +66,9 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
         timeout_s=config.get("timeout_s", 20.0),
         host=config.get("host", "127.0.0.1"),
         metadata=config.get("metadata", "inline"),
+        identity=config["identity"],
+        allowed_peers=config["allowed_peers"],
+        limits=Limits(**config["limits"]) if config.get("limits") else None,
         # Defaults only for what the test's environment leaves alone (e.g. no CMA tuning over TCP).
         settings=NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in config.get("env", {}))),
     )
@@ -83,6 +103,35 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 result = outcome(args[0], kwargs.get("timeout"))
             elif op == "state":
                 result = handles[args[0]].state.value
+            elif op == "released":
+                result = handles[args[0]].released
+            elif op == "disconnect":
+                result = tx.disconnect(*args)
+            elif op == "open_handles":
+                result = len(tx._handles)
+            elif op == "metadata":  # what an eavesdropper would like: agent name and NIXL metadata
+                result = (tx._agent_name, tx._local.agent.get_agent_metadata())
+            elif op == "raw":  # (peer name, frames): send frames as they are on this side's connection
+                peer, frames = args
+
+                def push() -> None:
+                    conn = tx._connections.connection_of(peer)
+                    for frame in frames:
+                        conn.socket.send(frame)
+
+                result = tx._loop.submit(push).result(10)
+            elif op == "resources":  # what one peer could exhaust on this side
+                import threading
+
+                sender = tx._sender
+                result = {
+                    "threads": threading.active_count(),
+                    "fds": len(os.listdir("/proc/self/fd")),
+                    "parked": sum(len(a) for a in sender.parked.values()),
+                    "remotes": len(tx._remotes.remotes),
+                    "ended": len(sender.ended) + len(tx._receiver.ended),
+                    "handles": len(tx._handles),
+                }
             elif op == "cancel":
                 result = tx.cancel(*args, **kwargs)
             elif op == "blocks":
@@ -139,16 +188,17 @@ def _delay_results(tx: Any, seconds: float) -> None:
     thread (ZMQ sockets are not thread-safe): a timer hands it back through the command queue."""
     import threading
 
-    original = getattr(tx, "_undelayed_reply", None) or tx._reply
-    tx._undelayed_reply = original
+    remotes = tx._remotes
+    original = getattr(remotes, "_undelayed_reply", None) or remotes.reply
+    remotes._undelayed_reply = original
     if seconds <= 0:
-        tx._reply = original
+        remotes.reply = original
         return
 
     def delayed(remote: Any, result: Any) -> None:
         def later() -> None:
             try:
-                tx._submit(lambda: original(remote, result))
+                tx._loop.submit(lambda: original(remote, result))
             except RuntimeError:  # closed meanwhile
                 pass
 
@@ -156,7 +206,7 @@ def _delay_results(tx: Any, seconds: float) -> None:
         timer.daemon = True
         timer.start()
 
-    tx._reply = delayed
+    remotes.reply = delayed
 
 
 class WorkerError(RuntimeError):
@@ -169,6 +219,11 @@ class Worker:
     def __init__(self, name: str, **config: Any) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.name = name
+        if "identity" not in config:
+            self.key_name, config["identity"] = new_key(name)
+        else:
+            self.key_name = config.pop("key_name", name)
+        config.setdefault("allowed_peers", KEYS_DIR)
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, name, config), name=f"kv-{name}", daemon=True)
         self.process.start()

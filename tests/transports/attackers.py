@@ -1,0 +1,62 @@
+"""Control-plane clients for the attack tests: real ZMQ sockets on loopback, with or without a key
+the sender allows. Each stands for another process on the cluster network."""
+
+from __future__ import annotations
+
+import zmq
+import zmq.auth
+from transfer_worker import KEYS_DIR, new_key
+
+from kvpolicy.transports import control
+from kvpolicy.transports.keys import fingerprint, split_address
+
+
+def dealer(address: str, secret_file: str | None = None) -> zmq.Socket:
+    """A CURVE client to the sender at ``address``; its key is ``secret_file`` or a fresh one that
+    no allow-list knows (a stranger)."""
+    endpoint, server_key = split_address(address)
+    if secret_file is None:
+        public, secret = zmq.curve_keypair()
+    else:
+        public, secret = zmq.auth.load_certificate(secret_file)
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 5000)  # a send never blocks a test for ever
+    socket.curve_secretkey, socket.curve_publickey, socket.curve_serverkey = secret, public, server_key
+    socket.connect(endpoint)
+    return socket
+
+
+def allowed_dealer(address: str, name: str = "insider") -> tuple[zmq.Socket, str]:
+    """A client whose key is on every test worker's allow-list (a peer that is part of the cluster),
+    and a NIXL agent name bound to that key (what its hellos may claim)."""
+    _, secret_file = new_key(name, KEYS_DIR)
+    public, _ = zmq.auth.load_certificate(secret_file)
+    return dealer(address, secret_file), f"{name}-{fingerprint(public)}-1-abcd"
+
+
+def plain_dealer(address: str) -> zmq.Socket:
+    """A client with no CURVE at all (ZMQ's NULL mechanism), as the old control plane spoke."""
+    endpoint, _ = split_address(address)
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 5000)
+    socket.connect(endpoint)
+    return socket
+
+
+def try_send(socket: zmq.Socket, frame: bytes) -> bool:
+    """Send without blocking: a socket whose handshake was refused has no peer to queue for, and a
+    plain send would then wait forever. False if the frame could not even be queued."""
+    try:
+        socket.send(frame, zmq.NOBLOCK)
+    except zmq.Again:
+        return False
+    return True
+
+
+def recv(socket: zmq.Socket, timeout_ms: int) -> control.Message | None:
+    """The next message, or None if nothing comes within ``timeout_ms``."""
+    if not socket.poll(timeout_ms):
+        return None
+    return control.decode(socket.recv())

@@ -1,0 +1,97 @@
+"""Lifecycle: bounded memory over many requests, disconnect and replacement, close after errors."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from conftest import requires_nixl
+from transfer_worker import WorkerError
+
+from kvpolicy.transports import BlockPool, KVLayout, RequestState
+from kvpolicy.transports.keys import split_address
+
+pytestmark = requires_nixl
+
+LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
+
+
+@pytest.fixture
+def lone(tmp_path):
+    from kvpolicy.transports import NixlTransceiver, create_keys
+
+    create_keys(tmp_path, "me")
+    tx = NixlTransceiver(BlockPool(LAYOUT, 8, huge_pages=False), name="lone", identity=tmp_path / "me.key_secret", allowed_peers=tmp_path)
+    yield tx
+    tx.close()
+
+
+def sizes(tx) -> dict[str, int]:
+    """Everything a transceiver keeps per request, counted."""
+    sender, receiver = tx._sender, tx._receiver
+    return {
+        "handles": len(tx._handles),
+        "offers": len(sender.offers),
+        "ended": len(sender.ended) + len(receiver.ended),
+        "parked": len(sender.parked),
+        "timers": len(tx._loop._timers),
+        "fences": len(receiver.fences),
+    }
+
+
+def test_memory_stays_bounded_over_100000_requests(lone):
+    from kvpolicy.transports.local import REMEMBERED
+
+    for batch in range(100):
+        handles = [lone.send(f"r{batch}-{i}", [i % 8], timeout_s=0.01) for i in range(1000)]
+        for handle in handles:
+            with pytest.raises(Exception):
+                handle.wait(10)
+            assert handle.state is RequestState.TIMED_OUT
+        if batch == 9:
+            after_10k = sizes(lone)
+    after_100k = sizes(lone)
+    assert after_100k["handles"] == after_100k["offers"] == after_100k["fences"] == 0
+    assert after_100k["ended"] <= REMEMBERED and after_100k["timers"] <= 1000
+    assert after_100k["ended"] == after_10k["ended"]  # full at 10k already: it does not grow
+
+
+def test_close_is_idempotent_and_releases_everything_after_an_internal_error(lone):
+    lone._loop.submit(lambda: lone._loop.call_at(0.0, lambda: 1 / 0)).result(5)  # a bug in a handler
+    handle = lone.send("after-error", [1], timeout_s=0.2)
+    with pytest.raises(Exception):
+        handle.wait(10)
+    assert handle.state is RequestState.TIMED_OUT  # the service went on
+    assert lone.stats["internal_errors"] == 1
+    port = int(lone.address.rsplit(":", 1)[1])
+    lone.close()
+    lone.close()
+    assert lone.registrations == 0
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.1", port))  # the control port was released
+    finally:
+        probe.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        lone.send("after-close", [1])
+
+
+def test_disconnect_removes_a_dead_sender_so_its_replacement_serves(workers):
+    doomed = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    decode.call("connect", doomed.address)
+    decode.call("receive", "lost", [1, 2], timeout_s=30)
+    doomed.kill()
+    replacement = workers("prefill", layout=LAYOUT.to_wire(), seed=3)
+    assert decode.call("connect", replacement.address) == f"prefill@{split_address(replacement.address)[0]}"
+    with pytest.raises(WorkerError, match="overlap|more than once|twice|cover"):
+        decode.call("receive", "ambiguous", [3, 4])  # two senders hold the same layers and heads
+    assert decode.call("disconnect", "prefill") is True
+    outcome = decode.call("wait", "lost", timeout=10)
+    assert outcome["state"] == "failed" and "disconnected" in outcome["reason"]  # at once, not at its timeout
+    assert decode.call("released", "lost") is True
+    replacement.call("send", "fresh", [5, 6], to=decode.key_name)
+    decode.call("receive", "fresh", [1, 2])
+    assert decode.call("wait", "fresh")["state"] == "completed"
+    assert decode.call("digests", [1, 2]) == replacement.call("digests", [5, 6])
+    assert decode.call("resources")["handles"] == 0

@@ -1,0 +1,248 @@
+"""Receiver side connections: one DEALER socket per sender, a CURVE client.
+
+A sender's address carries its public key (``tcp://KEY@HOST:PORT``); it must be on this side's
+allow-list, so a rank record pointing at a rogue sender leads nowhere. A sender that comes back with
+the same key replaces its old connection; :meth:`Connections.close_connection` (``disconnect``)
+tells the receiver role, which fails what waited on it and releases blocks held for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from . import control
+from .keys import fingerprint, split_address
+from .layout import KVLayout
+from .local import LocalSide
+from .mapping import map_ranks, overlap
+
+log = logging.getLogger("kvpolicy.transports")
+
+_MAX_FRAME = 16 << 20
+_REFETCH_S = 0.25
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A sender this transceiver connected to."""
+
+    name: str
+    address: str
+    layout: KVLayout
+    num_blocks: int
+    key_name: str = ""
+    """The name of the sender's public key on this side's allow-list."""
+
+
+
+
+@dataclass
+class Connection:
+    """Receiver side: a DEALER socket to one sender."""
+
+    endpoint: str
+    key: bytes
+    key_name: str
+    socket: zmq.Socket
+    future: Future
+    timer: Any = None
+    peer: Peer | None = None
+
+
+
+class Connections:
+    """The senders this side connected to. Runs on the service thread, except :attr:`peers` (read
+    by callers under :attr:`lock`)."""
+
+    def __init__(self, local: LocalSide, ctx: zmq.Context, *, on_result: Callable, on_peer_gone: Callable) -> None:
+        self.local = local
+        self.ctx = ctx
+        self._on_result, self._on_peer_gone = on_result, on_peer_gone
+        self.connections: dict[str, Connection] = {}
+        self.peers: dict[str, Peer] = {}
+        self.lock = threading.Lock()
+        self.version = 0
+        """Bumped whenever :attr:`peers` changes (callers cache what they derive from it)."""
+        self._writers: tuple[int, tuple[str, ...]] | None = None
+        self._covered: set[tuple[str, ...]] = set()
+
+    def default_writers(self, layout: KVLayout) -> tuple[str, ...]:
+        """Every connected sender overlapping ``layout`` (caller's thread; cached per peer set)."""
+        with self.lock:
+            cached = self._writers
+            if cached is None or cached[0] != self.version:
+                names = tuple(p.name for p in self.peers.values() if overlap(p.layout, layout) is not None)
+                cached = self._writers = (self.version, names)
+        if not cached[1]:
+            raise ValueError(f"no connected sender holds any of this pool's layers/heads ({layout})")
+        self.check_coverage(cached[1], layout)
+        return cached[1]
+
+    def check_coverage(self, names: tuple[str, ...], layout: KVLayout) -> None:
+        """Raise ``ValueError`` unless these senders cover ``layout``'s layers and heads exactly once."""
+        if names in self._covered:
+            return
+        with self.lock:
+            layouts = [self.peers[n].layout for n in names]
+        map_ranks(layouts, [layout])
+        if len(self._covered) > 1024:
+            self._covered.clear()
+        self._covered.add(names)
+
+
+    def connect(self, address: str, future: Future, deadline: float) -> None:
+        """Connect to the sender at ``address`` (which carries its public key); ``future`` gets the Peer."""
+        endpoint, key = split_address(address)
+        if key is None:
+            raise ValueError(f"address {address!r} lacks the sender's public key: pass the sender's own `address` (tcp://KEY@HOST:PORT)")
+        key_name = "plaintext" if self.local.plaintext else self.local.allowed.name_of(key)
+        if key_name is None:
+            raise PermissionError(f"the sender at {endpoint} has key {fingerprint(key)}, which is not in allowed_peers")
+        conn = self.connections.get(endpoint)
+        if conn is not None:
+            if conn.peer is not None and conn.key == key:
+                future.set_result(conn.peer)
+                return
+            self.close_connection(conn)
+        if self.local.metadata == "etcd":
+            self._publish()
+        socket = self.ctx.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
+        if not self.local.plaintext:
+            socket.curve_secretkey = self.local.identity.secret
+            socket.curve_publickey = self.local.identity.public
+            socket.curve_serverkey = key
+        socket.connect(endpoint)
+        conn = Connection(endpoint, key, key_name, socket, future)
+        self.connections[endpoint] = conn
+        self.local.loop.register(socket, lambda: self._on_dealer(conn))
+        conn.timer = self.local.loop.call_at(deadline, lambda: self._connect_expired(conn))
+        if self.local.metadata == "etcd":
+            self._republish(conn, time.monotonic() + _REFETCH_S * 2)
+        socket.send(control.encode(control.Hello(self.local.rank_info(with_metadata=True))))
+
+    def _publish(self) -> None:
+        # Before every hello and until the welcome: a publication made while etcd was away is lost
+        # (NIXL only logs it), and the sender reads etcd as soon as the hello arrives.
+        try:
+            self.local.agent.send_local_metadata()
+        except Exception as exc:
+            log.warning("transceiver %s: could not publish its metadata to etcd: %s", self.local.name, exc)
+
+    def _republish(self, conn: Connection, when: float) -> None:
+        def again() -> None:
+            if conn.peer is None and self.connections.get(conn.endpoint) is conn:
+                self._publish()
+                self._republish(conn, time.monotonic() + _REFETCH_S * 2)
+
+        self.local.loop.call_at(when, again)
+
+    def _connect_expired(self, conn: Connection) -> None:
+        if conn.peer is not None:
+            return
+        if not conn.future.done():
+            reason = f"no welcome from the sender at {conn.endpoint} (is this side's key in its allowed_peers?)"
+            if self.local.metadata == "etcd":
+                reason += " (it may not have found this side's NIXL metadata in etcd)"
+            conn.future.set_exception(TimeoutError(reason))
+        self.close_connection(conn)
+
+    def _on_dealer(self, conn: Connection) -> None:
+        for _ in range(256):
+            try:
+                frames = conn.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # closed by a handler meanwhile
+                return
+            try:
+                self._on_dealer_frames(conn, frames)
+            except Exception:
+                log.exception("transceiver %s: error handling a frame from %s (dropped)", self.local.name, conn.endpoint)
+                self.local.stats["internal_errors"] += 1
+            if self.connections.get(conn.endpoint) is not conn:
+                return
+
+    def _on_dealer_frames(self, conn: Connection, frames: list[bytes]) -> None:
+        if len(frames) != 1:
+            self.local.drop("malformed", f"{len(frames)} frames from {conn.endpoint}")
+            return
+        try:
+            message = control.decode(frames[0])
+        except control.ControlMessageError as exc:
+            self.local.drop("malformed", f"from {conn.endpoint}: {exc}")
+            return
+        if isinstance(message, control.Welcome):
+            self._on_welcome(conn, message.rank)
+        elif conn.peer is None:
+            self.local.drop("unknown_peer", f"{message.kind} from {conn.endpoint} before its welcome")
+        elif isinstance(message, control.Result):
+            self._on_result(conn.peer, message)
+        else:
+            self.local.drop("unexpected", f"{message.kind} sent to a receiver")
+
+    def _on_welcome(self, conn: Connection, rank: control.RankInfo) -> None:
+        if conn.peer is not None:
+            self.local.drop("unexpected", f"second welcome from {conn.endpoint}")
+            return
+        # A sender that came back with the same key (a restart, a new address) replaces the old one.
+        for other in [c for c in self.connections.values() if c is not conn and c.key == conn.key and c.peer]:
+            self.close_connection(other)
+        with self.lock:
+            name = rank.name if rank.name not in self.peers else f"{rank.name}@{conn.endpoint}"
+            conn.peer = Peer(name, conn.endpoint, rank.layout, rank.num_blocks, conn.key_name)
+            self.peers[name] = conn.peer
+            self.version += 1
+        if conn.timer is not None:
+            conn.timer.cancel()
+        if not conn.future.done():
+            conn.future.set_result(conn.peer)
+
+    def connection_of(self, peer_name: str) -> Connection | None:
+        """The live connection to the sender called ``peer_name``."""
+        for conn in self.connections.values():
+            if conn.peer is not None and conn.peer.name == peer_name:
+                return conn
+        return None
+
+    def send_to(self, peer_name: str, message: control.Message) -> bool:
+        """Send one frame to a connected sender; False if it is gone or its queue is full."""
+        conn = self.connection_of(peer_name)
+        if conn is None:
+            return False
+        try:
+            conn.socket.send(control.encode(message), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def close_connection(self, conn: Connection) -> None:
+        """Tear a connection to a sender down; what waited on it is told (``on_peer_gone``)."""
+        if self.connections.get(conn.endpoint) is conn:
+            del self.connections[conn.endpoint]
+        self.local.loop.unregister(conn.socket)
+        conn.socket.close(0)
+        if conn.timer is not None:
+            conn.timer.cancel()
+        if conn.peer is not None:
+            with self.lock:
+                self.peers.pop(conn.peer.name, None)
+                self.version += 1
+            self._on_peer_gone(conn.peer.name)
+
+    def close(self) -> None:
+        """Close every connection (after the loop stopped)."""
+        for conn in list(self.connections.values()):
+            try:
+                self.close_connection(conn)
+            except Exception as exc:
+                log.debug("transceiver %s: closing a connection failed: %s", self.local.name, exc)

@@ -1,0 +1,142 @@
+"""What every role of a transceiver shares: the local pool and agent, keys, limits, counters.
+
+The roles (:mod:`.peers`, :mod:`.sender`, :mod:`.receiver`) each hold one :class:`LocalSide` and
+run only on the service thread (:mod:`.loop`), so none of this needs a lock except where a
+caller's thread reads it (``stats`` is read as a snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import control
+from .keys import AllowList, Identity
+from .loop import ServiceLoop
+from .pool import BlockPool
+from .request import TransferHandle
+
+log = logging.getLogger("kvpolicy.transports")
+
+REMEMBERED = 4096
+"""How many ended request ids each side remembers, to answer late frames instead of counting them
+as foreign. Bounded: memory does not grow with the number of requests served."""
+
+STAT_NAMES = (
+    "dropped_malformed",
+    "dropped_unknown_peer",
+    "dropped_unknown_request",
+    "dropped_unexpected",
+    "dropped_not_addressee",
+    "dropped_over_budget",
+    "dropped_stale_attempt",
+    "refused_handshakes",
+    "refused_hellos",
+    "internal_errors",
+    "late_frames",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Budgets that bound what one peer can make this side hold or do. Every one is finite."""
+
+    max_peer_blocks: int = 1 << 18
+    """Largest pool a receiver may declare in its hello (the sender prepares one descriptor per block)."""
+    remotes_per_peer: int = 4
+    """Live hellos kept per peer key; a newer one forgets the oldest (and its NIXL state)."""
+    parked_per_peer: int = 1024
+    """Asks for requests not offered yet, held per peer key; more are refused at once."""
+    park_s: float = 30.0
+    """Longest an ask waits for its offer (less if its own deadline is sooner)."""
+    frames_per_s: float = 50_000.0
+    frame_burst: int = 10_000
+    hellos_per_s: float = 5.0
+    hello_burst: int = 20
+    fetches: int = 8
+    """Metadata reads from etcd in flight at once (one per peer key at most)."""
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"Limits.{name} must be a finite positive number, got {value!r}")
+        if self.max_peer_blocks > control.MAX_POOL_BLOCKS:
+            raise ValueError(f"Limits.max_peer_blocks may be at most {control.MAX_POOL_BLOCKS}")
+
+
+class LocalSide:
+    """The local pool, NIXL agent, identity, allowed peers, limits, counters and loop."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        pool: BlockPool,
+        agent: Any,
+        agent_name: str,
+        identity: Identity,
+        allowed: AllowList,
+        timeout_s: float,
+        limits: Limits,
+        metadata: str,
+        loop: ServiceLoop,
+        log_requests: bool,
+        plaintext: bool = False,
+    ) -> None:
+        self.name = name
+        self.pool = pool
+        self.layout = pool.layout
+        self.agent = agent
+        self.agent_name = agent_name
+        self.identity = identity
+        self.allowed = allowed
+        self.timeout_s = timeout_s
+        self.limits = limits
+        self.metadata = metadata
+        self.loop = loop
+        self.log_requests = log_requests
+        self.plaintext = plaintext
+        """Benchmarks only: no CURVE, no allow-list, every peer is one anonymous key."""
+        self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
+        self.handle_ended: Callable[[TransferHandle], None] = lambda handle: None
+        """Told of every handle that ended (the facade forgets it: memory stays bounded)."""
+
+    def drop(self, reason: str, detail: str) -> None:
+        """Count a dropped frame under ``dropped_<reason>`` (or ``reason`` itself) and log it."""
+        key = reason if reason in self.stats else f"dropped_{reason}"
+        self.stats[key] = self.stats.get(key, 0) + 1
+        log.warning("transceiver %s: dropped a control frame (%s): %s", self.name, reason, detail)
+
+    def rank_info(self, *, with_metadata: bool) -> control.RankInfo:
+        """What this side tells a peer about itself."""
+        return control.RankInfo(
+            name=self.name,
+            agent=self.agent_name,
+            metadata=self.agent.get_agent_metadata() if with_metadata and self.metadata == "inline" else b"",
+            layout=self.layout,
+            base_address=self.pool.base_address,
+            num_blocks=self.pool.num_blocks,
+            memory_type=self.pool.memory_type,
+            device_id=self.pool.device_id,
+        )
+
+    def log_request(self, handle: TransferHandle) -> None:
+        """One structured log line per ended request, when asked for."""
+        if self.log_requests:
+            line = {"event": "kv_transfer", "transceiver": self.name, "state": handle.state.value, **handle.metrics.as_dict()}
+            if handle.reason:
+                line["reason"] = handle.reason
+            log.info(json.dumps(line, sort_keys=True))
+
+
+def remember(table: OrderedDict, key: Any, value: Any) -> None:
+    """Record ``key`` in a bounded most-recent table."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > REMEMBERED:
+        table.popitem(last=False)

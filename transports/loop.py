@@ -1,0 +1,218 @@
+"""The service loop: one thread that owns the sockets and the NIXL agent, with timers.
+
+Public methods of a transceiver run on the caller's thread and hand work to this loop through
+:meth:`ServiceLoop.submit`; everything that touches ZMQ sockets or the agent runs here. Timers sit
+in a heap, so a deadline costs nothing until it expires, and the loop sleeps in ``poll`` until the
+next timer or frame: an idle transceiver does not wake up. Due timers run *before* frames are read,
+so a request whose deadline passed is never served because its frame happened to be read first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+
+log = logging.getLogger("kvpolicy.transports")
+
+_MAX_BACKOFF_S = 200e-6
+
+
+class Timer:
+    """A pending call; :meth:`cancel` makes it a no-op (it leaves the heap when it comes due)."""
+
+    __slots__ = ("when", "fn", "cancelled")
+
+    def __init__(self, when: float, fn: Callable[[], Any]) -> None:
+        self.when = when
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Do not run this timer."""
+        self.cancelled = True
+        self.fn = None  # type: ignore[assignment]  # drop references to request state early
+
+
+class ServiceLoop:
+    """Poller, wake-up pipe, command queue and timer heap of one transceiver's service thread.
+
+    ``busy()`` says whether NIXL work is in flight (then the loop polls without blocking and calls
+    ``progress()``; NIXL gives no wake-up for local completion). ``on_error(where)`` is told about
+    an exception a handler raised; the loop itself keeps running.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        busy: Callable[[], bool],
+        progress: Callable[[], bool],
+        on_error: Callable[[str], None],
+    ) -> None:
+        self.name = name
+        self._busy = busy
+        self._progress = progress
+        self._on_error = on_error
+        self._poller = zmq.Poller()
+        self._handlers: dict[Any, Callable[[], None]] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._seq = itertools.count()
+        self.stopping = False
+        self.abandon = False
+        """Set by ``close`` when writes did not end in time: stop without waiting for them."""
+        self._thread = threading.Thread(target=self._run, name=f"kvpolicy-transceiver-{name}", daemon=True)
+        self._finally: Callable[[], None] | None = None
+
+    # -- any thread -------------------------------------------------------------------------------
+
+    def start(self, on_exit: Callable[[], None]) -> None:
+        """Start the thread; ``on_exit`` runs on it last, whatever made it stop."""
+        self._finally = on_exit
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """True while the service thread runs."""
+        return self._thread.is_alive()
+
+    def submit(self, fn: Callable[[], Any], future: Future | None = None) -> Future:
+        """Run ``fn`` on the service thread; its result or exception goes to the returned future."""
+        if not self._thread.is_alive():
+            raise RuntimeError(f"transceiver {self.name} is closed")
+        future = future or Future()
+        self._commands.put((fn, future))
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            raise RuntimeError(f"transceiver {self.name} is closed") from None
+        return future
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the thread to end; True if it did."""
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def close_pipe(self) -> None:
+        """Release the wake-up pipe (after the thread ended)."""
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+    # -- service thread ---------------------------------------------------------------------------
+
+    def register(self, socket: Any, handler: Callable[[], None]) -> None:
+        """Call ``handler()`` whenever ``socket`` is readable."""
+        self._handlers[socket] = handler
+        self._poller.register(socket, zmq.POLLIN)
+
+    def unregister(self, socket: Any) -> None:
+        """Stop watching ``socket`` (no error if it was not watched)."""
+        if self._handlers.pop(socket, None) is not None:
+            self._poller.unregister(socket)
+
+    def call_at(self, when: float, fn: Callable[[], Any]) -> Timer:
+        """Run ``fn`` on the service thread at ``time.monotonic() >= when``."""
+        timer = Timer(when, fn)
+        heapq.heappush(self._timers, (when, next(self._seq), timer))
+        return timer
+
+    def pending_commands(self) -> list[Future]:
+        """Take the commands that will never run (the loop has stopped)."""
+        futures = []
+        while True:
+            try:
+                _, future = self._commands.get_nowait()
+            except queue.Empty:
+                return futures
+            futures.append(future)
+
+    def _run_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, timer = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                fn = timer.fn
+                timer.cancel()
+                self._guard("timer", fn)
+
+    def _timeout_ms(self, now: float) -> int | None:
+        while self._timers and self._timers[0][2].cancelled:
+            heapq.heappop(self._timers)
+        if not self._timers:
+            return None
+        return max(0, int((self._timers[0][0] - now) * 1000) + 1)
+
+    def _guard(self, where: str, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("transceiver %s: error in %s (dropped; the service goes on)", self.name, where)
+            self._on_error(where)
+
+    def _run_commands(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if future.cancelled():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
+
+    def _run(self) -> None:
+        backoff = 0.0
+        try:
+            while True:
+                self._run_timers(time.monotonic())
+                busy = self._busy()
+                events = dict(self._poller.poll(0 if busy else self._timeout_ms(time.monotonic())))
+                progressed = bool(events)
+                if self._wake_r in events:
+                    self._run_commands()
+                for socket, handler in list(self._handlers.items()):
+                    if socket in events and socket in self._handlers:
+                        self._guard("frame handler", handler)
+                if self._busy():
+                    try:
+                        progressed |= self._progress()
+                    except Exception:
+                        log.exception("transceiver %s: error while progressing writes", self.name)
+                        self._on_error("progress")
+                if self.stopping and (self.abandon or not self._busy()):
+                    break
+                if self._busy() and not progressed:
+                    # Spinning was measured and lost: on 2 cores it starves ZMQ's I/O threads.
+                    backoff = min(max(backoff * 2, 10e-6), _MAX_BACKOFF_S)
+                    time.sleep(backoff)
+                else:
+                    backoff = 0.0
+        except Exception:  # pragma: no cover - a bug here must not leave callers hanging
+            log.exception("transceiver %s: service loop crashed", self.name)
+        finally:
+            if self._finally is not None:
+                self._finally()

@@ -1,0 +1,331 @@
+"""Sender side peers: who may talk to this side, over which socket, with which NIXL state.
+
+Sender side: one ROUTER socket, a CURVE server. Its ZAP handler (in the service loop) lets in only
+keys on the allow-list, so a stranger's handshake fails before any frame of it is read: it gets no
+welcome and learns nothing. Every frame is then checked against the key that authenticated its
+connection (ZMQ's ``User-Id``), per-key budgets bound frames, hellos and remembered hellos, and a
+hello's NIXL metadata is loaded only when its agent name is bound to that key. The receiver side's
+connections to senders are in :mod:`.connections`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils import z85
+
+from . import control
+from .discovery import EtcdClient, RegistryError, nixl_metadata_key
+from .keys import address_with_key, fingerprint
+from .local import LocalSide
+from .mapping import BlockSegments, block_segments
+
+log = logging.getLogger("kvpolicy.transports")
+
+_MAX_FRAME = 16 << 20
+_REFETCH_S = 0.25
+_HANDSHAKE_MS = 5000
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_METADATA_HEADER = b"nixlSerDes|Agent"
+
+
+@dataclass
+class Remote:
+    """A receiver that said hello to our ROUTER socket, authenticated by ``key``."""
+
+    identity: bytes
+    key: bytes
+    key_name: str
+    rank: control.RankInfo
+    segments: BlockSegments
+    prepped: Any = None
+    """NIXL's prepared descriptor list of the receiver's whole blocks (made on the first write)."""
+    writes: int = 0
+    gone: bool = False
+
+    @property
+    def whole_blocks(self) -> bool:
+        """Both sides hold the same layers and heads: a block is one run, block to block."""
+        runs = self.segments.runs
+        return len(runs) == 1 and int(runs[0, 0]) == 0 and int(runs[0, 1]) == 0 and int(runs[0, 2]) == self.rank.layout.block_bytes
+
+
+class Bucket:
+    """A token bucket: ``rate`` per second, at most ``burst`` at once."""
+
+    __slots__ = ("rate", "burst", "tokens", "at")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst, self.tokens, self.at = rate, float(burst), float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+def agent_of_metadata(blob: bytes) -> str | None:
+    """The agent name NIXL metadata declares (its first field), read without loading it."""
+    start = len(_METADATA_HEADER)
+    if not blob.startswith(_METADATA_HEADER) or len(blob) < start + 8:
+        return None
+    (length,) = struct.unpack_from("<Q", blob, start)
+    if length > control.MAX_NAME or len(blob) < start + 8 + length:
+        return None
+    try:
+        return blob[start + 8 : start + 8 + length].decode()
+    except UnicodeDecodeError:
+        return None
+
+
+class Remotes:
+    """Sender side: the ROUTER socket, its ZAP handler, and the receivers that said hello, with
+    their NIXL state. Runs on the service thread."""
+
+    def __init__(self, local: LocalSide, *, host: str, port: int, on_request: Callable, on_cancel: Callable, on_remote_gone: Callable) -> None:
+        self.local = local
+        self._on_request, self._on_cancel, self._on_remote_gone = on_request, on_cancel, on_remote_gone
+        identity = local.identity
+        # A context of our own: the ZAP endpoint is per context, and a process may hold several transceivers.
+        self.ctx = zmq.Context()
+        self.zap = self.ctx.socket(zmq.REP)
+        self.zap.setsockopt(zmq.LINGER, 0)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, _MAX_FRAME), (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)):
+            self.router.setsockopt(option, value)
+        if not local.plaintext:
+            self.zap.bind(_ZAP_ENDPOINT)
+            self.router.curve_secretkey = identity.secret
+            self.router.curve_publickey = identity.public
+            self.router.curve_server = True
+            self.router.zap_domain = b"kvpolicy"
+        if port:
+            self.router.bind(f"tcp://{host}:{port}")
+        else:
+            self.router.bind_to_random_port(f"tcp://{host}")
+        self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.address = address_with_key(self.endpoint, identity.public)
+        self.remotes: dict[bytes, Remote] = {}
+        self._frames: dict[bytes, Bucket] = {}
+        self._hellos: dict[bytes, Bucket] = {}
+        self._fetching: dict[bytes, object] = {}
+
+    def start(self) -> None:
+        """Start serving the ZAP handler and the ROUTER (on the service thread)."""
+        self.local.loop.register(self.zap, self._on_zap)
+        self.local.loop.register(self.router, self._on_router)
+
+    # -- authentication ---------------------------------------------------------------------------
+
+    def _on_zap(self) -> None:
+        for _ in range(64):
+            try:
+                frames = self.zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            version, request_id = (frames + [b"", b""])[:2]
+            key = None
+            if len(frames) == 7 and frames[5] == b"CURVE" and len(frames[6]) == 32:
+                key = z85.encode(frames[6])
+            name = self.local.allowed.name_of(key) if key else None
+            if name is None:
+                self.local.stats["refused_handshakes"] += 1
+                log.info("transceiver %s: refused a handshake from %s (key not allowed)", self.local.name, frames[3:4])
+                self.zap.send_multipart([version, request_id, b"400", b"key not allowed", b"", b""])
+            else:
+                self.zap.send_multipart([version, request_id, b"200", b"OK", key, b""])
+
+    # -- sender side: frames on the ROUTER --------------------------------------------------------
+
+    def _on_router(self) -> None:
+        for _ in range(256):  # bounded, so one chatty peer cannot starve the rest of the loop
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._on_router_frames(frames)
+            except Exception:
+                log.exception("transceiver %s: error handling a frame (dropped)", self.local.name)
+                self.local.stats["internal_errors"] += 1
+
+    def _on_router_frames(self, frames: list[zmq.Frame]) -> None:
+        if len(frames) != 2:
+            self.local.drop("malformed", f"{len(frames)} frames")
+            return
+        identity, frame = frames[0].bytes, frames[1]
+        key = b"plaintext" if self.local.plaintext else frame.get("User-Id").encode()
+        bucket = self._frames.get(key)
+        if bucket is None:
+            bucket = self._frames[key] = Bucket(self.local.limits.frames_per_s, self.local.limits.frame_burst)
+        if not bucket.take():
+            self.local.stats["dropped_over_budget"] += 1
+            return
+        try:
+            message = control.decode(frame.bytes)
+        except control.ControlMessageError as exc:
+            self.local.drop("malformed", str(exc))
+            return
+        if isinstance(message, control.Hello):
+            self._on_hello(identity, key, message)
+            return
+        remote = self.remotes.get(identity)
+        if remote is None or remote.key != key:
+            self.local.drop("unknown_peer", f"{message.kind} from a connection that never said hello")
+        elif isinstance(message, control.Request):
+            self._on_request(remote, message)
+        elif isinstance(message, control.Cancel):
+            self._on_cancel(remote, message)
+        else:
+            self.local.drop("unexpected", f"{message.kind} sent to a sender")
+
+    def _refuse(self, key: bytes, rank: control.RankInfo, why: str) -> None:
+        self.local.stats["refused_hellos"] += 1
+        log.warning("transceiver %s: refused the hello of %r (key %s): %s", self.local.name, rank.name, fingerprint(key), why)
+
+    def _on_hello(self, identity: bytes, key: bytes, hello: control.Hello) -> None:
+        rank, limits = hello.rank, self.local.limits
+        bucket = self._hellos.get(key)
+        if bucket is None:
+            bucket = self._hellos[key] = Bucket(limits.hellos_per_s, limits.hello_burst)
+        if not bucket.take():
+            return self._refuse(key, rank, "too many hellos")
+        if rank.num_blocks > limits.max_peer_blocks:
+            return self._refuse(key, rank, f"pool of {rank.num_blocks} blocks > max_peer_blocks {limits.max_peer_blocks}")
+        parts = rank.agent.rsplit("-", 3)
+        if not self.local.plaintext and (len(parts) != 4 or parts[1] != fingerprint(key)):
+            # Bound to the key: nobody can name another peer's agent and have us write into its memory.
+            return self._refuse(key, rank, f"agent name {rank.agent!r} does not carry its key's fingerprint")
+        try:
+            segments = block_segments(self.local.layout, rank.layout)
+        except ValueError as exc:
+            return self._refuse(key, rank, str(exc))
+        if rank.metadata:
+            self._admit(identity, key, rank, rank.metadata, segments)
+        elif not os.environ.get("NIXL_ETCD_ENDPOINTS"):
+            self._refuse(key, rank, "no NIXL metadata in the hello and no NIXL_ETCD_ENDPOINTS to read it from")
+        elif key in self._fetching:
+            self._refuse(key, rank, "a metadata read for this key is already in flight")
+        elif len(self._fetching) >= limits.fetches:
+            self._refuse(key, rank, f"{limits.fetches} metadata reads already in flight")
+        else:
+            self._start_fetch(identity, key, rank, segments)
+
+    def _start_fetch(self, identity: bytes, key: bytes, rank: control.RankInfo, segments: BlockSegments) -> None:
+        """Read the metadata ``rank``'s agent published to etcd on a short-lived thread (one per key).
+
+        NIXL's own fetch watches the key; that watch does not survive an etcd restart and then
+        wedges the agent. Reading through the JSON gateway, with a timeout on every call, does not.
+        """
+        token = object()
+        self._fetching[key] = token  # a newer hello of the same key supersedes this read
+        deadline = time.monotonic() + self.local.timeout_s
+        endpoints = os.environ["NIXL_ETCD_ENDPOINTS"]
+
+        def fetch() -> None:
+            client = EtcdClient(endpoints, timeout_s=1.0)
+            blob, error = None, "not published"
+            while not blob and self._fetching.get(key) is token and time.monotonic() < deadline:
+                try:
+                    blob = client.get(nixl_metadata_key(rank.agent))
+                except RegistryError as exc:
+                    error = str(exc)
+                if not blob:
+                    time.sleep(_REFETCH_S)
+            try:
+                self.local.loop.submit(lambda: self._on_fetched(identity, key, token, rank, segments, blob, error))
+            except RuntimeError:  # closed meanwhile
+                pass
+
+        threading.Thread(target=fetch, name=f"kvpolicy-fetch-{fingerprint(key)}", daemon=True).start()
+
+    def _on_fetched(self, identity: bytes, key: bytes, token: object, rank: control.RankInfo, segments: BlockSegments, blob: bytes | None, error: str) -> None:
+        if self._fetching.get(key) is not token:
+            return
+        del self._fetching[key]
+        if not blob or len(blob) > control.MAX_METADATA:
+            return self._refuse(key, rank, f"its metadata was not found in etcd in time ({error})")
+        self._admit(identity, key, rank, blob, segments)
+
+    def _admit(self, identity: bytes, key: bytes, rank: control.RankInfo, blob: bytes, segments: BlockSegments) -> None:
+        if agent_of_metadata(blob) != rank.agent:
+            return self._refuse(key, rank, "its NIXL metadata names another agent")
+        # What this connection or this agent said before is replaced; beyond the per-key budget,
+        # the oldest hellos of this key are forgotten with their NIXL state.
+        same_key = [r for r in self.remotes.values() if r.key == key]
+        stale = [r for r in same_key if r.identity == identity or r.rank.agent == rank.agent]
+        live = [r for r in same_key if r not in stale]
+        stale += live[: max(0, len(live) - self.local.limits.remotes_per_peer + 1)]
+        for remote in stale:
+            self.forget(remote)
+        try:
+            loaded = self.local.agent.add_remote_agent(blob)
+        except Exception as exc:
+            return self._refuse(key, rank, f"NIXL rejected its metadata: {exc}")
+        loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+        if loaded != rank.agent:
+            self._remove_agent(loaded)
+            return self._refuse(key, rank, f"NIXL loaded agent {loaded!r}, not {rank.agent!r}")
+        key_name = self.local.allowed.name_of(key) or fingerprint(key)
+        self.remotes[identity] = Remote(identity, key, key_name, rank, segments)
+        try:
+            # Wire up now rather than inside the first request's write (~30 ms on first use).
+            self.local.agent.make_connection(rank.agent)
+        except Exception as exc:
+            log.debug("transceiver %s: early connection to %s failed: %s", self.local.name, rank.name, exc)
+        welcome = control.Welcome(self.local.rank_info(with_metadata=False))
+        self.router.send_multipart([identity, control.encode(welcome)])
+
+    def forget(self, remote: Remote) -> None:
+        """Forget a receiver: its asks end now; its NIXL state goes once no write uses it."""
+        if self.remotes.get(remote.identity) is remote:
+            del self.remotes[remote.identity]
+        remote.gone = True
+        self._on_remote_gone(remote)
+        if not remote.writes:
+            self.release(remote)
+
+    def release(self, remote: Remote) -> None:
+        """Drop a forgotten receiver's prepared list and NIXL's record of its agent."""
+        if remote.prepped is not None:
+            try:
+                self.local.agent.release_dlist_handle(remote.prepped)
+            except Exception as exc:
+                log.debug("transceiver %s: releasing a prepared list failed: %s", self.local.name, exc)
+            remote.prepped = None
+        if not any(r.rank.agent == remote.rank.agent for r in self.remotes.values()):
+            self._remove_agent(remote.rank.agent)
+
+    def _remove_agent(self, agent: str) -> None:
+        try:
+            self.local.agent.remove_remote_agent(agent)
+        except Exception as exc:
+            log.debug("transceiver %s: removing agent %s failed: %s", self.local.name, agent, exc)
+
+    def reply(self, remote: Remote, message: control.Message) -> None:
+        """Send one frame to a receiver; a full or gone peer loses it (its deadline covers that)."""
+        try:
+            self.router.send_multipart([remote.identity, control.encode(message)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("transceiver %s: could not send %s to %s: %s", self.local.name, message.kind, remote.rank.name, exc)
+
+    def close(self) -> None:
+        """Forget every receiver and close the sockets (after the loop stopped)."""
+        for remote in list(self.remotes.values()):
+            remote.writes = 0
+            self.forget(remote)
+        self._fetching.clear()
+        for socket in (self.router, self.zap):
+            socket.close(0)

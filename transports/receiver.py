@@ -1,0 +1,215 @@
+"""Receiver side: receives, their writers' results, and the fence over blocks of ended attempts.
+
+Each ``receive`` is one attempt with a fresh nonce and an absolute deadline, sent to every writer.
+A result counts only for the attempt it names. Blocks handed to a receive stay *reserved* until
+every writer said its write is over (any result frame: ``ok``, ``error``, ``cancelled``,
+``aborted``) or its connection was torn down (``disconnect``). When the deadline passes first, the
+handle ends ``TIMED_OUT`` at once but its blocks stay fenced (``handle.released`` is False): a new
+receive into them is refused, so a late write can never land in memory given to a later request.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import control
+from .connections import Connections
+from .local import LocalSide, remember
+from .request import RequestState, TransferHandle
+
+
+@dataclass
+class Receive:
+    """One attempt waiting for its writers' result frames."""
+
+    handle: TransferHandle
+    peers: list[str]
+    skip_blocks: int
+    nonce: int = field(default_factory=lambda: secrets.randbelow((1 << 53) - 1) + 1)
+    pending: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+    cancelled: bool = False
+    timer: Any = None
+
+
+@dataclass
+class Fence:
+    """An attempt that ended while writers had not confirmed: its blocks stay reserved."""
+
+    handle: TransferHandle
+    pending: set[str]
+
+
+class Receiver:
+    """Receives of one transceiver; runs on the service thread, except :meth:`reserve`."""
+
+    def __init__(self, local: LocalSide, connections: Connections) -> None:
+        self.local = local
+        self.connections = connections
+        self.receives: dict[str, Receive] = {}
+        self.fences: dict[tuple[str, int], Fence] = {}
+        self.ended: OrderedDict[str, RequestState] = OrderedDict()
+        self.lock = threading.Lock()
+        self.reserved: set[int] = set()
+        """Blocks of open or fenced receives (callers read it under :attr:`lock`)."""
+
+    def reserve(self, blocks: Iterable[int]) -> None:
+        """Reserve blocks for a new receive (caller's thread); refused if any is held already."""
+        with self.lock:
+            busy = sorted(self.reserved.intersection(blocks))
+            if busy:
+                raise ValueError(
+                    f"blocks {busy[:8]} are still held by another receive (open, or ended while a sender may "
+                    "still write them); wait for that handle's `released`, or use other blocks"
+                )
+            self.reserved.update(blocks)
+
+    def _unreserve(self, handle: TransferHandle) -> None:
+        with self.lock:
+            self.reserved.difference_update(handle.block_ids)
+        handle._release()
+
+    def start(self, receive: Receive) -> None:
+        """Send the attempt's request to every writer."""
+        handle = receive.handle
+        if handle.done:  # cancelled before the service thread got to it
+            self._unreserve(handle)
+            return
+        self.receives[handle.request_id] = receive
+        deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
+        request = control.Request(handle.request_id, receive.nonce, handle.block_ids, receive.skip_blocks, deadline_ms)
+        for name in receive.peers:
+            if self.connections.send_to(name, request):
+                receive.pending.add(name)
+            else:
+                receive.errors.append(f"sender {name!r} is no longer connected")
+        handle._state = RequestState.WAITING
+        receive.timer = self.local.loop.call_at(handle.deadline, lambda: self._expired(receive))
+        self._settle(receive)
+
+    def on_result(self, peer: Any, result: control.Result) -> None:
+        """A sender's result frame (authenticated, schema-checked)."""
+        name = peer.name
+        receive = self.receives.get(result.request_id)
+        if receive is None or receive.nonce != result.nonce or name not in receive.pending:
+            fence = self.fences.get((result.request_id, result.nonce))
+            if fence is not None and name in fence.pending:
+                self.local.stats["late_frames"] += 1
+                self._unfence(result.request_id, result.nonce, name)
+            elif receive is not None and name in receive.pending:
+                self.local.drop("stale_attempt", f"result of another attempt of {result.request_id!r} from {name}")
+            elif result.request_id in self.ended:
+                self.local.stats["late_frames"] += 1
+            else:
+                self.local.drop("unknown_request", f"result for {result.request_id!r} from {name}")
+            return
+        receive.pending.discard(name)
+        metrics = receive.handle.metrics
+        metrics.writers += 1
+        metrics.nbytes += result.nbytes
+        metrics.descriptors_before += result.descriptors_before
+        metrics.descriptors += result.descriptors
+        metrics.queue_s = max(metrics.queue_s, result.queue_us / 1e6)
+        metrics.transfer_s = max(metrics.transfer_s, result.transfer_us / 1e6)
+        if result.status == "cancelled":
+            receive.cancelled = True
+            if result.reason and not receive.errors:
+                receive.errors.append(f"{name}: {result.reason}")
+        elif result.status in ("error", "aborted"):
+            receive.errors.append(f"{name}: {result.status}: {result.reason}")
+            self._send_cancel(receive)  # our blocks are unusable anyway: ask the others to stop early
+        self._settle(receive)
+
+    def _send_cancel(self, receive: Receive) -> None:
+        cancel = control.Cancel(receive.handle.request_id, receive.nonce)
+        for name in receive.pending:
+            self.connections.send_to(name, cancel)
+
+    def _settle(self, receive: Receive) -> None:
+        if receive.pending:
+            return
+        if receive.errors and not receive.cancelled:
+            self._end(receive, RequestState.FAILED, "; ".join(receive.errors))
+        elif receive.cancelled or receive.handle.state is RequestState.CANCELLING:
+            self._end(receive, RequestState.CANCELLED, "; ".join(receive.errors) or "cancelled")
+        else:
+            self._end(receive, RequestState.COMPLETED)
+
+    def _end(self, receive: Receive, state: RequestState, reason: str = "") -> None:
+        handle = receive.handle
+        if self.receives.get(handle.request_id) is receive:
+            del self.receives[handle.request_id]
+        if receive.timer is not None:
+            receive.timer.cancel()
+        remember(self.ended, handle.request_id, state)
+        handle._finish(state, reason)
+        if receive.pending:
+            self.fences[(handle.request_id, receive.nonce)] = Fence(handle, set(receive.pending))
+        else:
+            self._unreserve(handle)
+        self.local.handle_ended(handle)
+        self.local.log_request(handle)
+
+    def _unfence(self, request_id: str, nonce: int, name: str) -> None:
+        fence = self.fences[(request_id, nonce)]
+        fence.pending.discard(name)
+        if not fence.pending:
+            del self.fences[(request_id, nonce)]
+            self._unreserve(fence.handle)
+
+    def _expired(self, receive: Receive) -> None:
+        receive.timer = None
+        if receive.handle.done:
+            return
+        self._send_cancel(receive)
+        missing = sorted(receive.pending)
+        if receive.handle.state is RequestState.CANCELLING:
+            self._end(receive, RequestState.CANCELLED, f"cancelled; no confirmation from {missing} in time")
+        else:
+            self._end(receive, RequestState.TIMED_OUT, f"no result frame from {missing} in time")
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a receive; True if it ended now (nothing was pending)."""
+        receive = self.receives.get(request_id)
+        if receive is None:
+            return False
+        handle = receive.handle
+        if handle.done or handle.state is RequestState.CANCELLING:
+            return False
+        if not receive.pending:
+            self._end(receive, RequestState.CANCELLED, "cancelled by the receiver")
+            return True
+        handle._state = RequestState.CANCELLING
+        self._send_cancel(receive)
+        return False
+
+    def on_peer_gone(self, name: str) -> None:
+        """The connection to ``name`` was torn down: no write of it follows; stop waiting for it."""
+        for receive in list(self.receives.values()):
+            if name in receive.pending:
+                receive.pending.discard(name)
+                receive.errors.append(f"sender {name!r} was disconnected")
+                self._settle(receive)
+        for request_id, nonce in [k for k, f in self.fences.items() if name in f.pending]:
+            self._unfence(request_id, nonce, name)
+
+    def begin_close(self) -> None:
+        """Fail every open receive."""
+        for receive in list(self.receives.values()):
+            self._send_cancel(receive)
+            self._end(receive, RequestState.FAILED, "transceiver closed")
+
+    def fail_all(self, reason: str) -> None:
+        """End everything (the loop has stopped; no connection is left to write)."""
+        for receive in list(self.receives.values()):
+            receive.pending.clear()
+            self._end(receive, RequestState.FAILED, reason)
+        for fence in self.fences.values():
+            self._unreserve(fence.handle)
+        self.fences.clear()

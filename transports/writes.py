@@ -1,0 +1,68 @@
+"""Building NIXL WRITEs: by index into descriptor lists prepared once per side (whole blocks), or
+from the planned, coalesced runs (any head or layer split)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .local import LocalSide
+from .peers import Remote
+
+log = logging.getLogger("kvpolicy.transports")
+
+
+class WritePoster:
+    """Makes the transfer handle of one write; owns the local prepared list."""
+
+    def __init__(self, local: LocalSide) -> None:
+        self.local = local
+        self._local_prepped: Any = None
+
+    def whole_blocks(self, remote: Remote, source: Sequence[int], destination: Sequence[int]) -> Any:
+        """Whole blocks to whole blocks: by index into descriptor lists prepared once per side."""
+        agent, pool = self.local.agent, self.local.pool
+        if self._local_prepped is None:
+            self._local_prepped = agent.prep_xfer_dlist(
+                "NIXL_INIT_AGENT", block_descriptors(pool.base_address, pool.block_bytes, pool.num_blocks, pool.device_id), pool.memory_type
+            )
+        if remote.prepped is None:
+            rank = remote.rank
+            remote.prepped = agent.prep_xfer_dlist(
+                rank.agent, block_descriptors(rank.base_address, rank.layout.block_bytes, rank.num_blocks, rank.device_id), rank.memory_type
+            )
+        return agent.make_prepped_xfer(
+            "WRITE", self._local_prepped, np.asarray(source, dtype=np.int32), remote.prepped, np.asarray(destination, dtype=np.int32)
+        )
+
+    def runs(self, remote: Remote, plan: Any) -> Any:
+        """Any overlap (head or layer splits): the planned, coalesced runs as one descriptor list."""
+        agent, runs = self.local.agent, plan.runs
+        local = np.empty((len(runs), 3), dtype=np.uint64)
+        local[:, 0], local[:, 1], local[:, 2] = runs[:, 0], runs[:, 2], self.local.pool.device_id
+        far = np.empty((len(runs), 3), dtype=np.uint64)
+        far[:, 0], far[:, 1], far[:, 2] = runs[:, 1], runs[:, 2], remote.rank.device_id
+        return agent.initialize_xfer(
+            "WRITE", agent.get_xfer_descs(local, self.local.pool.memory_type), agent.get_xfer_descs(far, remote.rank.memory_type), remote.rank.agent
+        )
+
+    def close(self) -> None:
+        """Release the local prepared list (the remote ones go with their peers)."""
+        if self._local_prepped is not None:
+            try:
+                self.local.agent.release_dlist_handle(self._local_prepped)
+            except Exception as exc:
+                log.debug("transceiver %s: releasing the local prepared list failed: %s", self.local.name, exc)
+            self._local_prepped = None
+
+
+def block_descriptors(base: int, block_bytes: int, num_blocks: int, device_id: int) -> np.ndarray:
+    """One (address, length, device) row per block of a pool (bounds were checked at the hello)."""
+    descriptors = np.empty((num_blocks, 3), dtype=np.uint64)
+    descriptors[:, 0] = base + np.arange(num_blocks, dtype=np.uint64) * np.uint64(block_bytes)
+    descriptors[:, 1] = block_bytes
+    descriptors[:, 2] = device_id
+    return descriptors
