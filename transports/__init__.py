@@ -10,7 +10,8 @@ etcd with :class:`EtcdRegistry`. Importing this package imports torch lazily (on
 from .agent import NixlSettings, nixl_available
 from .control import ControlMessageError
 from .keys import AllowList, Identity, KeyMaterialError, create_keys
-from .discovery import EtcdRegistry, RankWatch, Registration, RegistryError, RegistryUnavailable
+from .discovery import EtcdRegistry, RankRecord, RankWatch, Registration, RegistryError, RegistryUnavailable
+from .etcd_client import EtcdSecurity, RegistryDenied
 from .layout import KVLayout
 from .mapping import DescriptorPlan, Overlap, RankMapping, block_segments, map_ranks, overlap, plan_descriptors
 from .pool import BlockPool
@@ -35,6 +36,9 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "EtcdSecurity",
+    "RankRecord",
+    "RegistryDenied",
     "AllowList",
     "Identity",
     "KeyMaterialError",

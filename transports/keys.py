@@ -246,3 +246,22 @@ def split_address(address: str) -> tuple[str, bytes | None]:
     if len(raw) != 32:
         raise ValueError(f"address {address!r}: the key before '@' must be 32 bytes (64 hex digits)")
     return f"{scheme}://{hostport}", _z85().encode(raw)
+
+
+def check_nixl_etcd(endpoints: str) -> None:
+    """metadata='etcd' publishes NIXL metadata (pool address, remote key) through NIXL's own etcd
+    client, which has neither TLS nor authentication: allowed only against a loopback etcd."""
+    from urllib.parse import urlsplit
+
+    urls = [u.strip() for u in endpoints.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("metadata='etcd' needs NIXL_ETCD_ENDPOINTS (etcd client URLs) in the environment")
+    for url in urls:
+        host = urlsplit(url).hostname or ""
+        if not (host == "localhost" or host.startswith("127.") or host == "::1"):
+            raise ValueError(
+                f"metadata='etcd' would publish NIXL remote keys to {url} in plain text (NIXL's etcd client has no "
+                "TLS or users); use metadata='inline' (the default: metadata travels in the authenticated, encrypted "
+                "hello) and the registry's TLS etcd for rank records"
+            )
+

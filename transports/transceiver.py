@@ -29,7 +29,7 @@ from typing import Any
 
 from .agent import NixlSettings, create_agent
 from .connections import Connections, Peer
-from .keys import AllowList, Identity, IdentitySpec
+from .keys import AllowList, Identity, IdentitySpec, check_nixl_etcd
 from .local import Limits, LocalSide
 from .loop import ServiceLoop
 from .peers import Remotes
@@ -59,7 +59,9 @@ class NixlTransceiver:
         log_requests: one structured (JSON) log line per finished request, at INFO.
         metadata: ``"inline"`` (default): NIXL metadata travels in the (encrypted) hello.
             ``"etcd"``: NIXL publishes it to the etcd of ``NIXL_ETCD_ENDPOINTS``; the sender reads it
-            there, and loads it only if its agent name is bound to the authenticated key.
+            there, and loads it only if its agent name is bound to the authenticated key. NIXL's own
+            etcd client has no TLS and no users, so anyone who reaches that etcd could read remote
+            keys: this mode is refused unless every endpoint is a loopback address (tests).
         _plaintext: for bench/transfer.py only, to measure what CURVE costs: no authentication, no
             encryption, no per-receiver binding. Never use it on a network.
     """
@@ -89,8 +91,8 @@ class NixlTransceiver:
             raise ValueError(f"timeout_s must be a finite positive number of seconds, got {timeout_s!r}")
         if metadata not in ("inline", "etcd"):
             raise ValueError(f"metadata must be 'inline' or 'etcd', got {metadata!r}")
-        if metadata == "etcd" and not os.environ.get("NIXL_ETCD_ENDPOINTS"):
-            raise ValueError("metadata='etcd' needs NIXL_ETCD_ENDPOINTS (etcd client URLs) in the environment")
+        if metadata == "etcd":
+            check_nixl_etcd(os.environ.get("NIXL_ETCD_ENDPOINTS", ""))
         allowed = AllowList(allowed_peers)
         me = Identity.load(identity)
         self.pool = pool
@@ -162,6 +164,7 @@ class NixlTransceiver:
             "name": self.name,
             "address": self.address,
             "key": self.public_key,
+            "public_key": self.public_key,  # what an etcd rank record keeps (besides the address)
             "agent": self._agent_name,
             "layout": self.layout.to_wire(),
             "num_blocks": self.pool.num_blocks,

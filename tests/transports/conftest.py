@@ -78,17 +78,18 @@ class TwoHosts:
     def __init__(self) -> None:
         self.pair = HostPair()
         try:
-            self.etcd = EtcdServer(self.pair.prefill.address, netns=self.pair.prefill.netns)
+            self.etcd = EtcdServer(self.pair.prefill.address, netns=self.pair.prefill.netns, secure=True)
         except BaseException:
             self.pair.close()
             raise
 
     def config(self, side: str, **extra):
         """Worker config for a rank on ``side`` ('prefill' or 'decode'): in its namespace, NIXL over
-        TCP on its veth device, metadata through etcd, control socket on its link address."""
+        TCP on its veth device, rank records in etcd over TLS with a user, NIXL metadata in the
+        authenticated hello, control socket on its link address."""
         host = self.pair.prefill if side == "prefill" else self.pair.decode
-        env = {**self.pair.ucx_env(host), "NIXL_ETCD_ENDPOINTS": self.etcd.endpoint}
-        return {"netns": host.netns, "env": env, "host": host.address, "metadata": "etcd", **extra}
+        env = {**self.pair.ucx_env(host), **self.etcd.client_env()}
+        return {"netns": host.netns, "env": env, "host": host.address, **extra}
 
     def close(self) -> None:
         try:

@@ -241,7 +241,8 @@ def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
     assert decode.call("digests", [4, 5, 6]) == prefill.call("digests", [1, 2, 3])
     # NIXL's own entries live beside ours in the same etcd.
     keys = etcd.client().get_prefix("/")
-    assert json.loads(keys["/kvpolicy/loop/ranks/prefill"]).keys() == {"address"}  # nothing else published
+    # Address and CURVE public key (proved in the handshake); nothing else is published.
+    assert json.loads(keys["/kvpolicy/loop/ranks/prefill"]).keys() == {"address", "public_key"}
     assert any(not k.startswith("/kvpolicy/") for k in keys), sorted(keys)
 
 
