@@ -56,12 +56,14 @@ def _analysed(policy):
         if stats.held is not None and rule_id in {r.id for r in policy.rules()}:
             held |= ids
     held -= {d.default.id for d in policy.decisions.values()}
+    held -= {r.id for d in policy.decisions.values() for r in d.adjustments}  # compared through `decided`
     return decided, held, set(analysis.constraints), set(analysis.conflicts)
 
 
 def _compare(policy):
     decided, held, fired, conflicts = _brute_force(policy)
     held -= {d.default.id for d in policy.decisions.values()}
+    held -= {r.id for d in policy.decisions.values() for r in d.adjustments}  # compared through `decided`
     got = _analysed(policy)
     assert got[0] == decided, "rules that decide"
     assert got[1] == held, "requirements and conditionals that hold under auto"
