@@ -36,7 +36,12 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+# tests.testbed (network namespaces for --hosts netns) lives in the repository, not in the package;
+# spawned ranks inherit this sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # UCX reads these when NIXL loads it; children inherit them. See transports/agent.py for why.
 for _key, _value in (("UCX_NET_DEVICES", "lo"), ("UCX_MODULES", "^ib"), ("UCX_CMA_SEG_SIZE", "8M"), ("NIXL_LOG_LEVEL", "WARN")):
@@ -150,7 +155,7 @@ def _rank(
     with None, unset before NIXL loads) and ``host`` (where the control sockets listen)."""
     placement = placement or {}
     if placement.get("netns"):
-        from kvpolicy.transports.testbed import enter_namespace
+        from tests.testbed import enter_namespace
 
         enter_namespace(placement["netns"])
     for key, value in placement.get("env", {}).items():
@@ -402,7 +407,7 @@ def bench_curve(payloads: list[Payload], reps: int, device: str) -> dict[str, fl
 def bench_hosts(payloads: list[Payload], block_pool: int, layer_pool: int, reps: int, device: str) -> dict[str, dict[str, dict[str, Any]]]:
     """The two-process figures again, twice: UCX over TCP on loopback (one namespace), and across two
     network namespaces joined by a veth link (UCX over TCP on the veth device)."""
-    from kvpolicy.transports.testbed import HostPair
+    from tests.testbed import HostPair
 
     tcp_lo = {"env": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_CMA_SEG_SIZE": None}}
     results = {"tcp_lo": bench_nixl(payloads, block_pool, layer_pool, reps, device, (tcp_lo, tcp_lo))}
@@ -474,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.hosts == "netns":
-        from kvpolicy.transports.testbed import netns_unavailable
+        from tests.testbed import netns_unavailable
 
         why = netns_unavailable()
         if why:
