@@ -18,6 +18,13 @@ Payloads (Llama-3.1-8B cache shape: 32 layers, 8 kv heads, head dim 128, 32 toke
   128 KiB block-layers (64 MiB, a layer-split pool) in both runs
 - one-block: a single 4 MiB block, for per-request overhead
 
+The request path, on 4 KiB blocks with CURVE on (``--format json`` keys): ``request_overhead_us`` (p50
+of one request end to end minus the p50 raw NIXL write of the same block, interleaved),
+``zmq_rtt_us`` (a bare pyzmq DEALER -> ROUTER round trip between the two ranks, CURVE on, no
+transceiver), ``overhead_in_rtts`` (the first over the second), ``rps_1`` / ``rps_8`` / ``rps_64``
+(requests per second with that many in flight), and ``idle_cpu_pct``: the CPU of an idle, connected
+pair of processes holding one transceiver each, per transceiver (the larger of the two), in % of a core.
+
 ``--hosts netns`` (root, iproute2) runs 2. and 3. twice more, next to the same-host figures: with UCX
 on TCP over loopback in one namespace (what TCP costs on one host), and with the two processes in
 two network namespaces joined by a veth pair, UCX on TCP over the veth device: the bytes cross a real
@@ -34,9 +41,15 @@ import multiprocessing
 import os
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+# tests.testbed (network namespaces for --hosts netns) lives in the repository, not in the package;
+# spawned ranks inherit this sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # UCX reads these when NIXL loads it; children inherit them. See transports/agent.py for why.
 for _key, _value in (("UCX_NET_DEVICES", "lo"), ("UCX_MODULES", "^ib"), ("UCX_CMA_SEG_SIZE", "8M"), ("NIXL_LOG_LEVEL", "WARN")):
@@ -45,6 +58,10 @@ for _key, _value in (("UCX_NET_DEVICES", "lo"), ("UCX_MODULES", "^ib"), ("UCX_CM
 MIB = 1 << 20
 LLAMA = dict(num_layers=32, kv_heads=8, tokens_per_block=32, head_dim=128, dtype="bfloat16")
 LLAMA_LAYER = dict(LLAMA, num_layers=1)
+#: 4 KiB blocks (1 layer, K and V, 1 head, 16 tokens, head dim 64, bf16): the request path's cost
+#: with next to no payload.
+SMALL = dict(num_layers=1, kv_heads=1, tokens_per_block=16, head_dim=64, dtype="bfloat16")
+BLOCK_BYTES = {"block": 4 * MIB, "layer": 128 * 1024, "small": 4096}
 
 
 @dataclass(frozen=True)
@@ -52,13 +69,13 @@ class Payload:
     """One payload: which pool (layout) and which blocks move where."""
 
     name: str
-    layout: str  # "block" (4 MiB blocks) or "layer" (128 KiB block-layers)
+    layout: str  # "block" (4 MiB blocks), "layer" (128 KiB block-layers) or "small" (4 KiB blocks)
     src: tuple[int, ...]
     dst: tuple[int, ...]
 
     @property
     def block_bytes(self) -> int:
-        return 4 * MIB if self.layout == "block" else 128 * 1024
+        return BLOCK_BYTES[self.layout]
 
     @property
     def nbytes(self) -> int:
@@ -135,11 +152,15 @@ def bench_torch(payloads: list[Payload], block_pool: int, layer_pool: int, reps:
 # --------------------------------------------------------------------------- the two processes ----
 
 
+def _pools(block_pool: int, layer_pool: int) -> dict[str, tuple[dict[str, Any], int]]:
+    """The bulk benchmark's pools: ``{kind: (layout, number of blocks)}``."""
+    return {"block": (LLAMA, block_pool), "layer": (LLAMA_LAYER, layer_pool)}
+
+
 def _rank(
     role: str,
     conn: Any,
-    block_pool: int,
-    layer_pool: int,
+    pool_spec: dict[str, tuple[dict[str, Any], int]],
     device: str,
     payloads: list[Payload],
     placement: dict[str, Any] | None = None,
@@ -147,10 +168,11 @@ def _rank(
     """One process: pools, a transceiver per pool, and a raw NIXL agent over the same memory.
 
     ``placement``: ``netns`` (enter that network namespace first), ``env`` (UCX variables to set or,
-    with None, unset before NIXL loads) and ``host`` (where the control sockets listen)."""
+    with None, unset before NIXL loads), ``host`` (where the control sockets listen) and ``raw``
+    (False: no raw agent, so that an idle process holds only its transceivers)."""
     placement = placement or {}
     if placement.get("netns"):
-        from kvpolicy.transports.testbed import enter_namespace
+        from tests.testbed import enter_namespace
 
         enter_namespace(placement["netns"])
     for key, value in placement.get("env", {}).items():
@@ -164,10 +186,7 @@ def _rank(
     from kvpolicy.transports import BlockPool, KVLayout, NixlSettings, NixlTransceiver
     from kvpolicy.transports.agent import create_agent
 
-    pools = {
-        "block": BlockPool(KVLayout(**LLAMA), block_pool, device=device),
-        "layer": BlockPool(KVLayout(**LLAMA_LAYER), layer_pool, device=device),
-    }
+    pools = {kind: BlockPool(KVLayout(**layout), blocks, device=device) for kind, (layout, blocks) in pool_spec.items()}
     if role == "sender":
         for pool in pools.values():  # cheap, distinct-per-block contents
             pool.tensor.view(pool.num_blocks, -1).view(torch.int16)[:] = torch.arange(pool.num_blocks, dtype=torch.int16)[:, None]
@@ -185,19 +204,21 @@ def _rank(
         )
         for kind, pool in pools.items()
     }
-    raw = create_agent(f"raw-{role}-{os.getpid()}", settings)
+    raw = create_agent(f"raw-{role}-{os.getpid()}", settings) if placement.get("raw", True) else None
     registrations = [
         raw.register_memory([(p.base_address, p.nbytes, p.device_id, "")], p.memory_type) for p in pools.values()
-    ]
+    ] if raw is not None else []
     conn.send(
         {
             "addresses": {k: t.address for k, t in transceivers.items()},
-            "metadata": raw.get_agent_metadata(),
+            "metadata": raw.get_agent_metadata() if raw is not None else b"",
             "bases": {k: p.base_address for k, p in pools.items()},
         }
     )
     handles: dict[str, Any] = {}
     remote = None
+    echo: Echo | None = None
+    dealer: Any = None
     try:
         while True:
             op, args = conn.recv()
@@ -241,6 +262,29 @@ def _rank(
                 payload, request_id = args
                 metrics = transceivers[payload.layout].receive(request_id, payload.dst).wait()
                 result = metrics.as_dict()
+            elif op == "echo":  # sender: a bare CURVE ROUTER echoing every message (zmq_rtt_us)
+                echo = Echo(host)
+                result = echo.address
+            elif op == "rtt":  # receiver: one bare round trip to the sender's echo, timed here
+                if dealer is None:
+                    dealer = dealer_to(*args)
+                    dealer.send(b"warm-up")
+                    dealer.recv()
+                t0 = time.perf_counter()
+                dealer.send(b"r" * 128)  # a 4 KiB request frame is ~94 bytes, its result ~134
+                dealer.recv()
+                result = time.perf_counter() - t0
+            elif op == "offer_many":  # sender: offers for ids PREFIX-0 .. PREFIX-(count-1), one block each
+                kind, prefix, count = args
+                blocks = pools[kind].num_blocks
+                for i in range(count):
+                    transceivers[kind].send(f"{prefix}-{i}", [i % blocks], to=None if placement.get("plaintext") else "receiver")
+                result = None
+            elif op == "rps":  # receiver: those requests, `window` in flight at once; requests per second
+                kind, prefix, count, window = args
+                result = requests_per_second(transceivers[kind], prefix, count, window)
+            elif op == "cpu":  # CPU seconds of this whole process so far (every thread; ns, not 10 ms ticks)
+                result = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
             elif op == "digests":
                 kind, blocks = args
                 result = pools[kind].digests(blocks)
@@ -250,6 +294,10 @@ def _rank(
                 raise ValueError(op)
             conn.send(result)
     finally:
+        if echo is not None:
+            echo.close()
+        if dealer is not None:
+            dealer.close(0)
         for handle in handles.values():
             handle.release()
         for registration in registrations:
@@ -259,6 +307,77 @@ def _rank(
         for transceiver in transceivers.values():
             transceiver.close()
         conn.send(None)
+
+
+class Echo:
+    """A bare pyzmq ROUTER, a CURVE server as the transceiver's is, echoing every message on a
+    thread of its own: the floor a control-message round trip cannot go under."""
+
+    def __init__(self, host: str) -> None:
+        import zmq
+
+        self.ctx = zmq.Context()
+        public, secret = zmq.curve_keypair()
+        self.socket = self.ctx.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.curve_secretkey, self.socket.curve_publickey, self.socket.curve_server = secret, public, True
+        port = self.socket.bind_to_random_port(f"tcp://{host}")
+        self.address = (f"tcp://{host}:{port}", public)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="echo", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(100):  # the timeout only bounds how long close() waits
+                self.socket.send_multipart(self.socket.recv_multipart())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.socket.close(0)
+        self.ctx.term()
+
+
+def dealer_to(endpoint: str, server_key: bytes) -> Any:
+    """A DEALER, a CURVE client with a fresh key pair, connected to an :class:`Echo`."""
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 10_000)  # a lost echo fails the benchmark instead of hanging it
+    dealer.curve_secretkey, dealer.curve_publickey, dealer.curve_serverkey = secret, public, server_key
+    dealer.connect(endpoint)
+    return dealer
+
+
+def requests_per_second(transceiver: Any, prefix: str, count: int, window: int) -> float:
+    """Receive requests ``PREFIX-0 .. PREFIX-(count-1)`` (offered already), one block each, keeping
+    ``window`` in flight: a new one starts as soon as the oldest ends (they end in order here)."""
+    import collections
+
+    free = list(range(transceiver.pool.num_blocks))
+    if window > len(free):
+        raise ValueError(f"window {window} exceeds the pool's {len(free)} blocks")
+    inflight: collections.deque = collections.deque()
+    issued = 0
+    t0 = time.perf_counter()
+    while issued < count or inflight:
+        while issued < count and len(inflight) < window:
+            block = free.pop()
+            inflight.append((transceiver.receive(f"{prefix}-{issued}", [block]), block))
+            issued += 1
+        handle, block = inflight.popleft()
+        handle.wait(60)
+        if not handle.wait_released(10):
+            raise RuntimeError(f"request {handle.request_id} completed but its block was not released")
+        free.append(block)
+    return count / (time.perf_counter() - t0)
 
 
 class Rank:
@@ -308,8 +427,8 @@ def bench_nixl(
 
     keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
     sender_at, receiver_at = ({**p, "keys": keys} for p in (placements or ({}, {})))
-    sender = Rank("sender", block_pool, layer_pool, device, payloads, sender_at)
-    receiver = Rank("receiver", block_pool, layer_pool, device, payloads, receiver_at)
+    sender = Rank("sender", _pools(block_pool, layer_pool), device, payloads, sender_at)
+    receiver = Rank("receiver", _pools(block_pool, layer_pool), device, payloads, receiver_at)
     results: dict[str, dict[str, Any]] = {}
     try:
         sender("peer", receiver.info)
@@ -362,8 +481,8 @@ def bench_curve(payloads: list[Payload], reps: int, device: str) -> dict[str, fl
         for plaintext in (False, True):
             keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
             at = {"keys": keys, "plaintext": plaintext}
-            sender = Rank("sender", 32, 8, device, payloads, at)
-            receiver = Rank("receiver", 32, 8, device, payloads, at)
+            sender = Rank("sender", _pools(32, 8), device, payloads, at)
+            receiver = Rank("receiver", _pools(32, 8), device, payloads, at)
             pairs[plaintext] = (sender, receiver)
             receiver("connect", sender.info["addresses"])
         pairs[False][0]("peer", pairs[False][1].info)
@@ -396,13 +515,108 @@ def bench_curve(payloads: list[Payload], reps: int, device: str) -> dict[str, fl
     }
 
 
+# ------------------------------------------------------------------------------ request path ----
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def bench_requests(quick: bool, device: str) -> dict[str, Any]:
+    """The request path on 4 KiB blocks, CURVE on: a pair of ranks with one small pool each.
+
+    Interleaved, so that all three see the same machine state: a raw NIXL write of one block, a
+    bare zmq round trip (:class:`Echo`), one request end to end (the receiver's ``receive()`` to
+    its completion). Then requests per second with 1, 8 and 64 in flight (median of 3 runs each).
+    Every figure is timed inside the rank that sees it, never across the parent's pipes."""
+    import zmq
+
+    keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
+    spec = {"small": (SMALL, 256)}
+    one = Payload("one 4 KiB block", "small", (7,), (9,))
+    sender = Rank("sender", spec, device, [one], {"keys": keys})
+    receiver = Rank("receiver", spec, device, [one], {"keys": keys})
+    try:
+        sender("peer", receiver.info)
+        receiver("connect", sender.info["addresses"])
+        echo = sender("echo")
+        warm, n = 20, (150 if quick else 500)
+        raw, rtt, request = [], [], []
+        for rep in range(warm + n):
+            raw_t = sender("raw", one.name)
+            rtt_t = receiver("rtt", echo)
+            sender("offer", (one, f"one-{rep}"))
+            total = receiver("receive", (one, f"one-{rep}"))["total_us"]
+            if rep >= warm:
+                raw.append(raw_t * 1e6)
+                rtt.append(rtt_t * 1e6)
+                request.append(total)
+        rps: dict[int, float] = {}
+        count = 150 if quick else 400
+        for window in (1, 8, 64):
+            runs = []
+            for run in range(3):
+                prefix = f"rps{window}-{run}"
+                sender("offer_many", ("small", prefix, count * (1 + window // 8)))
+                runs.append(receiver("rps", ("small", prefix, count * (1 + window // 8), window)))
+            rps[window] = statistics.median(runs)
+    finally:
+        receiver.stop()
+        sender.stop()
+    raw_us, rtt_us, request_us = (statistics.median(v) for v in (raw, rtt, request))
+    overhead = request_us - raw_us
+    return {
+        "request_overhead_us": round(overhead, 1),
+        "request_p50_us": round(request_us, 1),
+        "request_p99_us": round(_percentile(request, 0.99), 1),
+        "raw_write_4k_us": round(raw_us, 1),
+        "zmq_rtt_us": round(rtt_us, 1),
+        "zmq_rtt_p99_us": round(_percentile(rtt, 0.99), 1),
+        "overhead_in_rtts": round(overhead / rtt_us, 2),
+        "rps_1": round(rps[1]),
+        "rps_8": round(rps[8]),
+        "rps_64": round(rps[64]),
+        "rps_64_vs_1": round(rps[64] / rps[1], 2),
+        "request_samples": n,
+    }
+
+
+def bench_idle(seconds: float, device: str) -> dict[str, float]:
+    """CPU an idle, connected transceiver pair burns: two processes with one transceiver each and
+    nothing else (no raw agent), after one request; each process's own CPU clock (all its threads)
+    over ``seconds`` of wall time, in % of one core."""
+    import zmq
+
+    keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
+    spec = {"small": (SMALL, 16)}
+    one = Payload("one 4 KiB block", "small", (1,), (2,))
+    at = {"keys": keys, "raw": False}
+    sender = Rank("sender", spec, device, [one], at)
+    receiver = Rank("receiver", spec, device, [one], at)
+    try:
+        receiver("connect", sender.info["addresses"])
+        sender("offer", (one, "idle-warm-up"))
+        receiver("receive", (one, "idle-warm-up"))
+        time.sleep(1.0)  # let whatever the request started settle
+        before = (sender("cpu"), receiver("cpu"), time.perf_counter())
+        time.sleep(seconds)
+        after = (sender("cpu"), receiver("cpu"), time.perf_counter())
+    finally:
+        receiver.stop()
+        sender.stop()
+    wall = after[2] - before[2]
+    each = {role: round((after[i] - before[i]) / wall * 100, 3) for i, role in enumerate(("sender", "receiver"))}
+    return {"idle_cpu_pct": max(each.values()), "idle_cpu_pct_each": each, "idle_seconds": round(wall, 1)}
+
+
 # ------------------------------------------------------------------------------- two hosts ----
 
 
 def bench_hosts(payloads: list[Payload], block_pool: int, layer_pool: int, reps: int, device: str) -> dict[str, dict[str, dict[str, Any]]]:
     """The two-process figures again, twice: UCX over TCP on loopback (one namespace), and across two
     network namespaces joined by a veth link (UCX over TCP on the veth device)."""
-    from kvpolicy.transports.testbed import HostPair
+    from tests.testbed import HostPair
 
     tcp_lo = {"env": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_CMA_SEG_SIZE": None}}
     results = {"tcp_lo": bench_nixl(payloads, block_pool, layer_pool, reps, device, (tcp_lo, tcp_lo))}
@@ -474,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.hosts == "netns":
-        from kvpolicy.transports.testbed import netns_unavailable
+        from tests.testbed import netns_unavailable
 
         why = netns_unavailable()
         if why:
@@ -490,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     torch_results = bench_torch(payloads, block_pool, layer_pool, reps, args.device)
     nixl_results = bench_nixl(payloads, block_pool, layer_pool, reps, args.device)
     curve = bench_curve([p for p in payloads if p.name in ("contiguous 64 MiB", "one block (4 MiB)")], reps, args.device)
+    requests = bench_requests(args.quick, args.device)
+    idle = bench_idle(5.0 if args.quick else 10.0, args.device)
     across = bench_hosts(payloads, block_pool, layer_pool, reps, args.device) if args.hosts == "netns" else None
     rows = []
     for payload in payloads:
@@ -521,10 +737,16 @@ def main(argv: list[str] | None = None) -> int:
         "payloads": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
     }
     summary["curve"] = curve
+    summary.update(requests)
+    summary.update(idle)
     summary["targets"] = {
         "transceiver_within_10pct_of_nixl": summary["transceiver_vs_nixl_min"] >= 0.9,
         "scattered_at_least_80pct_of_contiguous": summary["scattered_vs_contiguous"] >= 0.8,
         "one_block_overhead_under_300us": summary["one_block_overhead_us"] < 300,
+        "request_overhead_at_most_2_zmq_rtts": summary["overhead_in_rtts"] <= 2,
+        "rps_64_at_least_5000": summary["rps_64"] >= 5000,
+        "rps_64_at_least_4x_rps_1": summary["rps_64_vs_1"] >= 4,
+        "idle_cpu_at_most_half_a_pct": summary["idle_cpu_pct"] <= 0.5,
     }
     if across is not None:
         summary["hosts"] = across_summary(rows, across)
@@ -553,6 +775,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{curve['transceiver_vs_nixl_plaintext']:.2f}; one-block overhead {curve['one_block_overhead_us_curve']:.0f} / "
             f"{curve['one_block_overhead_us_plaintext']:.0f} us; plaintext time / CURVE time: "
             f"{curve['curve_vs_plaintext_64mib']:.2f} (64 MiB), {curve['curve_vs_plaintext_one_block']:.2f} (one block)"
+        )
+        print(
+            f"request path, 4 KiB, CURVE on: one request p50 {summary['request_p50_us']:.0f} us (p99 "
+            f"{summary['request_p99_us']:.0f}), raw NIXL write {summary['raw_write_4k_us']:.0f} us, bare zmq round "
+            f"trip {summary['zmq_rtt_us']:.0f} us: overhead {summary['request_overhead_us']:.0f} us = "
+            f"{summary['overhead_in_rtts']:.2f} round trips"
+        )
+        print(
+            f"requests/s, 4 KiB: {summary['rps_1']:,} (1 in flight), {summary['rps_8']:,} (8), {summary['rps_64']:,} (64): "
+            f"x{summary['rps_64_vs_1']:.2f}; idle CPU per transceiver {summary['idle_cpu_pct']:.2f}% of a core "
+            f"(sender {summary['idle_cpu_pct_each']['sender']:.2f}, receiver {summary['idle_cpu_pct_each']['receiver']:.2f})"
         )
         for target, met in summary["targets"].items():
             print(f"  {'met' if met else 'MISSED':<7}{target}")

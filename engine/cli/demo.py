@@ -127,8 +127,8 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
     from rich.progress import Progress
     from rich.table import Table
 
-    from ..transports.disagg import RunSettings, Worker, run_model
-    from ..transports.models import ModelSpec, build_model, reference_generation
+    from ..demo.disagg import RunSettings, Worker, run_model
+    from ..demo.models import ModelSpec, build_model, reference_generation
 
     console = Console(stderr=True)
     rows: list[dict[str, Any]] = []

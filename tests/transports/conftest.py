@@ -42,7 +42,7 @@ def workers():
 
 # -- etcd and two hosts ---------------------------------------------------------------------------
 
-from kvpolicy.transports.testbed import EtcdServer, HostPair, etcd_binary, netns_unavailable  # noqa: E402
+from tests.testbed import EtcdServer, HostPair, etcd_binary, netns_unavailable  # noqa: E402
 
 ETCD_WHY = "" if etcd_binary() else "the etcd binary is not installed (apt-get install etcd-server)"
 requires_etcd = pytest.mark.skipif(bool(ETCD_WHY), reason=ETCD_WHY)

@@ -78,7 +78,7 @@ def test_second_request_receives_only_the_blocks_it_lacks(demo_run):
 
 
 def test_ucx_stops_before_any_worker_starts(capsys, monkeypatch):
-    import kvpolicy.transports.disagg as disagg
+    import kvpolicy.demo.disagg as disagg
 
     def no_workers(*args, **kwargs):
         raise AssertionError("a worker was started")
@@ -93,7 +93,7 @@ def test_ucx_stops_before_any_worker_starts(capsys, monkeypatch):
 
 
 def test_runtime_without_installed_transceiver_stops_early(capsys, monkeypatch):
-    import kvpolicy.transports.disagg as disagg
+    import kvpolicy.demo.disagg as disagg
 
     monkeypatch.setattr(disagg, "Worker", lambda *a, **k: (_ for _ in ()).throw(AssertionError("worker started")))
     code = main(["demo", "--backend", "UCX", "--policy-version", "2026.08.11", "--arch", "LlamaForCausalLM"])

@@ -22,7 +22,7 @@ from kvpolicy.transports.discovery import (
     RegistryError,
     RegistryUnavailable,
 )
-from kvpolicy.transports.testbed import EtcdServer, free_port
+from tests.testbed import EtcdServer, free_port
 
 KEY = "O=rzdiv-E3qv8KYDT?8?tR:PDof35KVZY(Re.-Ya"  # a CURVE public key (Z85), as zmq.curve_keypair() makes
 RECORD = RankRecord("tcp://127.0.0.1:5555", KEY)

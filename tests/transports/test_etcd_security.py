@@ -22,7 +22,7 @@ from kvpolicy.transports.discovery import (
     RegistryDenied,
     RegistryError,
 )
-from kvpolicy.transports.testbed import EtcdServer, make_pki
+from tests.testbed import EtcdServer, make_pki
 
 GENUINE_KEY = "O=rzdiv-E3qv8KYDT?8?tR:PDof35KVZY(Re.-Ya"
 ROGUE_KEY = "JW.#B@/ypIuR^FWkUUkw?XC>IQfj%.o1eZAOcEi."
@@ -280,7 +280,7 @@ def test_secure_etcd_across_two_namespaces():
     that :meth:`EtcdServer.client_env` hands to child processes; without them it is refused."""
     from conftest import netns_why
 
-    from kvpolicy.transports.testbed import HostPair
+    from tests.testbed import HostPair
 
     if netns_why():
         pytest.skip(f"cannot create network namespaces: {netns_why()}")

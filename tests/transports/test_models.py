@@ -9,7 +9,7 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="the end-to-end models need kvpolicy[demo] (transformers)")
 
 from kvpolicy.transports import BlockPool  # noqa: E402
-from kvpolicy.transports.models import (  # noqa: E402
+from kvpolicy.demo.models import (  # noqa: E402
     ARCHITECTURES,
     ModelSpec,
     blocks_for,

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from conftest import netns_why, requires_etcd
 
-from kvpolicy.transports.testbed import HostPair
+from tests.testbed import HostPair
 
 
 @requires_etcd

@@ -44,7 +44,7 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
 
     if config.get("netns"):
         # First, before any socket or thread exists: both keep the namespace they were made in.
-        from kvpolicy.transports.testbed import enter_namespace
+        from tests.testbed import enter_namespace
 
         enter_namespace(config["netns"])
     for key, value in config.get("env", {}).items():  # None unsets a variable inherited from the test

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .keys import create_keys
+from ..transports.keys import create_keys
 
 __all__ = ["DecodeResult", "RunSettings", "Worker", "run_model"]
 
@@ -72,7 +72,7 @@ class _Side:
     def __init__(self, role: str, settings: RunSettings, keys_dir: str) -> None:
         import kvpolicy
         from kvpolicy.transports import BlockPool, open_transceiver
-        from kvpolicy.transports.models import ModelSpec, build_model, layer_windows, layout_for, weights_digest
+        from kvpolicy.demo.models import ModelSpec, build_model, layer_windows, layout_for, weights_digest
 
         self.role = role
         self.settings = settings
@@ -102,7 +102,7 @@ class _Side:
         return taken
 
     def prefill(self, request_id: str, prompt: Sequence[int]) -> dict[str, Any]:
-        from kvpolicy.transports.models import blocks_for, prefill, write_cache
+        from kvpolicy.demo.models import blocks_for, prefill, write_cache
 
         start = time.perf_counter()
         cache, first, logprob = prefill(self.model, prompt)
@@ -113,7 +113,7 @@ class _Side:
         return {"first": first, "logprob": logprob, "offered_at": time.time(), "prefill_s": time.perf_counter() - start}
 
     def decode(self, request_id: str, prompt: Sequence[int], first: int, logprob: float, new_tokens: int, offered_at: float) -> DecodeResult:
-        from kvpolicy.transports.models import blocks_for, cache_from_blocks, continue_greedy, layers_needing
+        from kvpolicy.demo.models import blocks_for, cache_from_blocks, continue_greedy, layers_needing
 
         tpb = self.settings.tokens_per_block
         total = blocks_for(len(prompt), tpb)
@@ -162,7 +162,7 @@ def _continue(model: Any, cache: Any, prompt_len: int, first: int, logprob: floa
     if new_tokens == 2:
         return head, first_decode_at
     rest = step(model, cache, prompt_len + 1, head.tokens[1], head.logprobs[1], new_tokens - 1)
-    from kvpolicy.transports.models import Generation
+    from kvpolicy.demo.models import Generation
 
     return Generation(head.tokens[:1] + rest.tokens, head.logprobs[:1] + rest.logprobs), first_decode_at
 

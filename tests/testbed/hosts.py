@@ -1,6 +1,6 @@
 """Two hosts and a metadata service on one machine, for tests and benchmarks.
 
-* :class:`EtcdServer` (from :mod:`.etcd_testbed`, re-exported): a throwaway ``etcd`` (Debian's
+* :class:`EtcdServer` (from :mod:`.etcd`, re-exported): a throwaway ``etcd`` (Debian's
   ``etcd-server``) with a temporary data dir, listening on one address and free ports; plain, or with
   ``secure=True`` TLS-only with client certificates and etcd's auth enabled.
 * :class:`HostPair`: two network namespaces joined by a veth pair (iproute2), addresses
@@ -23,7 +23,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 
-from .etcd_testbed import EtcdPKI, EtcdServer, etcd_binary, free_port, make_pki
+from .etcd import EtcdPKI, EtcdServer, etcd_binary, free_port, make_pki
 
 __all__ = [
     "EtcdPKI",

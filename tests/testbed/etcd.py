@@ -27,8 +27,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from .etcd_client import EtcdClient, EtcdSecurity, b64, prefix_end
+from kvpolicy.transports.etcd_client import EtcdClient, EtcdSecurity, b64, prefix_end
+
+# The repository root: children started with `python -c` import this module from there.
+_ROOT = str(Path(__file__).resolve().parents[2])
 
 __all__ = ["EtcdPKI", "EtcdServer", "etcd_binary", "free_port", "make_pki"]
 
@@ -263,7 +267,7 @@ class EtcdServer:
         if self.netns is None:
             _apply(payload)
             return
-        code = "import json,sys;from kvpolicy.transports.etcd_testbed import _apply;_apply(json.load(sys.stdin))"
+        code = f"import json,sys;sys.path.insert(0,{_ROOT!r});from tests.testbed.etcd import _apply;_apply(json.load(sys.stdin))"
         done = _run(["ip", "netns", "exec", self.netns, sys.executable, "-c", code], timeout=30, check=False, input=json.dumps(payload))
         if done.returncode != 0:
             raise RuntimeError(f"etcd set-up inside namespace {self.netns} failed: {done.stderr.strip()[-800:]}")
@@ -298,7 +302,7 @@ class EtcdServer:
                 return False
         tls = [pki.ca_file, pki.client_cert, pki.client_key] if pki else []
         code = (
-            "import sys;from kvpolicy.transports.etcd_testbed import EtcdPKI,_health;a=sys.argv[1:]\n"
+            f"import sys;sys.path.insert(0,{_ROOT!r});from tests.testbed.etcd import EtcdPKI,_health;a=sys.argv[1:]\n"
             "print(_health(a[0],int(a[1]),EtcdPKI(a[3],'','',a[4],a[5]) if len(a)>3 else None,float(a[2])))"
         )
         command = ["ip", "netns", "exec", self.netns, sys.executable, "-c", code, self.host, str(self.client_port), str(timeout_s), *tls]

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .layout import KVLayout
-from .pool import BlockPool
+from ..transports.layout import KVLayout
+from ..transports.pool import BlockPool
 
 __all__ = [
     "ARCHITECTURES",
