@@ -204,8 +204,8 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
         problems.append("starts must be true or false")
     if "context" not in case:
         problems.append("the case has no context")
-    if not expect and not decided_by and diagnostics is None:
-        problems.append("the case checks nothing: add expect, decided_by or diagnostics")
+    if not expect and not decided_by and diagnostics is None and "starts" not in case:
+        problems.append("the case checks nothing: add expect, decided_by, diagnostics or starts")
     decisions = policy_set.decisions
     for table, given in (("expect", expect), ("decided_by", decided_by)):
         if isinstance(given, dict):
