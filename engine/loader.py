@@ -147,7 +147,7 @@ def parse_policy(raw: bytes, path: str) -> Policy:
         document = parse_document(raw, path)
     except TomlSyntaxError as exc:
         raise PolicyError(PolicyProblem(exc.location, exc.check, exc.reason)) from None
-    problems = _schema_problems(document)
+    problems = _schema_problems_cached(document)
     if problems:
         raise PolicyError(problems)
     builder = _Builder(document)
@@ -158,6 +158,25 @@ def parse_policy(raw: bytes, path: str) -> Policy:
 
 
 # -- schema ------------------------------------------------------------------------------------
+
+
+def _schema_problems_cached(document: SourceDocument) -> list[PolicyProblem]:
+    """:func:`_schema_problems`, skipped for bytes that passed the same schema before under the
+    same kvpolicy version (see :mod:`kvpolicy.cache`): jsonschema is then not even imported."""
+    from . import __version__, cache
+
+    key = cache.schema_key(document.raw, _schema_bytes(), __version__)
+    if cache.schema_passed(key):
+        return []
+    problems = _schema_problems(document)
+    if not problems:
+        cache.remember_schema_passed(key)
+    return problems
+
+
+@lru_cache(maxsize=1)
+def _schema_bytes() -> bytes:
+    return (shipped_root() / "policy.schema.json").read_bytes()
 
 
 def _schema_problems(document: SourceDocument, *, compiled_rows: bool = True) -> list[PolicyProblem]:
