@@ -143,13 +143,16 @@ def parse_policy(raw: bytes, path: str) -> Policy:
                 f"the file is {len(raw):,} bytes; policy files are limited to {MAX_POLICY_BYTES:,} bytes",
             )
         )
-    try:
-        document = parse_document(raw, path)
-    except TomlSyntaxError as exc:
-        raise PolicyError(PolicyProblem(exc.location, exc.check, exc.reason)) from None
-    problems = _schema_problems_cached(document)
-    if problems:
-        raise PolicyError(problems)
+    document = _cached_document(raw, path)
+    if document is None:
+        try:
+            document = parse_document(raw, path)
+        except TomlSyntaxError as exc:
+            raise PolicyError(PolicyProblem(exc.location, exc.check, exc.reason)) from None
+        problems = _schema_problems(document)
+        if problems:
+            raise PolicyError(problems)
+        _remember_document(raw, document)
     builder = _Builder(document)
     policy = builder.build()
     if builder.problems:
@@ -160,18 +163,29 @@ def parse_policy(raw: bytes, path: str) -> Policy:
 # -- schema ------------------------------------------------------------------------------------
 
 
-def _schema_problems_cached(document: SourceDocument) -> list[PolicyProblem]:
-    """:func:`_schema_problems`, skipped for bytes that passed the same schema before under the
-    same kvpolicy version (see :mod:`kvpolicy.cache`): jsonschema is then not even imported."""
+def _document_key(raw: bytes) -> str:
     from . import __version__, cache
 
-    key = cache.schema_key(document.raw, _schema_bytes(), __version__)
-    if cache.schema_passed(key):
-        return []
-    problems = _schema_problems(document)
-    if not problems:
-        cache.remember_schema_passed(key)
-    return problems
+    return cache.document_key(raw, _schema_bytes(), __version__)
+
+
+def _cached_document(raw: bytes, path: str) -> SourceDocument | None:
+    """The document of bytes that parsed and passed the same schema before under the same
+    kvpolicy version (see :mod:`kvpolicy.cache`), without parsing or validating them again:
+    jsonschema is then not even imported. None on a miss."""
+    from . import cache
+
+    found = cache.cached_document(_document_key(raw))
+    if found is None:
+        return None
+    data, positions = found
+    return SourceDocument(path=path, raw=raw, text=raw.decode("utf-8"), data=data, positions=positions)
+
+
+def _remember_document(raw: bytes, document: SourceDocument) -> None:
+    from . import cache
+
+    cache.remember_document(_document_key(raw), document.data, document.positions)
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,4 @@
-"""The schema-verdict cache: keyed by content, safe to delete, never trusted beyond its digest."""
+"""The document cache: keyed by content, safe to delete, JSON only, never trusted beyond its digest."""
 
 from __future__ import annotations
 
@@ -87,12 +87,40 @@ def test_a_corrupt_entry_is_a_miss(policy, tmp_path, corruption):
     assert probe(policy, str(folder)) == ["ok", "True"]
 
 
-def test_the_verdict_depends_on_version_and_schema():
+def test_the_key_depends_on_version_schema_and_bytes():
     raw = b"schema = 1\n"
-    key = cache.schema_key(raw, b"{}", "0.1.0")
-    assert key != cache.schema_key(raw, b"{}", "0.1.1")
-    assert key != cache.schema_key(raw, b"{ }", "0.1.0")
-    assert key != cache.schema_key(raw + b" ", b"{}", "0.1.0")
+    key = cache.document_key(raw, b"{}", "0.1.0")
+    assert key != cache.document_key(raw, b"{}", "0.1.1")
+    assert key != cache.document_key(raw, b"{ }", "0.1.0")
+    assert key != cache.document_key(raw + b" ", b"{}", "0.1.0")
+
+
+def test_a_cached_document_builds_the_same_policy(policy):
+    first = kvpolicy.load(policy).policy  # parsed, validated, stored
+    second = kvpolicy.load(policy).policy  # from the cache
+    assert first == second
+    assert [r.location for r in first.rows()] == [r.location for r in second.rows()]
+
+
+def test_semantic_problems_are_the_same_from_the_cache(policy):
+    # Passes the schema (so it is stored) but names an undeclared feature: a semantic error.
+    policy.write_text(policy.read_text().replace("features = { pipelined_transfer = true }", "features = { pipelined_transfr = true }", 1))
+    messages = []
+    for _ in range(2):
+        with pytest.raises(PolicyError) as info:
+            kvpolicy.load(policy)
+        messages.append([str(p) for p in info.value.problems])
+    assert messages[0] == messages[1] and "pipelined_transfr" in messages[0][0]
+
+
+def test_an_entry_under_another_key_is_a_miss(policy, tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("KVPOLICY_CACHE_DIR", str(folder))
+    kvpolicy.load(policy)
+    (entry,) = entries(folder)
+    text = entry.read_text()
+    entry.write_text(text.replace(entry.name, "0" * 64, 1))  # a valid entry, claiming another digest
+    assert probe(policy, str(folder)) == ["ok", "True"]
 
 
 def test_an_empty_setting_turns_the_cache_off(policy, monkeypatch):
