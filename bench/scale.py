@@ -175,6 +175,7 @@ def main() -> int:
     parser.add_argument("--compare", metavar="PYTHON", help="also run under this interpreter and print ratios")
     parser.add_argument("--compare-diff-max-rows", type=int, default=10_000, help="--diff-max-rows of the other run")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--output", metavar="FILE", help="also write the figures as JSON to FILE")
     args = parser.parse_args()
     result = run(args)
     other = None
@@ -185,6 +186,8 @@ def main() -> int:
         ]
         other = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True, timeout=3600).stdout)
         result["compare"] = other
+    if args.output:
+        Path(args.output).write_text(json.dumps(result, indent=2))
     if args.format == "json":
         print(json.dumps(result, indent=2))
         return 0
