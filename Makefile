@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet "$(TORCH)"
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	# An editable install leaves kvpolicy's bytecode to the first import; where bytecode writing is
+	# off (PYTHONDONTWRITEBYTECODE) every cold `kvpolicy resolve` would compile its modules again.
+	$(PY) -m compileall -q engine transports
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -76,17 +76,25 @@ def latency(policy_set: PolicySet, contexts: list[dict], seconds: float, batch: 
     }
 
 
-def generated_policy(rows: int) -> tuple[bytes, list[dict]]:
-    """The newest shipped policy with ``rows`` extra runtime preference rows, and contexts over it."""
+def generated_policy(rows: int, changed_every: int = 0) -> tuple[bytes, list[dict]]:
+    """The newest shipped policy with ``rows`` extra runtime preference rows, and contexts over it.
+
+    ``changed_every=100``: every 100th row's value flipped (1% of rows changed, for a diff)."""
     text = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
+
+    def value(i: int) -> str:
+        python = bool(i % 2) != bool(changed_every and i % changed_every == 0)
+        return "PYTHON" if python else "CPP"
+
     extra = "".join(
-        f'  {{ architecture = "Synthetic{i}ForCausalLM", value = "{"PYTHON" if i % 2 else "CPP"}", '
+        f'  {{ architecture = "Synthetic{i}ForCausalLM", value = "{value(i)}", '
         f'reason = "generated", source = "bench" }},\n'
         for i in range(rows)
     )
-    anchor = 'source = "TensorRT-LLM 2026-08-24: PYTHON transceiver runtime by default"\nrows = [\n'
-    assert anchor in text
-    text = text.replace(anchor, anchor + extra, 1)
+    # The rows go at the top of the runtime preference's row list, wherever the shipped file puts it.
+    header = text.index("[decisions.transceiver_runtime.preference]")
+    anchor = text.index("rows = [\n", header) + len("rows = [\n")
+    text = text[:anchor] + extra + text[anchor:]
     rng = random.Random(rows)
     contexts = [
         dict(architecture=f"Synthetic{rng.randrange(rows)}ForCausalLM", backend=rng.choice(("NIXL", "UCX", "DEFAULT")))

@@ -333,7 +333,8 @@ class _Evaluator:
             rows = None
             adopt = not_adopted = None
             if decision.preference is not None and decision.preference.rows:
-                rows = {m: _row_key(decision, *m) for m in self.models}
+                index = _row_index(decision)
+                rows = {m: _row_key(decision, *m, index=index) for m in self.models}
                 adopt = self._compile(decision.preference.adopt_when)
                 not_adopted = _notice_key(decision.preference.on_not_adopted, name)
             conditionals = tuple(
@@ -522,9 +523,31 @@ def concrete_rule(rule: str, architecture: str | None) -> str:
     return rule.replace(ARCHITECTURE_SLOT, architecture or "?") if ARCHITECTURE_SLOT in rule else rule
 
 
-def _row_key(decision: Decision, architecture: str | None, model_type: str | None) -> tuple[str, str] | None:
-    row = _row_for(decision, architecture, model_type)
+def _row_key(
+    decision: Decision, architecture: str | None, model_type: str | None, index: _RowIndex | None = None
+) -> tuple[str, str] | None:
+    row = _row_for(decision, architecture, model_type, index)
     return None if row is None else (row.value, canonical_rule(row.id, architecture))
+
+
+#: Per architecture: its first plain row and its first row of each model_type (file order).
+_RowIndex = dict[str, tuple["Row | None", dict[str, Row]]]
+
+
+def _row_index(decision: Decision) -> _RowIndex:
+    """The preference rows of a decision by architecture, built in one pass over the rows, so
+    that finding every model's row is linear in rows rather than quadratic."""
+    index: _RowIndex = {}
+    if decision.preference is None:
+        return index
+    for row in decision.preference.rows:
+        plain, qualified = index.get(row.architecture, (None, {}))
+        if row.model_type is not None:
+            qualified.setdefault(row.model_type, row)
+        elif plain is None:
+            plain = row
+        index[row.architecture] = (plain, qualified)
+    return index
 
 
 def _member(cube: Cube, index: int, accepted: frozenset) -> bool:
@@ -548,11 +571,16 @@ def _uniform(cube: Cube, index: int, mapping: dict[Any, Any]) -> Any:
     return first
 
 
-def _row_for(decision: Decision, architecture: str | None, model_type: str | None) -> Row | None:
+def _row_for(
+    decision: Decision, architecture: str | None, model_type: str | None, index: _RowIndex | None = None
+) -> Row | None:
     """The preference row the resolver picks: a model_type-qualified row first, then the plain one
-    (the first of each in file order)."""
+    (the first of each in file order). ``index`` (from :func:`_row_index`) makes it a lookup."""
     if architecture is None or decision.preference is None:
         return None
+    if index is not None:
+        plain, qualified = index.get(architecture, (None, {}))
+        return qualified.get(model_type, plain) if model_type is not None else plain
     plain = None
     for row in decision.preference.rows:
         if row.architecture != architecture:
@@ -588,12 +616,70 @@ def evaluate_cubes(old: Any, new: Any, domain: Domain | None = None) -> Iterator
     new, new_order = _unpack(new)
     domain = domain or domain_of(old, new)
     dimensions = domain.dimensions()
-    full: Cube = tuple(frozenset(d.values) for d in dimensions)
-    first = _Evaluator(old, old_order, dimensions)
-    second = _Evaluator(new, new_order, dimensions)
+    members, reduced = _model_classes((old, new), dimensions)
+    full: Cube = tuple(frozenset(d.values) for d in reduced)
+    first = _Evaluator(old, old_order, reduced)
+    second = _Evaluator(new, new_order, reduced)
+    expanded: dict[frozenset, frozenset] = {}
+
+    def expand(representatives: frozenset) -> frozenset:
+        # One object per distinct set of classes: leaves share it, and it hashes once.
+        found = expanded.get(representatives)
+        if found is None:
+            found = expanded[representatives] = frozenset().union(*(members[r] for r in representatives))
+        return found
+
     for cube, outcome in _leaves(full, first.evaluate):
         for inner, other in _leaves(cube, second.evaluate):
-            yield inner, outcome, other
+            yield (expand(inner[0]), *inner[1:]), outcome, other
+
+
+def _conditions(policy: Policy) -> Iterator[Condition]:
+    """Every condition of a policy."""
+    for decision in policy.decisions.values():
+        for rule in (*decision.requirements, *decision.conditionals, decision.default, *decision.adjustments):
+            yield rule.when
+        if decision.preference is not None:
+            yield decision.preference.adopt_when
+    for constraint in policy.constraints:
+        yield constraint.when
+
+
+def _model_classes(
+    policies: tuple[Policy, ...], dimensions: tuple[Dimension, ...]
+) -> tuple[dict[Any, frozenset], tuple[Dimension, ...]]:
+    """The models both policies cannot tell apart, as classes: (members of each class by its
+    representative, the dimensions with one representative per class on the model dimension).
+
+    The evaluators read a model only through the architecture and model_type tests of conditions
+    and through its preference row (value and canonical rule id), so models that agree on all of
+    those behave identically in both policies: evaluating one representative per class is exact,
+    and the number of leaves no longer grows with the number of rows."""
+    models = dimensions[0].values
+    tests = []
+    for policy in policies:
+        for condition in _conditions(policy):
+            for subject in ("architecture", "model_type"):
+                matcher = condition.subjects.get(subject)
+                if matcher is not None:
+                    tests.append((0 if subject == "architecture" else 1, matcher))
+    indexes = [
+        (decision, _row_index(decision))
+        for policy in policies
+        for decision in policy.decisions.values()
+        if decision.preference is not None and decision.preference.rows
+    ]
+    classes: dict[tuple, list] = {}
+    for model in models:
+        signature = (
+            model[0] is None,
+            tuple(_row_key(decision, *model, index=index) for decision, index in indexes),
+            tuple(matcher.matches(model[position]) for position, matcher in tests),
+        )
+        classes.setdefault(signature, []).append(model)
+    members = {group[0]: frozenset(group) for group in classes.values()}
+    reduced = (Dimension(dimensions[0].name, tuple(m for m in models if m in members)), *dimensions[1:])
+    return members, reduced
 
 
 # -- grouping --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -143,13 +143,16 @@ def parse_policy(raw: bytes, path: str) -> Policy:
                 f"the file is {len(raw):,} bytes; policy files are limited to {MAX_POLICY_BYTES:,} bytes",
             )
         )
-    try:
-        document = parse_document(raw, path)
-    except TomlSyntaxError as exc:
-        raise PolicyError(PolicyProblem(exc.location, exc.check, exc.reason)) from None
-    problems = _schema_problems(document)
-    if problems:
-        raise PolicyError(problems)
+    document = _cached_document(raw, path)
+    if document is None:
+        try:
+            document = parse_document(raw, path)
+        except TomlSyntaxError as exc:
+            raise PolicyError(PolicyProblem(exc.location, exc.check, exc.reason)) from None
+        problems = _schema_problems(document)
+        if problems:
+            raise PolicyError(problems)
+        _remember_document(raw, document)
     builder = _Builder(document)
     policy = builder.build()
     if builder.problems:
@@ -160,9 +163,44 @@ def parse_policy(raw: bytes, path: str) -> Policy:
 # -- schema ------------------------------------------------------------------------------------
 
 
-def _schema_problems(document: SourceDocument) -> list[PolicyProblem]:
+def _document_key(raw: bytes) -> str:
+    from . import __version__, cache
+
+    return cache.document_key(raw, _schema_bytes(), __version__)
+
+
+def _cached_document(raw: bytes, path: str) -> SourceDocument | None:
+    """The document of bytes that parsed and passed the same schema before under the same
+    kvpolicy version (see :mod:`kvpolicy.cache`), without parsing or validating them again:
+    jsonschema is then not even imported. None on a miss."""
+    from . import cache
+
+    found = cache.cached_document(_document_key(raw))
+    if found is None:
+        return None
+    data, positions = found
+    return SourceDocument(path=path, raw=raw, text=raw.decode("utf-8"), data=data, positions=positions)
+
+
+def _remember_document(raw: bytes, document: SourceDocument) -> None:
+    from . import cache
+
+    cache.remember_document(_document_key(raw), document.data, document.positions)
+
+
+@lru_cache(maxsize=1)
+def _schema_bytes() -> bytes:
+    return (shipped_root() / "policy.schema.json").read_bytes()
+
+
+def _schema_problems(document: SourceDocument, *, compiled_rows: bool = True) -> list[PolicyProblem]:
+    """Every schema problem of a document. With ``compiled_rows``, preference rows are checked by
+    a validator compiled from the schema's ``row`` definition (see :func:`compiled_row_validator`)
+    and only the rest goes through jsonschema: the verdict and every message are the same
+    (property-tested), without resolving ``$ref`` once per row."""
     problems = []
-    for error in _validator().iter_errors(document.data):
+    data = _without_valid_rows(document.data) if compiled_rows else document.data
+    for error in _validator().iter_errors(data):
         path = tuple(error.absolute_path)
         message = _schema_message(error)
         if error.validator == "additionalProperties":
@@ -173,6 +211,108 @@ def _schema_problems(document: SourceDocument) -> list[PolicyProblem]:
         problems.append(PolicyProblem(location, "schema", message))
     problems.sort(key=lambda p: (p.location.line, p.location.column, p.message))
     return problems
+
+
+# -- the compiled row validator ---------------------------------------------------------------------
+
+#: Annotations a compiled validator may ignore: they never change a verdict.
+_ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default"})
+
+
+def _compile_schema(node: Any, defs: dict[str, Any]) -> Callable[[Any], bool] | None:
+    """A predicate with jsonschema's verdict on ``node``, for the few keywords a row uses
+    (``$ref`` to ``#/$defs/``, ``type`` string/object, ``properties``, ``required``,
+    ``additionalProperties: false``, ``pattern``, ``minLength``, ``maxLength``, ``enum`` of
+    strings); None when ``node`` uses any other keyword, so the caller falls back to jsonschema."""
+    if not isinstance(node, dict):
+        return None
+    checks: list[Callable[[Any], bool]] = []
+    for keyword, argument in node.items():
+        if keyword in _ANNOTATIONS:
+            continue
+        if keyword == "$ref":
+            prefix = "#/$defs/"
+            if not isinstance(argument, str) or not argument.startswith(prefix) or argument[len(prefix):] not in defs:
+                return None
+            target = _compile_schema(defs[argument[len(prefix):]], defs)
+            if target is None:
+                return None
+            checks.append(target)
+        elif keyword == "type" and argument in ("string", "object"):
+            kind = str if argument == "string" else dict
+            checks.append(lambda v, kind=kind: isinstance(v, kind))
+        elif keyword == "pattern" and isinstance(argument, str):
+            search = re.compile(argument).search
+            checks.append(lambda v, search=search: not isinstance(v, str) or search(v) is not None)
+        elif keyword in ("minLength", "maxLength") and type(argument) is int:
+            if keyword == "minLength":
+                checks.append(lambda v, n=argument: not isinstance(v, str) or len(v) >= n)
+            else:
+                checks.append(lambda v, n=argument: not isinstance(v, str) or len(v) <= n)
+        elif keyword == "enum" and isinstance(argument, list) and all(isinstance(a, str) for a in argument):
+            options = frozenset(argument)
+            checks.append(lambda v, options=options: isinstance(v, str) and v in options)
+        elif keyword == "required" and isinstance(argument, list):
+            names = tuple(argument)
+            checks.append(lambda v, names=names: not isinstance(v, dict) or all(n in v for n in names))
+        elif keyword == "additionalProperties" and argument is False and "patternProperties" not in node:
+            allowed = frozenset(node.get("properties", {}))
+            checks.append(lambda v, allowed=allowed: not isinstance(v, dict) or allowed.issuperset(v))
+        elif keyword == "properties" and isinstance(argument, dict):
+            compiled = {}
+            for name, sub in argument.items():
+                check = _compile_schema(sub, defs)
+                if check is None:
+                    return None
+                compiled[name] = check
+            items = tuple(compiled.items())
+            checks.append(
+                lambda v, items=items: not isinstance(v, dict) or all(name not in v or check(v[name]) for name, check in items)
+            )
+        else:
+            return None
+    checks_t = tuple(checks)
+    return lambda v: all(check(v) for check in checks_t)
+
+
+@lru_cache(maxsize=1)
+def compiled_row_validator() -> tuple[Callable[[Any], bool], int] | None:
+    """The schema's preference ``row`` definition compiled to a predicate, and the most rows a
+    preference may have; None when the schema is not shaped as this fast path expects (then every
+    document goes through jsonschema whole). The JSON Schema stays the published contract."""
+    spec = schema()
+    defs = spec.get("$defs", {})
+    decision = defs.get("decision", {}).get("properties", {}).get("preference", {})
+    rows = defs.get("preference", {}).get("properties", {}).get("rows", {})
+    decisions = spec.get("properties", {}).get("decisions", {})
+    if decision.get("$ref") != "#/$defs/preference" or set(decision) - _ANNOTATIONS - {"$ref"}:
+        return None
+    if any(sub != {"$ref": "#/$defs/decision"} for sub in decisions.get("properties", {}).values()):
+        return None
+    if set(rows) - _ANNOTATIONS - {"type", "items", "maxItems"} or rows.get("type") != "array":
+        return None
+    check = _compile_schema(rows.get("items"), defs)
+    if check is None:
+        return None
+    return check, int(rows.get("maxItems", MAX_POLICY_BYTES))
+
+
+def _without_valid_rows(data: Any) -> Any:
+    """``data`` with every preference whose rows are all valid cut to its first row (copies only
+    along the way; ``data`` is untouched). A preference with an invalid row keeps every row, so
+    jsonschema reports it exactly as before, at the same path."""
+    compiled = compiled_row_validator()
+    if compiled is None or not isinstance(data, dict) or not isinstance(data.get("decisions"), dict):
+        return data
+    check, most = compiled
+    decisions = dict(data["decisions"])
+    for name, spec in decisions.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("preference"), dict):
+            continue
+        rows = spec["preference"].get("rows")
+        if isinstance(rows, list) and len(rows) > 1 and len(rows) <= most and all(map(check, rows)):
+            decisions[name] = {**spec, "preference": {**spec["preference"], "rows": rows[:1]}}
+    return {**data, "decisions": decisions}
 
 
 def _extra_keys(error: Any) -> list[str]:

@@ -1,0 +1,125 @@
+"""A cache of parsed, schema-checked policy documents, keyed by content digest, in the user's cache folder.
+
+Validating a policy against the JSON Schema costs most of a cold ``kvpolicy resolve`` (importing
+jsonschema and building its validator alone is ~0.2 s here), and parsing it twice (``tomllib``,
+then the positional scanner) most of the rest. Both depend only on the file's bytes, the schema
+and kvpolicy's version, so a document that passed the schema is stored by the digest of all
+three, as JSON (its data and the position of every path): loading the same bytes again skips
+parsing and validation; the typed model and every semantic check are still built from it.
+
+Where: ``$KVPOLICY_CACHE_DIR`` if set (empty: no cache at all), else ``$XDG_CACHE_HOME/kvpolicy``,
+else ``~/.cache/kvpolicy``; never inside the installed package (a folder there is ignored). Safe
+to delete at any time. An entry is JSON only (no pickle: nothing in it is executed), read with a
+bounded, non-blocking, no-follow read of a regular file, and used only when it names the digest it
+is stored under and has the expected shape; a corrupt, truncated, foreign or special entry is a
+miss. The cache is consulted only after the file has been read through :mod:`kvpolicy.policyfile`
+(file type, symlinks and size checked) and its digest computed, so it only ever stands in for
+parsing bytes that passed every parse-time bound and the schema before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["cache_dir", "document_key", "cached_document", "remember_document"]
+
+_ENTRY = "documents-1"
+#: An entry larger than this is not read (a policy file is at most 32 MiB; its JSON a few times that).
+_MAX_ENTRY_BYTES = 256 * 1024 * 1024
+
+
+def cache_dir() -> Path | None:
+    """The cache folder, or None when caching is off (``KVPOLICY_CACHE_DIR=""``) or the folder
+    would lie inside the package."""
+    configured = os.environ.get("KVPOLICY_CACHE_DIR")
+    if configured is not None:
+        if not configured:
+            return None
+        folder = Path(configured)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = Path(base) / "kvpolicy"
+    package = Path(__file__).resolve().parent
+    try:
+        resolved = folder.resolve()
+    except (OSError, RuntimeError):
+        return None
+    if resolved == package or package in resolved.parents:
+        return None
+    return folder
+
+
+def document_key(raw: bytes, schema_raw: bytes, version: str) -> str:
+    """The digest a document is stored under: kvpolicy's version, the schema and the file."""
+    digest = hashlib.sha256()
+    for part in (b"kvpolicy-document-1", version.encode(), hashlib.sha256(schema_raw).digest(), raw):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def _entry(folder: Path, key: str) -> Path:
+    return folder / _ENTRY / key[:2] / key
+
+
+def cached_document(key: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], tuple[int, int]]] | None:
+    """(data, positions) of the document stored under ``key``, or None (a missing or bad entry)."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(_entry(folder, key), flags)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_ENTRY_BYTES:
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        entry = json.loads(b"".join(chunks))
+        if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("data"), dict):
+            return None
+        positions = {tuple(path): (line, column) for path, line, column in entry["positions"]}
+        return entry["data"], positions
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def remember_document(key: str, data: dict[str, Any], positions: dict[tuple[Any, ...], tuple[int, int]]) -> None:
+    """Store a document that passed the schema; any failure (a value JSON cannot hold, a
+    read-only folder) just leaves no entry."""
+    folder = cache_dir()
+    if folder is None:
+        return
+    try:
+        text = json.dumps(
+            {"key": key, "data": data, "positions": [[list(p), line, column] for p, (line, column) in positions.items()]},
+            allow_nan=False,
+            separators=(",", ":"),
+        )
+    except (TypeError, ValueError, RecursionError):
+        return
+    path = _entry(folder, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(text.encode())
+            os.replace(temporary, path)  # atomic: a reader sees no entry or a whole one
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError:
+        pass
