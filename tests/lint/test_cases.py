@@ -112,7 +112,7 @@ def test_case_mistakes_are_errors(cli, tmp_path, monkeypatch):
     assert code == 1
     assert "expect: 'transceiver_runtim' is not a decision; did you mean 'transceiver_runtime'?" in out
     assert "got None" not in out
-    assert "the case checks nothing: add expect, decided_by or diagnostics" in out
+    assert "the case checks nothing: add expect, decided_by, diagnostics or starts" in out
     assert "p.cases.toml:8:1 (policy" in out and "duplicate case name; the first is at p.cases.toml:1:1" in out
     (tmp_path / "p.cases.toml").write_text("# no cases yet\n")
     code, out, _ = cli("test", ".")
