@@ -53,6 +53,9 @@ def run(args: Any) -> int:
     """Load the versions, resolve, render, write."""
     from ..report import ReportInput, render_report
 
+    problem = _unwritable(args.output)
+    if problem:  # before minutes of work, not after
+        return fail(f"-o: cannot write {args.output}: {problem}")
     new = load_policy_argument(args.new) if args.new else _newest()
     if isinstance(new, str):
         return fail(f"--to: {new}")
@@ -93,6 +96,21 @@ def run(args: Any) -> int:
     compared = f"{old.version} -> {new.version}" if old is not None else new.version
     print(f"kvpolicy report {compared}: wrote {output} ({size / 1024:,.0f} KiB, {len(versions)} version(s))")
     return 0
+
+
+def _unwritable(output: str) -> str:
+    """Why ``output`` cannot be written (its folder is missing or not writable, it is a folder), or ''."""
+    if output == "-":
+        return ""
+    path = Path(output)
+    folder = path.parent
+    if not folder.is_dir():
+        return f"no such folder {folder}; create it first"
+    if path.is_dir():
+        return "it is a folder; name a file"
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "permission denied"
+    return ""
 
 
 def _newest() -> PolicySet | str:

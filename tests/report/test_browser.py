@@ -11,9 +11,8 @@ import json
 
 import pytest
 
-from kvpolicy.cli import main
 from tests.report.browser import Browser, find_chromium, png_pixels
-from tests.report.conftest import REPO
+from tests.report.conftest import FLIP
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
@@ -22,13 +21,12 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("report")
-    out = folder / "report.html"
-    # Module-scoped: runs before the per-test chdir, so paths are absolute.
-    code = main(["report", "--from", "2026.08.11", "--to", "2026.08.24", "--configs", str(REPO / "examples/configs"),
-                 "--arch-map", str(REPO / "examples/configs/arch-map.yaml"), "-o", str(out)])
+def page(tmp_path_factory, shared_report):
+    # The page the impact test reads (the last upstream flip with the example configs).
+    code, text, _ = shared_report(*FLIP)
     assert code == 0
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    out.write_text(text, encoding="utf-8")
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import kvpolicy
 from kvpolicy.matrix import columns_of, decision_matrix, rows_of
-from tests.report.conftest import REPO
+from tests.report.conftest import FLIP, REPO
 
 VERSIONS = kvpolicy.load().versions()
 PAIRS = [*zip(VERSIONS, VERSIONS[1:]), (VERSIONS[0], VERSIONS[-1])]
@@ -54,8 +54,10 @@ def test_matrix_of_every_version_matches_kvpolicy_table(report, cli_json, versio
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_every_cell_of_every_matrix_is_present(report, version):
-    code, _, root = report("--to", version)
+def test_every_cell_of_every_matrix_is_present(shared_report, version):
+    # The page of each adjacent pair (the same pages the diff tests read); the first version alone.
+    index = VERSIONS.index(version)
+    code, _, root = shared_report("--from", VERSIONS[index - 1] if index else "none", "--to", version)
     assert code == 0
     for box in root.find_all("div", "version-matrix"):
         policy_set = kvpolicy.load(version=box.attrs["data-version"])
@@ -90,10 +92,10 @@ def test_default_columns_follow_the_backend_decisions_environment_routes():
 
 
 @pytest.mark.parametrize(("old", "new"), PAIRS)
-def test_diff_groups_and_counts_equal_kvpolicy_diff_json(report, cli_json, old, new):
-    code, _, root = report("--from", old, "--to", new)
+def test_diff_groups_and_counts_equal_kvpolicy_diff_json(shared_report, shared_json, old, new):
+    code, _, root = shared_report("--from", old, "--to", new)
     assert code == 0
-    expected = cli_json("diff", old, new, "--format", "json")
+    expected = shared_json("diff", old, new, "--format", "json")
     section = root.by_id("diff")
     groups = [(int(li.attrs["data-group"]), int(li.attrs["data-count"])) for li in section.find_all("li") if "data-group" in li.attrs]
     assert sorted(groups) == [(g["group"], g["count"]) for g in expected["groups"]]
@@ -107,10 +109,10 @@ def test_diff_groups_and_counts_equal_kvpolicy_diff_json(report, cli_json, old, 
 
 
 @pytest.mark.parametrize(("old", "new"), PAIRS[:1] + PAIRS[-1:])
-def test_diff_entries_read_exactly_as_kvpolicy_diff_prints_them(report, capsys, old, new):
+def test_diff_entries_read_exactly_as_kvpolicy_diff_prints_them(shared_report, capsys, old, new):
     from kvpolicy.cli import main
 
-    code, _, root = report("--from", old, "--to", new)
+    code, _, root = shared_report("--from", old, "--to", new)
     assert code == 0
     main(["diff", old, new])
     text = capsys.readouterr().out
@@ -121,8 +123,8 @@ def test_diff_entries_read_exactly_as_kvpolicy_diff_prints_them(report, capsys, 
 
 
 @pytest.mark.parametrize(("old", "new"), PAIRS)
-def test_changed_cells_name_their_diff_group(report, old, new):
-    code, _, root = report("--from", old, "--to", new)
+def test_changed_cells_name_their_diff_group(shared_report, old, new):
+    code, _, root = shared_report("--from", old, "--to", new)
     assert code == 0
     box = current_matrix(root)
     base = {cell_key(td): td for td in root.find("div", "version-matrix", data_version=old).find_all("td", "cell")}
@@ -171,16 +173,20 @@ def test_issue_command_writes_one_offline_page_under_2_mb(tmp_path):
     assert root.find("html").attrs["lang"] == "en"
 
 
-def test_page_for_every_shipped_version_stays_under_2_mb(report):
-    code, text, root = report("--from", VERSIONS[0], "--to", VERSIONS[-1], "--configs", "examples/configs",
-                              "--arch-map", "examples/configs/arch-map.yaml")
+#: The whole history with the example configs: the largest page the shipped versions make.
+WHOLE = ("--from", VERSIONS[0], "--to", VERSIONS[-1], "--configs", "examples/configs",
+         "--arch-map", "examples/configs/arch-map.yaml")
+
+
+def test_page_for_every_shipped_version_stays_under_2_mb(shared_report):
+    code, text, root = shared_report(*WHOLE)
     assert code == 0
     assert len(text.encode()) < LIMIT
     assert [box.attrs["data-version"] for box in root.find_all("div", "version-matrix")] == VERSIONS
 
 
-def test_timeline_lists_every_version_with_its_upstream_change(report):
-    code, _, root = report("--from", VERSIONS[0], "--to", VERSIONS[-1])
+def test_timeline_lists_every_version_with_its_upstream_change(shared_report):
+    code, _, root = shared_report(*WHOLE)
     assert code == 0
     timeline = root.by_id("timeline")
     items = timeline.find("ol").find_all("li")
@@ -194,9 +200,9 @@ def test_timeline_lists_every_version_with_its_upstream_change(report):
     assert len(svg.find_all("circle")) == len(VERSIONS)
 
 
-def test_impact_table_matches_kvpolicy_impact_and_links_file_and_line(report, cli_json, tmp_path):
-    args = ("--from", "2026.08.11", "--to", "2026.08.24", "--configs", "examples/configs", "--arch-map", "examples/configs/arch-map.yaml")
-    code, _, root = report(*args)
+def test_impact_table_matches_kvpolicy_impact_and_links_file_and_line(shared_report, cli_json):
+    args = FLIP
+    code, _, root = shared_report(*args)
     assert code == 0
     expected = cli_json("impact", *args, "--format", "json")
     rows = root.by_id("impact").find("tbody").find_all("tr")
@@ -208,7 +214,7 @@ def test_impact_table_matches_kvpolicy_impact_and_links_file_and_line(report, cl
         href = row.find("td").find("a").attrs["href"]
         file, _, line = href.partition("#L")
         assert int(line) == section["line"]
-        assert (tmp_path / file).resolve() == (REPO / path).resolve()
+        assert (shared_report.folder / file).resolve() == (REPO / path).resolve()
 
 
 def test_upstream_urls_in_sources_become_links():
@@ -220,7 +226,8 @@ def test_upstream_urls_in_sources_become_links():
 
 
 def test_link_base_points_at_the_repository(report):
-    code, _, root = report("--from", "2026.08.11", "--to", "2026.08.24", "--configs", "examples/configs",
+    # Any pair with configs has an impact table; an early, small pair keeps the diff cheap.
+    code, _, root = report("--from", VERSIONS[0], "--to", VERSIONS[1], "--configs", "examples/configs",
                            "--link-base", "https://example.invalid/o/r/blob/abc/")
     assert code == 0
     hrefs = [a.attrs["href"] for a in root.by_id("impact").find_all("a")]
@@ -228,8 +235,8 @@ def test_link_base_points_at_the_repository(report):
     assert any(re.search(r"\.yaml#L\d+$", h) for h in hrefs)
 
 
-def test_controls_are_labelled_and_the_page_prints(report):
-    code, text, root = report()
+def test_controls_are_labelled_and_the_page_prints(shared_report):
+    code, text, root = shared_report(*WHOLE)
     assert code == 0
     for control in root.find_all("input") + root.find_all("select"):
         node = control.parent
@@ -274,7 +281,8 @@ def test_report_command_never_imports_torch_or_nixl(tmp_path):
         "heavy = [m for m in ('torch', 'nixl', 'zmq', 'numpy', 'transformers') if m in sys.modules]; "
         "print(heavy)"
     )
-    argv = ["report", "--from", "2026.08.11", "--to", "2026.08.24", "--configs", "examples/configs", "-o", str(tmp_path / "r.html")]
+    # Every module the command imports is imported whichever pair it compares: a small one.
+    argv = ["report", "--from", VERSIONS[0], "--to", VERSIONS[1], "--configs", "examples/configs", "-o", str(tmp_path / "r.html")]
     done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
