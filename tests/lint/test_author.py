@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import shutil
 
+import kvpolicy
+
 from kvpolicy.loader import shipped_root
 
 from .conftest import FIXTURES
 
 
 def _shipped_copy(tmp_path):
+    """The newest shipped version and its cases (what ``new`` copies from), in a folder of its own."""
     folder = tmp_path / "policies"
     folder.mkdir()
-    for path in shipped_root().glob("*.toml"):
+    newest = kvpolicy.load().version
+    for path in shipped_root().glob(f"{newest}*.toml"):
         shutil.copy(path, folder / path.name)
     return folder
 
