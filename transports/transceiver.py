@@ -343,7 +343,7 @@ class NixlTransceiver:
 
     def _submit_or_forget(self, handle: TransferHandle, fn: Any) -> None:
         try:
-            self._loop.submit(fn)
+            self._loop.post(fn)
         except RuntimeError:
             self._forget_handle(handle)
             raise
