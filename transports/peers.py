@@ -10,6 +10,7 @@ connections to senders are in :mod:`.connections`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import struct
@@ -54,7 +55,7 @@ class Remote:
     writes: int = 0
     gone: bool = False
 
-    @property
+    @functools.cached_property
     def whole_blocks(self) -> bool:
         """Both sides hold the same layers and heads: a block is one run, block to block."""
         runs = self.segments.runs

@@ -20,7 +20,7 @@ from .local import LocalSide, remember
 from .mapping import plan_descriptors
 from .peers import Remote, Remotes
 from .request import RequestState, TransferHandle
-from .writes import WritePoster
+from .writes import WritePoster, whole_block_plan
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -240,7 +240,7 @@ class Sender:
             return
         posted = time.perf_counter()
         try:
-            plan = plan_descriptors(
+            plan = whole_block_plan(remote, source, request.blocks) if remote.whole_blocks else plan_descriptors(
                 remote.segments,
                 source,
                 request.blocks,

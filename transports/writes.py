@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -92,6 +92,25 @@ class WritePoster:
             except Exception as exc:
                 log.debug("transceiver %s: releasing the local prepared list failed: %s", self.local.name, exc)
             self._local_prepped = None
+
+
+class WholeBlockPlan(NamedTuple):
+    """What a whole-block write moves, counted without building its runs (NIXL merges them)."""
+
+    nbytes: int
+    descriptors_before: int
+    descriptors: int
+
+
+def whole_block_plan(remote: Remote, source: Sequence[int], destination: Sequence[int]) -> WholeBlockPlan:
+    """Bytes and descriptors of whole blocks to whole blocks: pairs adjacent on both sides merge,
+    as :func:`~.mapping.plan_descriptors` would count them."""
+    n = len(source)
+    if n == 0:
+        return WholeBlockPlan(0, 0, 0)
+    pairs = sorted(zip(source, destination))
+    runs = 1 + sum(1 for (s0, d0), (s1, d1) in zip(pairs, pairs[1:]) if s1 != s0 + 1 or d1 != d0 + 1)
+    return WholeBlockPlan(n * remote.rank.layout.block_bytes, n * remote.segments.unmerged, runs)
 
 
 def release(xfer: Any, name: str) -> None:
