@@ -225,8 +225,8 @@ class Connections:
         return None
 
     def send_to(self, peer_name: str, message: control.Message) -> bool:
-        """Queue one message to a connected sender (sent, batched, at the end of this loop
-        iteration: :meth:`flush`); False if it is gone."""
+        """Queue one message to a connected sender (sent, batched, before the loop polls again:
+        :meth:`flush`); False if it is gone."""
         conn = self.connection_of(peer_name)
         if conn is None:
             return False

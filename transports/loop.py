@@ -9,8 +9,8 @@ is never served because its frame happened to be read first.
 
 Callers hand work over with :meth:`ServiceLoop.post` (or :meth:`~ServiceLoop.submit` when they want a
 result): the wake-up pipe is written only when the loop is not already due to drain the queue, so a
-burst of requests from a caller costs one wake-up, not one each. Roles queue outgoing control frames
-during an iteration and the loop's *flushers* send them at its end, several per frame.
+burst of requests from a caller costs one wake-up, not one each. Roles queue outgoing control
+messages while the loop works and its *flushers* send them before it polls again, several per frame.
 """
 
 from __future__ import annotations
