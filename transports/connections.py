@@ -55,18 +55,19 @@ class Connection:
     future: Future
     timer: Any = None
     peer: Peer | None = None
-    outbox: list[bytes] = field(default_factory=list)
-    """Encoded requests and cancels queued this iteration (sent by :meth:`Connections.flush`)."""
+    outbox: list[tuple[control.Message, bytes]] = field(default_factory=list)
+    """Requests and cancels (and their encoding) queued to go (sent by :meth:`Connections.flush`)."""
 
 
 class Connections:
     """The senders this side connected to. Runs on the service thread, except :attr:`peers` (read
     by callers under :attr:`lock`)."""
 
-    def __init__(self, local: LocalSide, ctx: zmq.Context, *, on_result: Callable, on_peer_gone: Callable) -> None:
+    def __init__(self, local: LocalSide, ctx: zmq.Context, *, on_result: Callable, on_peer_gone: Callable,
+                 on_unsent: Callable = lambda name, messages: None) -> None:
         self.local = local
         self.ctx = ctx
-        self._on_result, self._on_peer_gone = on_result, on_peer_gone
+        self._on_result, self._on_peer_gone, self._on_unsent = on_result, on_peer_gone, on_unsent
         self.connections: dict[str, Connection] = {}
         self.peers: dict[str, Peer] = {}
         self.lock = threading.Lock()
@@ -232,7 +233,7 @@ class Connections:
             return False
         if not conn.outbox:
             self._dirty.append(conn)
-        conn.outbox.append(control.encode(message))
+        conn.outbox.append((message, control.encode(message)))
         return True
 
     def flush(self) -> None:
@@ -241,17 +242,20 @@ class Connections:
             return
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
-            parts, conn.outbox = conn.outbox, []
-            if self.connections.get(conn.endpoint) is not conn:
+            queued, conn.outbox = conn.outbox, []
+            if self.connections.get(conn.endpoint) is not conn or conn.peer is None:
                 continue
-            self.messages_sent += len(parts)
-            for frame in control.frames(parts):
-                self.frames_sent += 1
+            parts = [encoded for _, encoded in queued]
+            for start, end in control.frame_spans(parts):
                 try:
-                    conn.socket.send(frame, zmq.NOBLOCK)
+                    conn.socket.send(control.batch(parts[start:end]), zmq.NOBLOCK)
                 except zmq.ZMQError as exc:
-                    log.warning("transceiver %s: could not send %d message(s) to %s: %s", self.local.name, len(parts), conn.endpoint, exc)
+                    # Not queued, so never written: the receiver role stops waiting for these at once.
+                    log.warning("transceiver %s: could not send %d message(s) to %s: %s", self.local.name, len(parts) - start, conn.endpoint, exc)
+                    self._on_unsent(conn.peer.name, [message for message, _ in queued[start:]])
                     break
+                self.frames_sent += 1
+                self.messages_sent += end - start
 
     def close_connection(self, conn: Connection) -> None:
         """Tear a connection to a sender down; what waited on it is told (``on_peer_gone``)."""

@@ -246,16 +246,21 @@ def _packb(body: dict[str, Any]) -> bytes:
     return msgpack.packb(body, use_bin_type=True)
 
 
-def frames(parts: list[bytes]) -> list[bytes]:
-    """Encoded messages for one peer, in order, as few frames as the bounds allow."""
-    out, start, size = [], 0, 0
+def frame_spans(parts: list[bytes]) -> list[tuple[int, int]]:
+    """Where :func:`frames` cuts ``parts``: ``(start, end)`` of each frame's messages."""
+    spans, start, size = [], 0, 0
     for i, part in enumerate(parts):
         if i > start and (i - start == MAX_BATCH or size + len(part) > BATCH_BYTES):
-            out.append(batch(parts[start:i]))
+            spans.append((start, i))
             start, size = i, 0
         size += len(part)
-    out.append(batch(parts[start:]))
-    return out
+    spans.append((start, len(parts)))
+    return spans
+
+
+def frames(parts: list[bytes]) -> list[bytes]:
+    """Encoded messages for one peer, in order, as few frames as the bounds allow."""
+    return [batch(parts[start:end]) for start, end in frame_spans(parts)]
 
 
 def batch(parts: list[bytes]) -> bytes:

@@ -199,6 +199,16 @@ class Receiver:
         self._send_cancel(receive)
         return False
 
+    def on_unsent(self, name: str, messages: list[control.Message]) -> None:
+        """Requests that could not be handed to ``name``'s socket (its queue is full): no write of
+        them can come, so those attempts stop waiting for it (and fence nothing for it)."""
+        for message in messages:
+            receive = self.receives.get(message.request_id) if isinstance(message, control.Request) else None
+            if receive is not None and receive.nonce == message.nonce and name in receive.pending:
+                receive.pending.discard(name)
+                receive.errors.append(f"sender {name!r} could not be reached (its send queue is full)")
+                self._settle(receive)
+
     def on_peer_gone(self, name: str) -> None:
         """The connection to ``name`` was torn down: no write of it follows; stop waiting for it."""
         for receive in list(self.receives.values()):

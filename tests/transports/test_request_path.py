@@ -133,3 +133,35 @@ def test_batches_are_bounded_in_count_and_split_when_sending():
     assert [len(control.decode_many(f)) for f in frames] == [control.MAX_BATCH, control.MAX_BATCH, 1]
     big = control.encode(control.Request("b", 1, tuple(range(100_000)), 0, 10**12))
     assert len(control.frames([big] * 5)) >= 2  # kept under control.BATCH_BYTES per frame
+
+
+@requires_nixl
+def test_a_request_its_socket_refuses_fails_at_once_and_fences_nothing(pair):
+    """A frame the DEALER will not queue (a full send queue) was never sent: its attempts end now,
+    with their blocks free, instead of waiting out their deadline fenced."""
+    import zmq
+
+    from kvpolicy.transports import TransferError
+
+    p, d = pair
+    conn = d._connections.connection_of("p")
+    real = conn.socket
+
+    class Full:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def send(self, *args, **kwargs):
+            raise zmq.Again()
+
+    d._loop.submit(lambda: setattr(conn, "socket", Full())).result(5)
+    try:
+        handle = d.receive("full", [3], timeout_s=20)
+        with pytest.raises(TransferError, match="send queue is full"):
+            handle.wait(10)
+        assert handle.state is RequestState.FAILED and handle.released
+    finally:
+        d._loop.submit(lambda: setattr(conn, "socket", real)).result(5)
+    p.send("after", [1], to="d")
+    d.receive("after", [3]).wait(10)  # the same block, free again, over the same connection
+    assert d.pool.digests([3]) == p.pool.digests([1])
