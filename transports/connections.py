@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -55,17 +55,19 @@ class Connection:
     future: Future
     timer: Any = None
     peer: Peer | None = None
-
+    outbox: list[tuple[control.Message, bytes]] = field(default_factory=list)
+    """Requests and cancels (and their encoding) queued to go (sent by :meth:`Connections.flush`)."""
 
 
 class Connections:
     """The senders this side connected to. Runs on the service thread, except :attr:`peers` (read
     by callers under :attr:`lock`)."""
 
-    def __init__(self, local: LocalSide, ctx: zmq.Context, *, on_result: Callable, on_peer_gone: Callable) -> None:
+    def __init__(self, local: LocalSide, ctx: zmq.Context, *, on_result: Callable, on_peer_gone: Callable,
+                 on_unsent: Callable = lambda name, messages: None) -> None:
         self.local = local
         self.ctx = ctx
-        self._on_result, self._on_peer_gone = on_result, on_peer_gone
+        self._on_result, self._on_peer_gone, self._on_unsent = on_result, on_peer_gone, on_unsent
         self.connections: dict[str, Connection] = {}
         self.peers: dict[str, Peer] = {}
         self.lock = threading.Lock()
@@ -73,6 +75,11 @@ class Connections:
         """Bumped whenever :attr:`peers` changes (callers cache what they derive from it)."""
         self._writers: tuple[int, tuple[str, ...]] | None = None
         self._covered: set[tuple[str, ...]] = set()
+        self._by_name: dict[str, Connection] = {}
+        self._dirty: list[Connection] = []
+        self.frames_sent = self.messages_sent = 0
+        """Control frames and the messages in them sent to senders (batching makes the first smaller)."""
+        local.loop.add_flusher(self.flush)
 
     def default_writers(self, layout: KVLayout) -> tuple[str, ...]:
         """Every connected sender overlapping ``layout`` (caller's thread; cached per peer set)."""
@@ -177,18 +184,21 @@ class Connections:
             self.local.drop("malformed", f"{len(frames)} frames from {conn.endpoint}")
             return
         try:
-            message = control.decode(frames[0])
+            messages = control.decode_many(frames[0])
         except control.ControlMessageError as exc:
             self.local.drop("malformed", f"from {conn.endpoint}: {exc}")
             return
-        if isinstance(message, control.Welcome):
-            self._on_welcome(conn, message.rank)
-        elif conn.peer is None:
-            self.local.drop("unknown_peer", f"{message.kind} from {conn.endpoint} before its welcome")
-        elif isinstance(message, control.Result):
-            self._on_result(conn.peer, message)
-        else:
-            self.local.drop("unexpected", f"{message.kind} sent to a receiver")
+        for message in messages:
+            if isinstance(message, control.Welcome):
+                self._on_welcome(conn, message.rank)
+            elif conn.peer is None:
+                self.local.drop("unknown_peer", f"{message.kind} from {conn.endpoint} before its welcome")
+            elif isinstance(message, control.Result):
+                self._on_result(conn.peer, message)
+            else:
+                self.local.drop("unexpected", f"{message.kind} sent to a receiver")
+            if self.connections.get(conn.endpoint) is not conn:
+                return  # torn down by a handler: the rest of the frame is moot
 
     def _on_welcome(self, conn: Connection, rank: control.RankInfo) -> None:
         if conn.peer is not None:
@@ -201,6 +211,7 @@ class Connections:
             name = rank.name if rank.name not in self.peers else f"{rank.name}@{conn.endpoint}"
             conn.peer = Peer(name, conn.endpoint, rank.layout, rank.num_blocks, conn.key_name)
             self.peers[name] = conn.peer
+            self._by_name[name] = conn
             self.version += 1
         if conn.timer is not None:
             conn.timer.cancel()
@@ -209,21 +220,42 @@ class Connections:
 
     def connection_of(self, peer_name: str) -> Connection | None:
         """The live connection to the sender called ``peer_name``."""
-        for conn in self.connections.values():
-            if conn.peer is not None and conn.peer.name == peer_name:
-                return conn
+        conn = self._by_name.get(peer_name)
+        if conn is not None and self.connections.get(conn.endpoint) is conn:
+            return conn
         return None
 
     def send_to(self, peer_name: str, message: control.Message) -> bool:
-        """Send one frame to a connected sender; False if it is gone or its queue is full."""
+        """Queue one message to a connected sender (sent, batched, before the loop polls again:
+        :meth:`flush`); False if it is gone."""
         conn = self.connection_of(peer_name)
         if conn is None:
             return False
-        try:
-            conn.socket.send(control.encode(message), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return False
+        if not conn.outbox:
+            self._dirty.append(conn)
+        conn.outbox.append((message, control.encode(message)))
         return True
+
+    def flush(self) -> None:
+        """Send what was queued; a full or gone sender loses it (the requests' deadlines cover that)."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            queued, conn.outbox = conn.outbox, []
+            if self.connections.get(conn.endpoint) is not conn or conn.peer is None:
+                continue
+            parts = [encoded for _, encoded in queued]
+            for start, end in control.frame_spans(parts):
+                try:
+                    conn.socket.send(control.batch(parts[start:end]), zmq.NOBLOCK)
+                except zmq.ZMQError as exc:
+                    # Not queued, so never written: the receiver role stops waiting for these at once.
+                    log.warning("transceiver %s: could not send %d message(s) to %s: %s", self.local.name, len(parts) - start, conn.endpoint, exc)
+                    self._on_unsent(conn.peer.name, [message for message, _ in queued[start:]])
+                    break
+                self.frames_sent += 1
+                self.messages_sent += end - start
 
     def close_connection(self, conn: Connection) -> None:
         """Tear a connection to a sender down; what waited on it is told (``on_peer_gone``)."""
@@ -237,6 +269,8 @@ class Connections:
             with self.lock:
                 self.peers.pop(conn.peer.name, None)
                 self.version += 1
+            if self._by_name.get(conn.peer.name) is conn:
+                del self._by_name[conn.peer.name]
             self._on_peer_gone(conn.peer.name)
 
     def close(self) -> None:

@@ -5,6 +5,10 @@ A receiver says *hello* (its rank info, including its NIXL agent metadata), the 
 into my blocks ..."), either side may send *cancel*, and the sender ends each request with a *result*
 frame. Completion is always a result frame: a NIXL notification alone can be lost.
 
+Several requests, cancels or results bound for one peer may travel in one frame, a *batch*: a
+msgpack array of at most :data:`MAX_BATCH` message maps, each checked exactly as a frame of its own
+(:func:`decode_many`). Hellos and welcomes always travel alone.
+
 Every attempt of a request carries a ``nonce`` chosen by the receiver; requests, cancels and results
 name it, so a frame of one attempt never settles another. Every number is bounded here, at the
 boundary, so that the code behind it works on values that cannot overflow an address or a count.
@@ -33,6 +37,12 @@ MAX_POOL_BLOCKS = 1 << 24
 """Largest pool a peer may declare; a sender may lower it (``max_peer_blocks``)."""
 _MAX_LAYOUT_FIELD = 1 << 16
 _ADDRESS_SPACE = 1 << 64
+MAX_BATCH = 256
+"""Most messages in one batch frame."""
+BATCH_BYTES = 1 << 20
+"""A sender of batches starts a new frame once this many bytes are queued (frames stay far below
+the 16 MiB bound even when single requests carry many blocks)."""
+_BATCHABLE = frozenset(("request", "cancel", "result"))
 _MAX_COUNT = 1 << 53
 """Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
 
@@ -208,6 +218,19 @@ def _check_text(where: str, value: str, limit: int = MAX_NAME) -> None:
 
 def encode(message: Message) -> bytes:
     """Serialise one message to a msgpack frame."""
+    # The two messages of every request, spelled out: walking dataclass fields costs more than packing.
+    if type(message) is Request:
+        return _packb({
+            "v": PROTOCOL_VERSION, "kind": "request", "request_id": message.request_id, "nonce": message.nonce,
+            "blocks": list(message.blocks), "skip_blocks": message.skip_blocks, "deadline_ms": message.deadline_ms,
+        })
+    if type(message) is Result:
+        m = message
+        return _packb({
+            "v": PROTOCOL_VERSION, "kind": "result", "request_id": m.request_id, "nonce": m.nonce, "status": m.status,
+            "reason": m.reason, "nbytes": m.nbytes, "descriptors_before": m.descriptors_before,
+            "descriptors": m.descriptors, "queue_us": m.queue_us, "transfer_us": m.transfer_us,
+        })
     body: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": message.kind}
     for f in fields(message):
         value = getattr(message, f.name)
@@ -219,16 +242,76 @@ def encode(message: Message) -> bytes:
     return msgpack.packb(body, use_bin_type=True)
 
 
-def decode(frame: bytes) -> Message:
-    """Parse and schema-check one frame; raises :class:`ControlMessageError` for anything off-schema."""
+def _packb(body: dict[str, Any]) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def frame_spans(parts: list[bytes]) -> list[tuple[int, int]]:
+    """Where :func:`frames` cuts ``parts``: ``(start, end)`` of each frame's messages."""
+    spans, start, size = [], 0, 0
+    for i, part in enumerate(parts):
+        if i > start and (i - start == MAX_BATCH or size + len(part) > BATCH_BYTES):
+            spans.append((start, i))
+            start, size = i, 0
+        size += len(part)
+    spans.append((start, len(parts)))
+    return spans
+
+
+def frames(parts: list[bytes]) -> list[bytes]:
+    """Encoded messages for one peer, in order, as few frames as the bounds allow."""
+    return [batch(parts[start:end]) for start, end in frame_spans(parts)]
+
+
+def batch(parts: list[bytes]) -> bytes:
+    """One frame carrying the already encoded messages ``parts`` (1 to :data:`MAX_BATCH`; a single
+    message goes as itself). A msgpack array is its header followed by its items, so nothing is
+    encoded twice."""
+    n = len(parts)
+    if n == 1:
+        return parts[0]
+    if not 1 < n <= MAX_BATCH:
+        raise ValueError(f"a batch holds 1..{MAX_BATCH} messages, got {n}")
+    header = bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
+    return header + b"".join(parts)
+
+
+def _unpack(frame: bytes) -> Any:
     if not isinstance(frame, (bytes, bytearray, memoryview)) or len(frame) > _MAX_FRAME:
         raise ControlMessageError("frame is not bytes or is too large")
     try:
-        body = msgpack.unpackb(
+        return msgpack.unpackb(
             frame, raw=False, strict_map_key=True, max_array_len=_MAX_BLOCKS, max_bin_len=_MAX_FRAME
         )
     except Exception as exc:  # msgpack raises several unrelated types for garbage input
         raise ControlMessageError(f"not a msgpack frame: {type(exc).__name__}") from None
+
+
+def decode(frame: bytes) -> Message:
+    """Parse and schema-check one frame; raises :class:`ControlMessageError` for anything off-schema."""
+    return _check_body(_unpack(frame))
+
+
+def decode_many(frame: bytes) -> list[Message]:
+    """Parse a frame holding one message or a batch of them; every message is checked as
+    :func:`decode` checks a frame. Any message off-schema refuses the whole frame."""
+    body = _unpack(frame)
+    if not isinstance(body, list):
+        return [_check_body(body)]
+    if not 1 < len(body) <= MAX_BATCH:
+        raise ControlMessageError(f"batch of {len(body)} messages, not 2..{MAX_BATCH}")
+    messages = []
+    for i, item in enumerate(body):
+        if not isinstance(item, dict) or item.get("kind") not in _BATCHABLE:
+            raise ControlMessageError(f"batch[{i}]: only requests, cancels and results travel in batches")
+        try:
+            messages.append(_check_body(item))
+        except ControlMessageError as exc:
+            raise ControlMessageError(f"batch[{i}]: {exc}") from None
+    return messages
+
+
+def _check_body(body: Any) -> Message:
     if not isinstance(body, dict):
         raise ControlMessageError("frame is not a map")
     if body.get("v") != PROTOCOL_VERSION:

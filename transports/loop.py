@@ -3,17 +3,23 @@
 Public methods of a transceiver run on the caller's thread and hand work to this loop through
 :meth:`ServiceLoop.submit`; everything that touches ZMQ sockets or the agent runs here. Timers sit
 in a heap, so a deadline costs nothing until it expires, and the loop sleeps in ``poll`` until the
-next timer or frame: an idle transceiver does not wake up. Due timers run *before* frames are read,
-so a request whose deadline passed is never served because its frame happened to be read first.
+next timer or frame: an idle transceiver does not wake up (:attr:`ServiceLoop.wakeups` counts the
+times ``poll`` returned). Due timers run *before* frames are read, so a request whose deadline passed
+is never served because its frame happened to be read first.
+
+Callers hand work over with :meth:`ServiceLoop.post` (or :meth:`~ServiceLoop.submit` when they want a
+result): the wake-up pipe is written only when the loop is not already due to drain the queue, so a
+burst of requests from a caller costs one wake-up, not one each. Roles queue outgoing control
+messages while the loop works and its *flushers* send them before it polls again, several per frame.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -68,7 +74,13 @@ class ServiceLoop:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._poller.register(self._wake_r, zmq.POLLIN)
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        # deque append/popleft are atomic: callers append, only the service thread pops.
+        self._commands: collections.deque[tuple[Callable[[], Any], Future | None]] = collections.deque()
+        self._wake_pending = False
+        """True while a wake-up byte is on its way: later posts need not write another."""
+        self._flushers: list[Callable[[], None]] = []
+        self.wakeups = 0
+        """How many times the service thread returned from ``poll`` (an idle loop does not)."""
         self._timers: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()
         self.stopping = False
@@ -91,15 +103,28 @@ class ServiceLoop:
 
     def submit(self, fn: Callable[[], Any], future: Future | None = None) -> Future:
         """Run ``fn`` on the service thread; its result or exception goes to the returned future."""
+        future = future or Future()
+        self._enqueue(fn, future)
+        return future
+
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the service thread, nobody waiting for its result (an exception is logged
+        and counted like a handler's)."""
+        self._enqueue(fn, None)
+
+    def _enqueue(self, fn: Callable[[], Any], future: Future | None) -> None:
         if not self._thread.is_alive():
             raise RuntimeError(f"transceiver {self.name} is closed")
-        future = future or Future()
-        self._commands.put((fn, future))
+        self._commands.append((fn, future))
+        # The loop clears the flag *before* draining: a command appended before this check is seen
+        # by that drain, and one appended after it finds the flag clear and writes a byte.
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             os.write(self._wake_w, b"\0")
         except OSError:
             raise RuntimeError(f"transceiver {self.name} is closed") from None
-        return future
 
     def join(self, timeout_s: float) -> bool:
         """Wait for the thread to end; True if it did."""
@@ -128,6 +153,16 @@ class ServiceLoop:
         if self._handlers.pop(socket, None) is not None:
             self._poller.unregister(socket)
 
+    def add_flusher(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` before every ``poll`` (and once more when the loop stops): roles send the
+        control frames they queued since, batched."""
+        self._flushers.append(fn)
+
+    def flush(self) -> None:
+        """Run the flushers now."""
+        for fn in self._flushers:
+            self._guard("flush", fn)
+
     def call_at(self, when: float, fn: Callable[[], Any]) -> Timer:
         """Run ``fn`` on the service thread at ``time.monotonic() >= when``."""
         timer = Timer(when, fn)
@@ -139,10 +174,11 @@ class ServiceLoop:
         futures = []
         while True:
             try:
-                _, future = self._commands.get_nowait()
-            except queue.Empty:
+                _, future = self._commands.popleft()
+            except IndexError:
                 return futures
-            futures.append(future)
+            if future is not None:
+                futures.append(future)
 
     def _run_timers(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
@@ -172,11 +208,16 @@ class ServiceLoop:
                 pass
         except BlockingIOError:
             pass
+        self._wake_pending = False
+        commands = self._commands
         while True:
             try:
-                fn, future = self._commands.get_nowait()
-            except queue.Empty:
+                fn, future = commands.popleft()
+            except IndexError:
                 return
+            if future is None:
+                self._guard("command", fn)
+                continue
             if future.cancelled():
                 continue
             try:
@@ -189,8 +230,11 @@ class ServiceLoop:
         try:
             while True:
                 self._run_timers(time.monotonic())
+                # Frames queued by the last iteration or by timers go out before the loop sleeps.
+                self.flush()
                 busy = self._busy()
                 events = dict(self._poller.poll(0 if busy else self._timeout_ms(time.monotonic())))
+                self.wakeups += 1
                 progressed = bool(events)
                 if self._wake_r in events:
                     self._run_commands()
@@ -216,3 +260,4 @@ class ServiceLoop:
         finally:
             if self._finally is not None:
                 self._finally()
+            self.flush()  # what the last step queued (results of requests failed at close)

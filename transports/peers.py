@@ -10,13 +10,15 @@ connections to senders are in :mod:`.connections`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -48,10 +50,12 @@ class Remote:
     segments: BlockSegments
     prepped: Any = None
     """NIXL's prepared descriptor list of the receiver's whole blocks (made on the first write)."""
+    kept: OrderedDict = field(default_factory=OrderedDict)
+    """Finished whole-block transfer handles to this receiver, by block lists (see :mod:`.writes`)."""
     writes: int = 0
     gone: bool = False
 
-    @property
+    @functools.cached_property
     def whole_blocks(self) -> bool:
         """Both sides hold the same layers and heads: a block is one run, block to block."""
         runs = self.segments.runs
@@ -66,13 +70,14 @@ class Bucket:
     def __init__(self, rate: float, burst: int) -> None:
         self.rate, self.burst, self.tokens, self.at = rate, float(burst), float(burst), time.monotonic()
 
-    def take(self) -> bool:
+    def take(self, n: int = 1) -> bool:
+        """Take ``n`` tokens (all or none)."""
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        if self.tokens < 1.0:
+        if self.tokens < n:
             return False
-        self.tokens -= 1.0
+        self.tokens -= n
         return True
 
 
@@ -121,11 +126,16 @@ class Remotes:
         self._frames: dict[bytes, Bucket] = {}
         self._hellos: dict[bytes, Bucket] = {}
         self._fetching: dict[bytes, object] = {}
+        self._outbox: dict[bytes, list[bytes]] = {}
+        """Encoded results queued per receiver connection this iteration (sent by :meth:`flush`)."""
+        self.frames_sent = self.messages_sent = 0
+        """Result frames and the messages in them sent to receivers (batching makes the first smaller)."""
 
     def start(self) -> None:
         """Start serving the ZAP handler and the ROUTER (on the service thread)."""
         self.local.loop.register(self.zap, self._on_zap)
         self.local.loop.register(self.router, self._on_router)
+        self.local.loop.add_flusher(self.flush)
 
     # -- authentication ---------------------------------------------------------------------------
 
@@ -174,22 +184,26 @@ class Remotes:
             self.local.stats["dropped_over_budget"] += 1
             return
         try:
-            message = control.decode(frame.bytes)
+            messages = control.decode_many(frame.bytes)
         except control.ControlMessageError as exc:
             self.local.drop("malformed", str(exc))
             return
-        if isinstance(message, control.Hello):
-            self._on_hello(identity, key, message)
+        if len(messages) > 1 and not bucket.take(len(messages) - 1):  # the budget counts messages
+            self.local.stats["dropped_over_budget"] += 1
             return
-        remote = self.remotes.get(identity)
-        if remote is None or remote.key != key:
-            self.local.drop("unknown_peer", f"{message.kind} from a connection that never said hello")
-        elif isinstance(message, control.Request):
-            self._on_request(remote, message)
-        elif isinstance(message, control.Cancel):
-            self._on_cancel(remote, message)
-        else:
-            self.local.drop("unexpected", f"{message.kind} sent to a sender")
+        for message in messages:
+            if isinstance(message, control.Hello):
+                self._on_hello(identity, key, message)
+                return
+            remote = self.remotes.get(identity)
+            if remote is None or remote.key != key:
+                self.local.drop("unknown_peer", f"{message.kind} from a connection that never said hello")
+            elif isinstance(message, control.Request):
+                self._on_request(remote, message)
+            elif isinstance(message, control.Cancel):
+                self._on_cancel(remote, message)
+            else:
+                self.local.drop("unexpected", f"{message.kind} sent to a sender")
 
     def _refuse(self, key: bytes, rank: control.RankInfo, why: str) -> None:
         self.local.stats["refused_hellos"] += 1
@@ -298,7 +312,12 @@ class Remotes:
             self.release(remote)
 
     def release(self, remote: Remote) -> None:
-        """Drop a forgotten receiver's prepared list and NIXL's record of its agent."""
+        """Drop a forgotten receiver's kept handles, prepared list and NIXL's record of its agent."""
+        while remote.kept:
+            try:
+                remote.kept.popitem()[1].release()
+            except Exception as exc:
+                log.debug("transceiver %s: releasing a kept transfer handle failed: %s", self.local.name, exc)
         if remote.prepped is not None:
             try:
                 self.local.agent.release_dlist_handle(remote.prepped)
@@ -315,11 +334,27 @@ class Remotes:
             log.debug("transceiver %s: removing agent %s failed: %s", self.local.name, agent, exc)
 
     def reply(self, remote: Remote, message: control.Message) -> None:
-        """Send one frame to a receiver; a full or gone peer loses it (its deadline covers that)."""
-        try:
-            self.router.send_multipart([remote.identity, control.encode(message)], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.warning("transceiver %s: could not send %s to %s: %s", self.local.name, message.kind, remote.rank.name, exc)
+        """Queue one message to a receiver; the loop sends what was queued at the end of this
+        iteration, several messages per frame (:meth:`flush`)."""
+        parts = self._outbox.get(remote.identity)
+        if parts is None:
+            parts = self._outbox[remote.identity] = []
+        parts.append(control.encode(message))
+
+    def flush(self) -> None:
+        """Send the queued messages; a full or gone peer loses them (their deadlines cover that)."""
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, {}
+        for identity, parts in outbox.items():
+            self.messages_sent += len(parts)
+            for frame in control.frames(parts):
+                self.frames_sent += 1
+                try:
+                    self.router.send_multipart([identity, frame], zmq.NOBLOCK)
+                except zmq.ZMQError as exc:
+                    log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
+                    break
 
     def close(self) -> None:
         """Forget every receiver and close the sockets (after the loop stopped)."""

@@ -20,7 +20,7 @@ from .local import LocalSide, remember
 from .mapping import plan_descriptors
 from .peers import Remote, Remotes
 from .request import RequestState, TransferHandle
-from .writes import WritePoster
+from .writes import WritePoster, whole_block_plan
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -240,7 +240,7 @@ class Sender:
             return
         posted = time.perf_counter()
         try:
-            plan = plan_descriptors(
+            plan = whole_block_plan(remote, source, request.blocks) if remote.whole_blocks else plan_descriptors(
                 remote.segments,
                 source,
                 request.blocks,
@@ -297,11 +297,8 @@ class Sender:
         if write.xfer is not None:
             write.offer.writes -= 1
             remote.writes -= 1
-            if not status:
-                try:
-                    write.xfer.release()
-                except Exception as exc:  # a failed transfer may refuse release; the agent retries later
-                    log.debug("transceiver %s: release of a finished write failed: %s", self.local.name, exc)
+            if not status:  # (an aborted write's handle was released by the abort)
+                self._post.finished(write.xfer, ok=ok)
             if remote.gone and not remote.writes:
                 self.remotes.release(remote)
         metrics = write.offer.handle.metrics
@@ -320,6 +317,7 @@ class Sender:
                 write.xfer.release()
             except Exception:
                 continue
+            self._post.forget(write.xfer)
             self.writes.remove(write)
             self._complete(write, ok=False, reason="write timed out and was aborted", status="aborted")
         if not offer.writes and not offer.handle.done:

@@ -133,7 +133,7 @@ class NixlTransceiver:
             )
             self._sender.remotes = self._remotes
             self._connections = Connections(local, self._remotes.ctx, on_result=lambda p, r: self._receiver.on_result(p, r),
-                                            on_peer_gone=lambda n: self._receiver.on_peer_gone(n))
+                                            on_peer_gone=lambda n: self._receiver.on_peer_gone(n), on_unsent=lambda n, m: self._receiver.on_unsent(n, m))
             self._receiver = Receiver(local, self._connections)
         except BaseException:
             agent.deregister_memory(self._registration)
@@ -343,7 +343,7 @@ class NixlTransceiver:
 
     def _submit_or_forget(self, handle: TransferHandle, fn: Any) -> None:
         try:
-            self._loop.submit(fn)
+            self._loop.post(fn)
         except RuntimeError:
             self._forget_handle(handle)
             raise

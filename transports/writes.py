@@ -1,11 +1,17 @@
 """Building NIXL WRITEs: by index into descriptor lists prepared once per side (whole blocks), or
-from the planned, coalesced runs (any head or layer split)."""
+from the planned, coalesced runs (any head or layer split).
+
+A whole-block transfer handle that finished cleanly is kept per receiver and block lists (a bounded
+LRU, :data:`KEPT_PER_PEER`) and posted again the next time the same blocks go to the same blocks:
+making one costs several times the write of a small block. A handle is reused only once NIXL
+reported it done, never while it is in flight; one that failed or was aborted is released.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -14,6 +20,11 @@ from .peers import Remote
 
 log = logging.getLogger("kvpolicy.transports")
 
+KEPT_PER_PEER = 256
+"""Finished transfer handles kept per receiver for reuse."""
+_KEPT_BLOCKS = 64
+"""Requests of more blocks are not kept (their handles are rarely asked for twice)."""
+
 
 class WritePoster:
     """Makes the transfer handle of one write; owns the local prepared list."""
@@ -21,6 +32,8 @@ class WritePoster:
     def __init__(self, local: LocalSide) -> None:
         self.local = local
         self._local_prepped: Any = None
+        self._in_use: dict[int, tuple[Remote, tuple]] = {}
+        """Handles in flight that may be kept when they finish: ``id(handle) -> (receiver, key)``."""
 
     def whole_blocks(self, remote: Remote, source: Sequence[int], destination: Sequence[int]) -> Any:
         """Whole blocks to whole blocks: by index into descriptor lists prepared once per side."""
@@ -34,9 +47,31 @@ class WritePoster:
             remote.prepped = agent.prep_xfer_dlist(
                 rank.agent, block_descriptors(rank.base_address, rank.layout.block_bytes, rank.num_blocks, rank.device_id), rank.memory_type
             )
-        return agent.make_prepped_xfer(
-            "WRITE", self._local_prepped, np.asarray(source, dtype=np.int32), remote.prepped, np.asarray(destination, dtype=np.int32)
-        )
+        key = (tuple(source), tuple(destination)) if len(source) <= _KEPT_BLOCKS else None
+        xfer = remote.kept.pop(key, None) if key is not None else None
+        if xfer is None:
+            xfer = agent.make_prepped_xfer(
+                "WRITE", self._local_prepped, np.asarray(source, dtype=np.int32), remote.prepped, np.asarray(destination, dtype=np.int32)
+            )
+        if key is not None:
+            self._in_use[id(xfer)] = (remote, key)
+        return xfer
+
+    def finished(self, xfer: Any, *, ok: bool) -> None:
+        """A write is over: keep its handle for the same blocks again (``ok``: NIXL said done), or
+        release it."""
+        remote, key = self._in_use.pop(id(xfer), (None, None))
+        if ok and remote is not None and not remote.gone and key not in remote.kept:
+            remote.kept[key] = xfer
+            if len(remote.kept) > KEPT_PER_PEER:
+                _, xfer = remote.kept.popitem(last=False)
+            else:
+                return
+        release(xfer, self.local.name)
+
+    def forget(self, xfer: Any) -> None:
+        """A handle released elsewhere (an abort): never keep it."""
+        self._in_use.pop(id(xfer), None)
 
     def runs(self, remote: Remote, plan: Any) -> Any:
         """Any overlap (head or layer splits): the planned, coalesced runs as one descriptor list."""
@@ -57,6 +92,33 @@ class WritePoster:
             except Exception as exc:
                 log.debug("transceiver %s: releasing the local prepared list failed: %s", self.local.name, exc)
             self._local_prepped = None
+
+
+class WholeBlockPlan(NamedTuple):
+    """What a whole-block write moves, counted without building its runs (NIXL merges them)."""
+
+    nbytes: int
+    descriptors_before: int
+    descriptors: int
+
+
+def whole_block_plan(remote: Remote, source: Sequence[int], destination: Sequence[int]) -> WholeBlockPlan:
+    """Bytes and descriptors of whole blocks to whole blocks: pairs adjacent on both sides merge,
+    as :func:`~.mapping.plan_descriptors` would count them."""
+    n = len(source)
+    if n == 0:
+        return WholeBlockPlan(0, 0, 0)
+    pairs = sorted(zip(source, destination))
+    runs = 1 + sum(1 for (s0, d0), (s1, d1) in zip(pairs, pairs[1:]) if s1 != s0 + 1 or d1 != d0 + 1)
+    return WholeBlockPlan(n * remote.rank.layout.block_bytes, n * remote.segments.unmerged, runs)
+
+
+def release(xfer: Any, name: str) -> None:
+    """Release a transfer handle; a failed transfer may refuse (the agent retries later)."""
+    try:
+        xfer.release()
+    except Exception as exc:
+        log.debug("transceiver %s: release of a finished write failed: %s", name, exc)
 
 
 def block_descriptors(base: int, block_bytes: int, num_blocks: int, device_id: int) -> np.ndarray:

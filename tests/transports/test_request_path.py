@@ -1,0 +1,167 @@
+"""The request path: batched control frames, wake-ups coalesced, an idle loop that sleeps.
+
+Counters, never clocks: batching is shown by frames against messages, idleness by the service
+thread's wake-up counter staying put.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import msgpack
+import pytest
+from conftest import requires_nixl
+
+from kvpolicy.transports import BlockPool, KVLayout, RequestState, control
+
+LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
+BLOCKS = 256
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """A sender ``p`` and a receiver ``d`` in this process, ``d`` connected to ``p``."""
+    from kvpolicy.transports import NixlTransceiver, create_keys
+
+    create_keys(tmp_path, "p")
+    create_keys(tmp_path, "d")
+    pools = [BlockPool(LAYOUT, BLOCKS, huge_pages=False) for _ in range(2)]
+    for block in range(BLOCKS):
+        pools[0].tensor[block].fill_(block % 97 + 1)
+    with NixlTransceiver(pools[0], name="p", identity=tmp_path / "p.key_secret", allowed_peers=tmp_path, timeout_s=30) as p, \
+            NixlTransceiver(pools[1], name="d", identity=tmp_path / "d.key_secret", allowed_peers=tmp_path, timeout_s=30) as d:
+        d.connect(p.address)
+        yield p, d
+
+
+def hold(loop) -> threading.Event:
+    """Keep ``loop``'s service thread busy until the returned event is set (so that what callers
+    post meanwhile is drained in one iteration)."""
+    entered, gate = threading.Event(), threading.Event()
+    loop.post(lambda: (entered.set(), gate.wait(10)))
+    assert entered.wait(10)
+    return gate
+
+
+@requires_nixl
+def test_many_concurrent_receives_travel_batched_and_all_land(pair):
+    p, d = pair
+    n = 200
+    src = [(7 * i) % BLOCKS for i in range(n)]
+    dst = list(range(n))
+    sent = [p.send(f"r{i}", [src[i]], to="d") for i in range(n)]
+    frames_before, messages_before = d._connections.frames_sent, d._connections.messages_sent
+    gate = hold(d._loop)
+    try:
+        received = [d.receive(f"r{i}", [dst[i]]) for i in range(n)]
+    finally:
+        gate.set()
+    for handle in received + sent:
+        handle.wait(30)
+    assert all(h.state is RequestState.COMPLETED for h in received + sent)
+    assert d._connections.messages_sent - messages_before == n
+    assert d._connections.frames_sent - frames_before == 1  # all 200 asks in one frame (<= MAX_BATCH)
+    assert p._remotes.frames_sent < p._remotes.messages_sent  # results went back batched too
+    assert all(h.released for h in received)
+    assert d.pool.digests(dst) == p.pool.digests(src)
+
+
+@requires_nixl
+def test_posting_a_burst_wakes_the_loop_once(pair):
+    p, d = pair
+    gate = hold(d._loop)
+    try:
+        writes_before = d._loop.wakeups
+        done = [threading.Event() for _ in range(50)]
+        for event in done:
+            d._loop.post(event.set)
+        assert d._loop._wake_pending  # one byte on its way, whatever the number of commands
+    finally:
+        gate.set()
+    assert all(event.wait(10) for event in done)
+    assert d._loop.wakeups - writes_before <= 2
+
+
+@requires_nixl
+def test_an_idle_pair_does_not_wake_up(pair):
+    p, d = pair
+    p.send("warm", [1], to="d")
+    d.receive("warm", [2]).wait(30)
+    loops = (p._loop, d._loop)
+
+    def settled() -> tuple[int, int]:
+        before = tuple(loop.wakeups for loop in loops)
+        time.sleep(0.3)
+        return before
+
+    deadline = time.monotonic() + 10
+    while True:  # the request's last frames and timers may still be in flight: wait until quiet
+        before = settled()
+        if before == tuple(loop.wakeups for loop in loops) or time.monotonic() > deadline:
+            break
+    time.sleep(1.0)
+    assert tuple(loop.wakeups for loop in loops) == before
+    assert all(not [t for t in loop._timers if not t[2].cancelled] for loop in loops)
+
+
+def test_a_batch_is_checked_message_by_message():
+    request = control.Request("a", 5, (1, 2), 0, 10**12)
+    result = control.Result("a", 5, "ok")
+    frame = control.batch([control.encode(request), control.encode(result)])
+    assert control.decode_many(frame) == [request, result]
+    with pytest.raises(control.ControlMessageError, match="not a map"):
+        control.decode(frame)  # a lone-message reader never takes a batch
+    bad = control.batch([control.encode(request), msgpack.packb({"v": 2, "kind": "request", "request_id": "b"})])
+    with pytest.raises(control.ControlMessageError, match=r"batch\[1\]"):
+        control.decode_many(bad)
+
+
+def test_hellos_never_travel_in_a_batch():
+    rank = control.RankInfo("d", "agent-1", b"meta", LAYOUT, 1 << 40, 64, "DRAM", 0)
+    frame = control.batch([control.encode(control.Hello(rank)), control.encode(control.Cancel("a", 0))])
+    with pytest.raises(control.ControlMessageError, match="only requests, cancels and results"):
+        control.decode_many(frame)
+
+
+def test_batches_are_bounded_in_count_and_split_when_sending():
+    cancel = control.encode(control.Cancel("a", 0))
+    too_many = b"\xdc" + (control.MAX_BATCH + 1).to_bytes(2, "big") + cancel * (control.MAX_BATCH + 1)
+    with pytest.raises(control.ControlMessageError, match="batch of"):
+        control.decode_many(too_many)
+    frames = control.frames([cancel] * (2 * control.MAX_BATCH + 1))
+    assert [len(control.decode_many(f)) for f in frames] == [control.MAX_BATCH, control.MAX_BATCH, 1]
+    big = control.encode(control.Request("b", 1, tuple(range(100_000)), 0, 10**12))
+    assert len(control.frames([big] * 5)) >= 2  # kept under control.BATCH_BYTES per frame
+
+
+@requires_nixl
+def test_a_request_its_socket_refuses_fails_at_once_and_fences_nothing(pair):
+    """A frame the DEALER will not queue (a full send queue) was never sent: its attempts end now,
+    with their blocks free, instead of waiting out their deadline fenced."""
+    import zmq
+
+    from kvpolicy.transports import TransferError
+
+    p, d = pair
+    conn = d._connections.connection_of("p")
+    real = conn.socket
+
+    class Full:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def send(self, *args, **kwargs):
+            raise zmq.Again()
+
+    d._loop.submit(lambda: setattr(conn, "socket", Full())).result(5)
+    try:
+        handle = d.receive("full", [3], timeout_s=20)
+        with pytest.raises(TransferError, match="send queue is full"):
+            handle.wait(10)
+        assert handle.state is RequestState.FAILED and handle.released
+    finally:
+        d._loop.submit(lambda: setattr(conn, "socket", real)).result(5)
+    p.send("after", [1], to="d")
+    d.receive("after", [3]).wait(10)  # the same block, free again, over the same connection
+    assert d.pool.digests([3]) == p.pool.digests([1])
