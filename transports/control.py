@@ -23,7 +23,8 @@ import msgpack
 
 from .layout import KVLayout
 
-PROTOCOL_VERSION = 2
+#: 2: bounded fields, nonces, deadlines (issue 11); 3: several messages per frame (batches, issue 13).
+PROTOCOL_VERSION = 3
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
 _MAX_FRAME = 16 << 20
@@ -315,7 +316,10 @@ def _check_body(body: Any) -> Message:
     if not isinstance(body, dict):
         raise ControlMessageError("frame is not a map")
     if body.get("v") != PROTOCOL_VERSION:
-        raise ControlMessageError(f"unsupported protocol version {body.get('v')!r}")
+        raise ControlMessageError(
+            f"unsupported protocol version {body.get('v')!r} (this side speaks {PROTOCOL_VERSION}); "
+            "upgrade both sides of the connection to the same kvpolicy release"
+        )
     kind = body.get("kind")
     if kind not in _SCHEMAS:
         raise ControlMessageError(f"unknown message kind {kind!r}")

@@ -71,7 +71,10 @@ def _compare(policy):
     assert got[3] == conflicts, "conflicting requirement pairs"
 
 
-@pytest.mark.parametrize("version", ["2026.07.09", "2026.08.11", "2026.08.24", "2026.09.10"])
+# The first and the newest shipped versions: the newest uses every construct the language has
+# (requested.*, adjustments, env not-matchers); each walks its whole domain (up to millions of
+# contexts). The random policies below cover the language exhaustively at small sizes.
+@pytest.mark.parametrize("version", ["2026.07.09", "2026.09.10"])
 def test_exact_on_shipped_policies(version):
     _compare(kvpolicy.load(version=version).policy)
 

@@ -56,7 +56,7 @@ def test_arbitrary_bytes_never_crash_the_decoder(frame):
 
 
 def _frame(**fields):
-    return msgpack.packb({"v": 2, **fields}, use_bin_type=True)
+    return msgpack.packb({"v": 3, **fields}, use_bin_type=True)
 
 
 def _result(**fields):

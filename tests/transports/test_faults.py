@@ -151,7 +151,7 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
     foreign, _ = allowed_dealer(prefill.address)
     try:
         foreign.send(b"\xc1 not msgpack")
-        foreign.send(msgpack.packb({"v": 2, "kind": "request", "request_id": 5}))  # wrong schema
+        foreign.send(msgpack.packb({"v": 3, "kind": "request", "request_id": 5}))  # wrong schema
         foreign.send(msgpack.packb({"v": 99, "kind": "cancel", "request_id": "x"}))  # wrong version
         # well-formed, but from a peer that never said hello: must not start a write
         foreign.send(control.encode(control.Request("foreign", 7, (0, 1), 0, 1 << 45)))

@@ -112,7 +112,7 @@ def test_a_batch_is_checked_message_by_message():
     assert control.decode_many(frame) == [request, result]
     with pytest.raises(control.ControlMessageError, match="not a map"):
         control.decode(frame)  # a lone-message reader never takes a batch
-    bad = control.batch([control.encode(request), msgpack.packb({"v": 2, "kind": "request", "request_id": "b"})])
+    bad = control.batch([control.encode(request), msgpack.packb({"v": 3, "kind": "request", "request_id": "b"})])
     with pytest.raises(control.ControlMessageError, match=r"batch\[1\]"):
         control.decode_many(bad)
 
