@@ -28,14 +28,15 @@ def test_python_by_default_golden(capsys) -> None:
 
 
 def test_equal_versions_print_no_change(capsys) -> None:
-    code, out, _ = run(capsys, "diff", "2026.08.24", "2026.08.24", "--exit-code")
+    code, out, _ = run(capsys, "diff", "2026.07.09", "2026.07.09", "--exit-code")
     assert code == 0
-    assert out.strip() == "kvpolicy diff 2026.08.24 -> 2026.08.24: no change"
+    assert out.strip() == "kvpolicy diff 2026.07.09 -> 2026.07.09: no change"
 
 
 def test_exit_code_when_changed(capsys) -> None:
-    assert run(capsys, "diff", "2026.08.11", "2026.08.24", "--exit-code")[0] == 1
-    assert run(capsys, "diff", "2026.08.11", "2026.08.24")[0] == 0
+    # The smallest adjacent pair that changes (the golden above prints a larger one).
+    assert run(capsys, "diff", "2026.07.09", "2026.07.20", "--exit-code")[0] == 1
+    assert run(capsys, "diff", "2026.07.09", "2026.07.20")[0] == 0
 
 
 def test_json_lists_every_changed_context(capsys, shipped) -> None:
@@ -62,10 +63,14 @@ def test_json_lists_every_changed_context(capsys, shipped) -> None:
 def test_files_and_folders_are_accepted(capsys, tmp_path) -> None:
     from kvpolicy.loader import shipped_root
 
-    old = shipped_root() / "2026.08.11.toml"
-    code, out, _ = run(capsys, "diff", str(old), str(shipped_root()))  # a folder: its newest version
-    assert code == 0 and "2026.08.11 -> 2026.09.10" in out
-    code, out, _ = run(capsys, "diff", str(old), f"{shipped_root()}@2026.08.11")
+    old = shipped_root() / "2026.07.09.toml"
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    for version in ("2026.07.09", "2026.07.20"):
+        (folder / f"{version}.toml").write_bytes((shipped_root() / f"{version}.toml").read_bytes())
+    code, out, _ = run(capsys, "diff", str(old), str(folder))  # a folder: its newest version
+    assert code == 0 and "2026.07.09 -> 2026.07.20" in out
+    code, out, _ = run(capsys, "diff", str(old), f"{shipped_root()}@2026.07.09")
     assert code == 0 and "no change" in out
 
 
