@@ -26,8 +26,12 @@ demo: $(STAMP)
 	$(VENV)/bin/kvpolicy lint policies/
 	$(VENV)/bin/kvpolicy demo
 
+# Two workers: the transfer tests (one group, one worker, real timeouts kept) beside the CPU-bound
+# engine, lint, diff and report tests. PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The policy gate CI runs: lint, fmt --check and test --coverage --threshold 100, one exit code.
 lint: $(STAMP)

@@ -20,3 +20,16 @@ def _private_cache_dir():
             os.environ.pop("KVPOLICY_CACHE_DIR", None)
         else:
             os.environ["KVPOLICY_CACHE_DIR"] = previous
+
+
+#: Folders whose tests run in one xdist worker each (``make test`` runs ``-n 2 --dist loadgroup``):
+#: the transfer tests start processes, namespaces and etcd servers and keep real timeouts, so they
+#: run one at a time as they would alone; the report tests share pages within a process.
+SERIAL_GROUPS = ("transports", "report")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.nodeid.split("/")
+        if len(parts) > 2 and parts[0] == "tests" and parts[1] in SERIAL_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(parts[1]))
