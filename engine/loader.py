@@ -17,12 +17,11 @@ import re
 import string
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError, PolicyProblem
-from .policyfile import MAX_POLICY_BYTES, read_policy_bytes
+from .policyfile import CASES_SUFFIX, MAX_POLICY_BYTES, display_path, policy_files, read_policy_bytes, shipped_root, version_key
 from .model import (
     DECISIONS,
     Condition,
@@ -54,9 +53,6 @@ __all__ = [
 ]
 
 
-#: Files in a policy folder that hold policy test cases, not policies.
-CASES_SUFFIX = ".cases.toml"
-
 #: Boolean ``cache_transceiver_config`` fields a feature may be tied to (``config_field``).
 CONFIG_FLAGS = frozenset({"enable_pipelined_transfer"})
 
@@ -68,11 +64,6 @@ PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer
 _PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _CONTEXT_SUBJECTS = frozenset({"architecture", "model_type"})
-
-
-def shipped_root() -> Path:
-    """The folder of the policies that ship with kvpolicy."""
-    return Path(str(resources.files("kvpolicy.policies")))
 
 
 @lru_cache(maxsize=1)
@@ -98,16 +89,6 @@ def suggest(name: str, known: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """Sort key of a content version (``2026.08.24`` < ``2026.09.10`` < ``2026.09.10.1``)."""
-    return tuple(int(part) for part in version.split(".") if part.isdigit())
-
-
-def policy_files(folder: Path) -> list[Path]:
-    """The policy files of a folder (``*.toml`` except test-case files), sorted by name."""
-    return sorted(p for p in folder.glob("*.toml") if not p.name.endswith(CASES_SUFFIX))
-
-
 def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
     """Read, parse and check one policy file; raise :class:`PolicyError` listing every problem.
 
@@ -115,18 +96,6 @@ def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
     :func:`kvpolicy.policyfile.read_policy_bytes` for what is refused before parsing."""
     shown = display_path(path)
     return parse_policy(read_policy_bytes(path, shown, root=root), shown)
-
-
-def display_path(path: Path) -> str:
-    """How messages name a file: relative to the working directory when it lies below it.
-
-    Symlinks are not resolved: a message names the file the user listed (and a symlink loop
-    cannot raise here)."""
-    absolute = Path(os.path.abspath(path))
-    try:
-        return str(absolute.relative_to(os.path.abspath(Path.cwd())))
-    except ValueError:
-        return str(path)
 
 
 def parse_policy(raw: bytes, path: str) -> Policy:

@@ -23,10 +23,10 @@ import re
 import stat
 from pathlib import Path
 
-from .errors import PolicyError, PolicyProblem
-from .source import Location
+from .errors import Location, PolicyError, PolicyProblem
 
 __all__ = [
+    "CASES_SUFFIX",
     "MAX_ARRAY_TABLES",
     "MAX_BARE_VALUE",
     "MAX_INLINE_TABLES",
@@ -36,8 +36,46 @@ __all__ = [
     "MAX_ROWS",
     "allowed_symlink_roots",
     "check_text",
+    "display_path",
+    "policy_files",
     "read_policy_bytes",
+    "shipped_root",
+    "version_key",
 ]
+
+#: Files in a policy folder that hold policy test cases, not policies.
+CASES_SUFFIX = ".cases.toml"
+
+
+def shipped_root() -> Path:
+    """The folder of the policies that ship with kvpolicy."""
+    # The data package's own folder: what importlib.resources.files() answers for a regular
+    # package, without importing importlib.resources (a few ms of every cold start).
+    from . import policies
+
+    return Path(policies.__file__).parent
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a content version (``2026.08.24`` < ``2026.09.10`` < ``2026.09.10.1``)."""
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def policy_files(folder: Path) -> list[Path]:
+    """The policy files of a folder (``*.toml`` except test-case files), sorted by name."""
+    return sorted(p for p in folder.glob("*.toml") if not p.name.endswith(CASES_SUFFIX))
+
+
+def display_path(path: Path) -> str:
+    """How messages name a file: relative to the working directory when it lies below it.
+
+    Symlinks are not resolved: a message names the file the user listed (and a symlink loop
+    cannot raise here)."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(os.path.abspath(Path.cwd())))
+    except ValueError:
+        return str(path)
 
 #: The largest policy file kvpolicy reads (a 100,000-row policy is about 15 MB).
 MAX_POLICY_BYTES = 32 << 20

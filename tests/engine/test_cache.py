@@ -1,4 +1,5 @@
-"""The document cache: keyed by content, safe to delete, JSON only, never trusted beyond its digest."""
+"""The compiled-policy and document caches: keyed by content, safe to delete, JSON only, never
+trusted beyond their digests and shape checks."""
 
 from __future__ import annotations
 
@@ -23,8 +24,14 @@ PROBE = (
 )
 
 
-def probe(path: Path, cache_dir: str, **env: str) -> list[str]:
-    """Load ``path`` in a fresh interpreter: (ok|error, whether jsonschema was imported, ...)."""
+def probe(path: Path, cache_dir: str, *, keep_index: bool = False, **env: str) -> list[str]:
+    """Load ``path`` in a fresh interpreter: (ok|error, whether jsonschema was imported, ...).
+
+    The compiled-policy entries are removed first unless ``keep_index``: these probes are about
+    the document cache behind them."""
+    if not keep_index:
+        for entry in entries(Path(cache_dir), INDEX):
+            entry.unlink()
     environment = {**os.environ, "KVPOLICY_CACHE_DIR": cache_dir, **env}
     done = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, env=environment, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -39,8 +46,13 @@ def policy(tmp_path: Path) -> Path:
     return path
 
 
-def entries(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file())
+DOCUMENTS = "documents-1"
+INDEX = "indexes-1"
+
+
+def entries(folder: Path, kind: str = DOCUMENTS) -> list[Path]:
+    """The files of one cache (documents or compiled indexes) under ``folder``."""
+    return sorted(p for p in (folder / kind).rglob("*") if p.is_file())
 
 
 def test_second_load_of_an_unchanged_file_skips_jsonschema(policy, tmp_path):
