@@ -17,17 +17,20 @@ from kvpolicy import PolicyError, cache
 from kvpolicy.loader import shipped_root
 
 PROBE = (
-    "import sys, kvpolicy\n"
+    "import sys, kvpolicy, kvpolicy.loader as loader\n"
+    "parsed = []\n"
+    "parse = loader.parse_document\n"
+    "loader.parse_document = lambda *a: parsed.append(1) or parse(*a)\n"
     "try:\n"
     "    kvpolicy.load(sys.argv[1])\n"
-    "    print('ok', 'jsonschema' in sys.modules)\n"
+    "    print('ok', bool(parsed))\n"
     "except kvpolicy.PolicyError as exc:\n"
-    "    print('error', 'jsonschema' in sys.modules, exc.problems[0].check)\n"
+    "    print('error', bool(parsed), exc.problems[0].check)\n"
 )
 
 
 def probe(path: Path, cache_dir: str, *, keep_index: bool = False, **env: str) -> list[str]:
-    """Load ``path`` in a fresh interpreter: (ok|error, whether jsonschema was imported, ...).
+    """Load ``path`` in a fresh interpreter: (ok|error, whether the file was parsed, ...).
 
     The compiled-policy entries are removed first unless ``keep_index``: these probes are about
     the document cache behind them."""
@@ -57,7 +60,7 @@ def entries(folder: Path, kind: str = DOCUMENTS) -> list[Path]:
     return sorted(p for p in (folder / kind).rglob("*") if p.is_file())
 
 
-def test_second_load_of_an_unchanged_file_skips_jsonschema(policy, tmp_path):
+def test_second_load_of_an_unchanged_file_skips_parsing_and_the_schema(policy, tmp_path):
     folder = tmp_path / "cache"
     assert probe(policy, str(folder)) == ["ok", "True"]
     assert len(entries(folder)) == 1
@@ -185,10 +188,10 @@ def heavy(modules: set[str]) -> set[str]:
 
 def test_a_cold_resolve_from_a_warm_cache_imports_neither_pydantic_nor_jsonschema(tmp_path):
     first, modules = cold_cli(tmp_path / "cache", *CLI)
-    assert {"pydantic", "jsonschema"} <= heavy(modules)  # the first run parses, validates and compiles
+    assert "kvpolicy.loader" in modules and heavy(modules) == set()  # parsed, checked, compiled
     assert entries(tmp_path / "cache", INDEX)
     again, modules = cold_cli(tmp_path / "cache", *CLI)
-    assert heavy(modules) == set()
+    assert heavy(modules) == set() and "kvpolicy.loader" not in modules  # from the compiled index alone
     assert again == first  # the same resolution, diagnostics and notes
 
 
@@ -287,7 +290,7 @@ def test_a_corrupt_or_forged_index_entry_is_a_miss(policy, tmp_path, corruption)
         _rewrite(entry, {"format-spec": _set_message, "wrong-type": _wrong_type, "other-file": _other_file, "not-a-rule": _code}[corruption])
     got, modules = cold_cli(folder, *CLI, policy=policy)
     assert got == want
-    assert "pydantic" in modules  # not used: the policy was compiled again from the file
+    assert "kvpolicy.loader" in modules  # not used: the policy was parsed and compiled again
 
 
 def test_the_index_key_depends_on_kvpolicy_version_and_bytes(monkeypatch):
