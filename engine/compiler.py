@@ -16,6 +16,7 @@ both agree on every context it generates.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable
 from functools import partial
 from types import MappingProxyType
@@ -32,7 +33,9 @@ Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tup
 
 
 class _Source:
-    def __init__(self) -> None:
+    def __init__(self, lean: bool = False, decisions: frozenset[str] = frozenset()) -> None:
+        self.lean = lean
+        self.decisions = decisions
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self._ids: dict[int, str] = {}
@@ -88,7 +91,7 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
     and the timeout, all plainly valid) is normalised inline; anything else goes through
     :meth:`DecisionIndex.normalise`, which checks and explains.
     """
-    src = _Source()
+    src = _Source(lean, index.decision_names)
     if entry:
         _entry_prologue(src, index)
     else:
@@ -110,7 +113,7 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
             _adjustments(src, number, decision["name"], index.undecided(decision["name"]), decision["adjustments"], decided)
     for constraint in index.data["constraints"]:
         src.emit(1, f"if {_condition(src, constraint['when'], decided)}:")
-        src.emit(2, f"diags.append(constraint_diagnostic({src.const(constraint)}, ctx, values))")
+        _constraint(src, 2, constraint, decided)
     if lean:
         # Diagnostics come in a fixed order already (decision order, constraints by id); the
         # sort only moves errors first, which comparisons do not need.
@@ -128,9 +131,11 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
         notice_diagnostic=_lean_notice if lean else index.notice_diagnostic,
         settle=partial(index.settle, lean=True) if lean else index.settle,
         explicit_conflict=_lean_explicit if lean else index.explicit_conflict,
-        diagnostic_order=index.diagnostic_order,
+        diagnostic_order=index._order_key,
         normalise=index.normalise,
         new_resolution=tuple.__new__,
+        new_diagnostic=tuple.__new__,
+        Diagnostic=Diagnostic,
         Resolution=Resolution,
         NO_FEATURES=frozenset(),
         NO_ENV=MappingProxyType({}),
@@ -238,21 +243,18 @@ def _decision(src: _Source, index: DecisionIndex, number: int, decision: dict[st
             src.emit(depth + 2, f"{var}, {rule} = row")
             if decision["on_not_adopted"] is not None:
                 src.emit(depth + 1, "else:")
-                src.emit(
-                    depth + 2,
-                    f"diags.append(notice_diagnostic({src.const(_notice(decision['on_not_adopted']))}, {name}, ctx, values, None, row[0]))",
-                )
+                _notice_statement(src, depth + 2, decision["on_not_adopted"], decision["name"], var, decided, None, "row[0]")
         src.emit(depth, f"if {var} is None:")
         depth += 1
     keyword = "if"
     for r in decision["conditionals"]:
         src.emit(depth, f"{keyword} {_condition(src, r['when'], decided)}:")
-        _settle(src, depth + 1, var, rule, r, name)
+        _settle(src, depth + 1, var, rule, r, decision["name"], decided)
         keyword = "elif"
     if decision["conditionals"]:
         src.emit(depth, "else:")
         depth += 1
-    _settle(src, depth, var, rule, decision["default"], name)
+    _settle(src, depth, var, rule, decision["default"], decision["name"], decided)
     src.emit(1, f"values[{name}] = {var}")
     src.emit(1, f"by[{name}] = {rule}")
 
@@ -264,15 +266,115 @@ def _adjustments(src: _Source, number: int, name: str, undecided: frozenset[str]
     keyword = "if"
     for r in rules:
         src.emit(2, f"{keyword} {_condition(src, r['when'], decided)}:")
-        _settle(src, 3, var, f"b{number}", r, key)
+        _settle(src, 3, var, f"b{number}", r, name, decided)
         src.emit(3, f"values[{key}] = {var}")
         src.emit(3, f"by[{key}] = b{number}")
         keyword = "elif"
 
 
-def _settle(src: _Source, depth: int, var: str, rule: str, compiled: dict[str, Any], name: str) -> None:
+def _settle(src: _Source, depth: int, var: str, rule: str, compiled: dict[str, Any], name: str, decided: dict[str, str]) -> None:
+    key = src.const(name)
     src.emit(depth, f"{var} = {src.const(compiled['value'])}")
     src.emit(depth, f"{rule} = {src.const(compiled['id'])}")
     if compiled["notice"] is not None:
-        src.emit(depth, f"values[{name}] = {var}")
-        src.emit(depth, f"diags.append(notice_diagnostic({src.const(_notice(compiled['notice']))}, {name}, ctx, values, {var}, None))")
+        src.emit(depth, f"values[{key}] = {var}")
+        _notice_statement(src, depth, compiled["notice"], name, var, decided, var, None)
+
+
+# -- diagnostics, formatted inline ---------------------------------------------------------------------
+#
+# A diagnostic's message is built where the rule fires, from the locals of the generated function
+# (``v0``, ``arch``, ...), by concatenation: no call to a formatter. A message without placeholders
+# makes the whole diagnostic one constant. The result is the same as DecisionIndex.notice_diagnostic
+# and constraint_diagnostic give (the interpreter, which uses its own formatter, is checked against
+# it), and those stay the path for a template this form does not cover.
+
+
+def _field(src: _Source, field: str, current: str, var: str, decided: dict[str, str], preferred: str | None) -> str:
+    """The expression of one placeholder, as :func:`kvpolicy.index.compile_message` reads it."""
+    if field in src.decisions:
+        local = var if field == current else decided.get(field)
+        return f"({local} or 'none')" if local else "'none'"  # not decided yet: absent from the values
+    if field == "architecture":
+        return "(arch or 'this architecture')"
+    if field == "model_type":
+        return "(mtype or 'none')"
+    if field == "kv_transfer_timeout_ms":
+        return "('null' if timeout is None else str(timeout))"
+    if field == "preferred":
+        return f"({preferred} or 'none')" if preferred else "'none'"
+    return "'none'"
+
+
+def _message(
+    src: _Source, template: str, current: str, var: str, decided: dict[str, str], preferred: str | None
+) -> tuple[str, str | None] | None:
+    """``(expression, text)`` of a message: ``text`` when it has no placeholder (a constant);
+    None when it uses a format spec or conversion (the loader refuses those; the runtime path
+    then formats it)."""
+    try:
+        pieces = list(string.Formatter().parse(template))
+    except ValueError:
+        return None
+    parts: list[str] = []
+    literal_only = True
+    for literal, field, spec, conversion in pieces:
+        if literal:
+            parts.append(src.const(literal))
+        if field is None:
+            continue
+        if spec or conversion:
+            return None
+        literal_only = False
+        parts.append(_field(src, field, current, var, decided, preferred))
+    if literal_only:
+        text = "".join(literal for literal, _, _, _ in pieces)
+        return src.const(text), text
+    return " + ".join(parts), None
+
+
+def _notice_statement(
+    src: _Source, depth: int, notice: list[str], decision: str, var: str, decided: dict[str, str], value: str | None, preferred: str | None
+) -> None:
+    """Append the diagnostic of a notice (``value``/``preferred``: expressions, or None)."""
+    rule_id, severity, where, template = notice
+    if src.lean:
+        src.emit(depth, f"diags.append({src.const(Diagnostic(rule_id, severity, '', decision, ''))})")
+        return
+    message = _message(src, template, decision, var, decided, preferred)
+    if message is None:
+        src.emit(
+            depth,
+            f"diags.append(notice_diagnostic({src.const(tuple(notice))}, {src.const(decision)}, ctx, values, "
+            f"{value or 'None'}, {preferred or 'None'}))",
+        )
+    elif message[1] is not None:
+        src.emit(depth, f"diags.append({src.const(Diagnostic(rule_id, severity, message[1], decision, where, ''))})")
+    else:
+        head = f"{src.const(rule_id)}, {src.const(severity)}"
+        src.emit(depth, f"diags.append(new_diagnostic(Diagnostic, ({head}, {message[0]}, {src.const(decision)}, {src.const(where)}, '')))")
+
+
+def _constraint(src: _Source, depth: int, constraint: dict[str, Any], decided: dict[str, str]) -> None:
+    """Append the diagnostic of a constraint that fired (every decision is made by now)."""
+    if src.lean:
+        diagnostic = Diagnostic(constraint["id"], constraint["severity"], "", constraint["decision"], "")
+        src.emit(depth, f"diags.append({src.const(diagnostic)})")
+        return
+    message = _message(src, constraint["message"], "", "", decided, None)
+    fix = _message(src, constraint["fix"], "", "", decided, None)
+    if message is None or fix is None:
+        src.emit(depth, f"diags.append(constraint_diagnostic({src.const(constraint)}, ctx, values))")
+        return
+    rule_id, severity, decision, where = (src.const(constraint[k]) for k in ("id", "severity", "decision", "location"))
+    if message[1] is not None and fix[1] is not None:
+        diagnostic = Diagnostic(
+            constraint["id"], constraint["severity"], f"{message[1]} To fix: {fix[1]}.", constraint["decision"], constraint["location"], fix[1]
+        )
+        src.emit(depth, f"diags.append({src.const(diagnostic)})")
+        return
+    src.emit(depth, f"fx = {fix[0]}")
+    src.emit(
+        depth,
+        f"diags.append(new_diagnostic(Diagnostic, ({rule_id}, {severity}, {message[0]} + ' To fix: ' + fx + '.', {decision}, {where}, fx)))",
+    )

@@ -323,6 +323,7 @@ class DecisionIndex:
         self._by_name = {d["name"]: d for d in self.decisions}
         self._requests = tuple((d["name"], d["auto"], frozenset(self.requests(d["name"]))) for d in self.decisions)
         self._rank = {name: index for index, name in enumerate(self.order)}
+        self._order_key = self._sort_key(self._rank)
         self._renderers: dict[str, Callable[..., str]] = {}
         self._fast: Callable[[dict[str, Any]], Any] | None = None
         self._lean: Callable[[dict[str, Any]], Any] | None = None
@@ -487,7 +488,15 @@ class DecisionIndex:
 
     def diagnostic_order(self, diagnostic: Diagnostic) -> tuple[int, int, str]:
         """Errors first, then by decision order, then by id: independent of rule order."""
-        return (_SEVERITY_RANK[diagnostic.severity], self._rank.get(diagnostic.decision, 99), diagnostic.id)  # type: ignore[arg-type]
+        return self._order_key(diagnostic)
+
+    @staticmethod
+    def _sort_key(rank: dict[str, int]) -> Callable[[Diagnostic], tuple[int, int, str]]:
+        # A closure over plain dicts, indexing the tuple: the sort runs on every resolution with
+        # two diagnostics or more, and attribute lookups on a named tuple cost a call each.
+        severity = _SEVERITY_RANK
+        get = rank.get
+        return lambda d: (severity[d[1]], get(d[3], 99), d[0])  # type: ignore[index]
 
     def _render(self, template: str) -> Callable[[dict[str, Any], dict[str, Any], str | None], str]:
         render = self._renderers.get(template)
