@@ -36,6 +36,7 @@ class _Source:
     def __init__(self, lean: bool = False, decisions: frozenset[str] = frozenset()) -> None:
         self.lean = lean
         self.decisions = decisions
+        self.requested: dict[str, str] = {}  # decision -> the local holding the requested value
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self._ids: dict[int, str] = {}
@@ -70,7 +71,7 @@ def _condition(src: _Source, condition: dict[str, Any], decided: dict[str, str])
         local = decided[subject] if subject in decided else _LOCALS[subject]
         terms.append(_matcher(src, local, values, negate))
     for subject, values, negate in condition["requested"]:
-        terms.append(_matcher(src, f"ctx[{src.const(subject)}]", values, negate))
+        terms.append(_matcher(src, src.requested[subject], values, negate))
     if condition["timeout"] is not None:
         terms.append("timeout is None" if condition["timeout"] == "null" else "timeout is not None")
     for feature, on in condition["features"]:
@@ -92,15 +93,12 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
     :meth:`DecisionIndex.normalise`, which checks and explains.
     """
     src = _Source(lean, index.decision_names)
+    src.requested = {decision["name"]: f"r{number}" for number, decision in enumerate(index.decisions)}
     if entry:
         _entry_prologue(src, index)
     else:
         src.emit(0, "def evaluate(ctx):")
-    src.emit(1, "arch = ctx['architecture']")
-    src.emit(1, "mtype = ctx['model_type']")
-    src.emit(1, "timeout = ctx['kv_transfer_timeout_ms']")
-    src.emit(1, "feats = ctx['features']")
-    src.emit(1, "env = ctx['env']")
+        _locals_from(src, 1, index)
     src.emit(1, "values = {}")
     src.emit(1, "by = {}")
     src.emit(1, "diags = []")
@@ -169,18 +167,40 @@ def _entry_prologue(src: _Source, index: DecisionIndex) -> None:
         checks.append(f"r{number}.__class__ is str and r{number} in {accepted}")
         requested.append(f"{name}: r{number}")
     src.emit(2, f"if {' and '.join(checks)}:")
+    # The common case keeps what it read in locals: the body reads no field back from ``ctx``.
+    src.emit(3, "mtype = None")
+    src.emit(3, "env = NO_ENV")
+    src.emit(3, "if feats.__class__ is not frozenset:")
+    src.emit(4, "feats = frozenset(feats)")
     src.emit(
         3,
         "ctx = {'architecture': arch, 'model_type': None, 'kv_transfer_timeout_ms': timeout, "
-        "'features': feats if feats.__class__ is frozenset else frozenset(feats), "
-        f"'env': NO_ENV, {', '.join(requested)}}}",
+        f"'features': feats, 'env': NO_ENV, {', '.join(requested)}}}",
     )
     src.emit(2, "else:")
     src.emit(3, "ctx = normalise(None, fields)")
+    _off_or_locals(src, 3, index)
     src.emit(1, "else:")
     src.emit(2, "ctx = normalise(config, fields)")
-    src.emit(1, "if ctx['backend'] is None:")
-    src.emit(2, "return new_resolution(Resolution, ({}, {}, (), ctx, policy_set))")
+    _off_or_locals(src, 2, index)
+
+
+def _off_or_locals(src: _Source, depth: int, index: DecisionIndex) -> None:
+    """After a checked normalisation: the answer when disaggregation is off, else the locals."""
+    src.emit(depth, "if ctx['backend'] is None:")
+    src.emit(depth + 1, "return new_resolution(Resolution, ({}, {}, (), ctx, policy_set))")
+    _locals_from(src, depth, index)
+
+
+def _locals_from(src: _Source, depth: int, index: DecisionIndex) -> None:
+    """The locals the body reads, from a normalised context."""
+    src.emit(depth, "arch = ctx['architecture']")
+    src.emit(depth, "mtype = ctx['model_type']")
+    src.emit(depth, "timeout = ctx['kv_transfer_timeout_ms']")
+    src.emit(depth, "feats = ctx['features']")
+    src.emit(depth, "env = ctx['env']")
+    for number, decision in enumerate(index.decisions):
+        src.emit(depth, f"r{number} = ctx[{src.const(decision['name'])}]")
 
 
 def _lean_constraint(constraint: Any, ctx: Any, values: Any) -> Diagnostic:
@@ -205,7 +225,7 @@ def _decision(src: _Source, index: DecisionIndex, number: int, decision: dict[st
     name = src.const(decision["name"])
     requirements = [(r, index.requirement(r)) for r in decision["requirements"]]
     undecided = index.undecided(decision["name"])
-    src.emit(1, f"{var} = ctx[{name}]")
+    src.emit(1, f"{var} = r{number}")
     if len(undecided) == 1:
         src.emit(1, f"if {var} != {src.const(decision['auto'])}:")
     else:
@@ -262,7 +282,7 @@ def _decision(src: _Source, index: DecisionIndex, number: int, decision: dict[st
 def _adjustments(src: _Source, number: int, name: str, undecided: frozenset[str], rules: Any, decided: dict[str, str]) -> None:
     """Creation-time rewrites: the first that holds, unless the decision was explicit."""
     var, key = f"v{number}", src.const(name)
-    src.emit(1, f"if ctx[{key}] in {src.const(undecided)}:")
+    src.emit(1, f"if {src.requested[name]} in {src.const(undecided)}:")
     keyword = "if"
     for r in rules:
         src.emit(2, f"{keyword} {_condition(src, r['when'], decided)}:")
