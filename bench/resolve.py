@@ -231,6 +231,23 @@ def same_answers(policy_set: PolicySet, encoding: Callable[..., Any], contexts: 
         assert (values, sorted(diagnostics)) == (dict(resolution.values), mine), (fields, values, diagnostics, mine)
 
 
+def answer_grid(policy_set: PolicySet) -> list[dict]:
+    """Contexts over every architecture the policy names (and one it does not), every backend and
+    runtime request, both timeouts, and each feature alone: where the two encodings must agree."""
+    index = policy_set._index
+    architectures = [None, "UnknownForCausalLM", *index.data["architectures"]]
+    features = [frozenset(), *(frozenset([f]) for f in sorted(index.features))]
+    return [
+        dict(architecture=a, backend=b, transceiver_runtime=r, kv_transfer_timeout_ms=t, features=f)
+        for a in architectures
+        for b in index.requests("backend")
+        for r in index.requests("transceiver_runtime")
+        if r != "null"
+        for t in (None, 30000)
+        for f in features
+    ]
+
+
 def call_latency(function: Callable[..., Any], contexts: list[dict], seconds: float, batch: int = 50) -> dict[str, float]:
     """As :func:`latency`, for any function of the context's fields."""
     samples: list[float] = []
@@ -249,7 +266,7 @@ def compare_if_elif(policy_set: PolicySet, contexts: list[dict], seconds: float)
     """``resolve`` against the if/elif encoding of the same policy, interleaved in one run, with
     the answers checked equal first; and contexts with diagnostics against those without."""
     encoding = if_elif_encoding(policy_set)
-    same_answers(policy_set, encoding, contexts)
+    same_answers(policy_set, encoding, contexts + answer_grid(policy_set))
     with_diagnostics = [f for f in contexts if policy_set.resolve(**f).diagnostics]
     without = [f for f in contexts if not policy_set.resolve(**f).diagnostics]
     figures: dict[str, list[float]] = {"resolve": [], "if_elif": [], "with": [], "without": []}

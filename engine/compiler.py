@@ -87,8 +87,8 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
     ``lean`` evaluators skip formatting messages: their diagnostics carry id, severity and
     decision only. Analyses that evaluate every context of a domain (diff, lint) use them.
 
-    ``entry`` generates ``resolve(config, fields, policy_set) -> Resolution`` instead: the whole
-    public call in one function. The common case (keyword fields among architecture, the decisions
+    ``entry`` generates ``make(policy_set)`` instead, which returns that set's
+    ``resolve(config=None, /, **fields) -> Resolution``: the whole public call in one function. The common case (keyword fields among architecture, the decisions
     and the timeout, all plainly valid) is normalised inline; anything else goes through
     :meth:`DecisionIndex.normalise`, which checks and explains.
     """
@@ -138,17 +138,22 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
         NO_FEATURES=frozenset(),
         NO_ENV=MappingProxyType({}),
     )
-    code = compile("\n".join(src.lines) + "\n", f"<kvpolicy {index.path}>", "exec")
+    lines = src.lines
+    if entry:
+        # ``make(policy_set)`` returns that set's ``resolve``: a closure, so that a call is one
+        # Python call with the caller's own keywords, not a method that calls this function.
+        lines = ["def make(policy_set):", *("    " + line for line in lines), "    return resolve"]
+    code = compile("\n".join(lines) + "\n", f"<kvpolicy {index.path}>", "exec")
     exec(code, namespace)  # noqa: S102 - generated from identifiers above, never from policy text
-    function: Evaluator = namespace["resolve" if entry else "evaluate"]
+    function: Evaluator = namespace["make" if entry else "evaluate"]
     function.__source__ = "\n".join(src.lines)  # type: ignore[attr-defined]
     return function
 
 
 def _entry_prologue(src: _Source, index: DecisionIndex) -> None:
-    """``resolve(config, fields, policy_set)``: inline normalisation of the common case."""
+    """``resolve(config=None, /, **fields)``: inline normalisation of the common case."""
     fast_keys = frozenset({"architecture", "kv_transfer_timeout_ms", "features", *index.decision_names})
-    src.emit(0, "def resolve(config, fields, policy_set):")
+    src.emit(0, "def resolve(config=None, /, **fields):")
     src.emit(1, f"if config is None and fields.keys() <= {src.const(fast_keys)}:")
     src.emit(2, "get = fields.get")
     src.emit(2, "arch = get('architecture')")

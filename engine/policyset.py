@@ -30,7 +30,8 @@ class PolicySet:
     writes traces are built from the same bytes the first time they are asked for.
     """
 
-    __slots__ = ("_policy", "_compiled", "_index", "_siblings", "_entry", "_raw", "_path")
+    # No __slots__: ``resolve`` is set on each instance (the generated closure over this set),
+    # shadowing the method below, so that a call costs one Python call.
 
     def __init__(self, policy: Policy, siblings: dict[str, Path] | None = None) -> None:
         from .resolver import Program
@@ -38,7 +39,7 @@ class PolicySet:
         self._policy: Policy | None = policy
         self._compiled: Program | None = Program(policy)
         self._index = self._compiled.index
-        self._entry = self._index.entry
+        self._bind()
         self._raw: bytes | None = None
         self._path = policy.path
         self._siblings = siblings or {policy.version: Path(policy.path)}
@@ -50,11 +51,17 @@ class PolicySet:
         self._policy = None
         self._compiled = None
         self._index = index
-        self._entry = index.entry
+        self._bind()
         self._raw = raw
         self._path = index.path
         self._siblings = siblings or {index.version: Path(index.path)}
         return self
+
+    def _bind(self) -> None:
+        resolve = self._index.entry(self)
+        resolve.__doc__ = PolicySet.resolve.__doc__
+        resolve.__qualname__ = "PolicySet.resolve"
+        self.resolve = resolve  # type: ignore[method-assign]
 
     @property
     def policy(self) -> Policy:
@@ -119,7 +126,9 @@ class PolicySet:
 
     def resolve(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> Resolution:
         """Resolve a serving context (a ``cache_transceiver_config`` mapping and/or fields)."""
-        return self._entry(config, fields, self)
+        # Reached only through the class (``PolicySet.resolve(policy_set, ...)``): instances
+        # carry their own generated ``resolve``.
+        return self.__dict__["resolve"](config, **fields)  # type: ignore[no-any-return]
 
     def notes(self, context: Mapping[str, Any]) -> list[str]:
         """Notes on a normalised context that resolves, but probably not as meant (a misspelt

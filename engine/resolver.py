@@ -195,7 +195,6 @@ class Program:
         #: The plain-data decision index: normalisation and the generated evaluators (the
         #: interpreter below is the reference they are tested against, and it writes traces).
         self.index = index if index is not None else DecisionIndex(build_index(policy, order), policy.path)
-        self._entry = self.index.entry
         self.default_timeout_ms = self.index.default_timeout_ms
 
     def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
