@@ -32,7 +32,6 @@ parsing bytes that passed every parse-time bound and the schema before.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -49,6 +48,11 @@ __all__ = [
     "remember_index",
     "sha256",
 ]
+
+try:  # CPython's own SHA-256: importing hashlib sets up every OpenSSL algorithm (~5 ms of a cold start)
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover - another interpreter, or a build without it
+    from hashlib import sha256 as _sha256
 
 _ENTRY = "documents-1"
 _INDEX = "indexes-1"
@@ -80,8 +84,8 @@ def cache_dir() -> Path | None:
 
 def document_key(raw: bytes, schema_raw: bytes, version: str) -> str:
     """The digest a document is stored under: kvpolicy's version, the schema and the file."""
-    digest = hashlib.sha256()
-    for part in (b"kvpolicy-document-1", version.encode(), hashlib.sha256(schema_raw).digest(), raw):
+    digest = _sha256()
+    for part in (b"kvpolicy-document-1", version.encode(), _sha256(schema_raw).digest(), raw):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()
@@ -132,7 +136,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def sha256(data: bytes) -> str:
     """Hex sha256 of ``data`` (the digest a policy set reports)."""
-    return hashlib.sha256(data).hexdigest()
+    return _sha256(data).hexdigest()
 
 
 def index_key(raw: bytes) -> str:
@@ -158,7 +162,7 @@ def cached_index(key: str) -> dict[str, Any] | None:
     if data is None:
         return None
     head, newline, payload = data.partition(b"\n")
-    if not newline or head != b" ".join((_INDEX_MAGIC, key.encode(), hashlib.sha256(payload).hexdigest().encode())):
+    if not newline or head != b" ".join((_INDEX_MAGIC, key.encode(), _sha256(payload).hexdigest().encode())):
         return None
     try:
         entry = json.loads(payload)
@@ -176,7 +180,7 @@ def remember_index(key: str, data: dict[str, Any]) -> None:
         payload = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
     except (TypeError, ValueError, RecursionError):
         return
-    head = b" ".join((_INDEX_MAGIC, key.encode(), hashlib.sha256(payload).hexdigest().encode()))
+    head = b" ".join((_INDEX_MAGIC, key.encode(), _sha256(payload).hexdigest().encode()))
     _write(folder / _INDEX / key[:2] / key, head + b"\n" + payload)
 
 

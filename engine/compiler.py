@@ -16,7 +16,7 @@ both agree on every context it generates.
 
 from __future__ import annotations
 
-import string
+from _string import formatter_parser  # what string.Formatter().parse calls (string itself is not needed)
 from collections.abc import Callable
 from functools import partial
 from types import MappingProxyType
@@ -338,7 +338,7 @@ def _message(
     None when it uses a format spec or conversion (the loader refuses those; the runtime path
     then formats it)."""
     try:
-        pieces = list(string.Formatter().parse(template))
+        pieces = list(formatter_parser(template))
     except ValueError:
         return None
     parts: list[str] = []

@@ -15,7 +15,7 @@ before anything is built from it, and the generated code never contains a string
 
 from __future__ import annotations
 
-import string
+from _string import formatter_parser  # what string.Formatter().parse calls
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -206,7 +206,7 @@ def _check_template(text: Any) -> None:
     format spec such as ``{x:>99999999}`` would write 100 MB)."""
     _expect(type(text) is str)
     try:
-        parsed = list(string.Formatter().parse(text))
+        parsed = list(formatter_parser(text))
     except ValueError:
         raise _Bad from None
     for _, field, spec, conversion in parsed:
@@ -623,7 +623,7 @@ def compile_message(template: str, decisions: frozenset[str]) -> Callable[[dict[
     into literal text and value getters makes that a concatenation instead of a ``format_map``.
     """
     pieces: list[tuple[str, Callable[[dict[str, Any], dict[str, Any], str | None], str] | None, str]] = []
-    for literal, field, spec, _ in string.Formatter().parse(template):
+    for literal, field, spec, _ in formatter_parser(template):
         pieces.append((literal, _getter(field, decisions) if field else None, spec or ""))
     if all(getter is None for _, getter, _ in pieces):
         text = "".join(literal for literal, _, _ in pieces)
