@@ -12,7 +12,6 @@ import datetime
 import difflib
 import hashlib
 import json
-import os
 import re
 import string
 from collections.abc import Callable, Iterable
