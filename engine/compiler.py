@@ -33,8 +33,9 @@ Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tup
 
 
 class _Source:
-    def __init__(self, lean: bool = False, decisions: frozenset[str] = frozenset()) -> None:
+    def __init__(self, lean: bool = False, decisions: frozenset[str] = frozenset(), where: Callable[[str], str] = str) -> None:
         self.lean = lean
+        self.where = where  # ``line:col`` -> ``file:line:col``
         self.decisions = decisions
         self.requested: dict[str, str] = {}  # decision -> the local holding the requested value
         self.lines: list[str] = []
@@ -92,7 +93,7 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
     and the timeout, all plainly valid) is normalised inline; anything else goes through
     :meth:`DecisionIndex.normalise`, which checks and explains.
     """
-    src = _Source(lean, index.decision_names)
+    src = _Source(lean, index.decision_names, index.where)
     src.requested = {decision["name"]: f"r{number}" for number, decision in enumerate(index.decisions)}
     if entry:
         _entry_prologue(src, index)
@@ -218,10 +219,6 @@ def _lean_notice(notice: Any, decision: str, ctx: Any, values: Any, value: Any, 
 
 def _lean_explicit(name: str, rule: Any, value: str) -> Diagnostic:
     return Diagnostic(rule[0], "error", "", name, "")
-
-
-def _notice(notice: list[str] | None) -> tuple[str, ...] | None:
-    return tuple(notice) if notice is not None else None
 
 
 def _decision(src: _Source, index: DecisionIndex, number: int, decision: dict[str, Any], decided: dict[str, str]) -> None:
@@ -362,7 +359,8 @@ def _notice_statement(
     src: _Source, depth: int, notice: list[str], decision: str, var: str, decided: dict[str, str], value: str | None, preferred: str | None
 ) -> None:
     """Append the diagnostic of a notice (``value``/``preferred``: expressions, or None)."""
-    rule_id, severity, where, template = notice
+    rule_id, severity, position, template = notice
+    where = src.where(position)
     if src.lean:
         src.emit(depth, f"diags.append({src.const(Diagnostic(rule_id, severity, '', decision, ''))})")
         return
@@ -370,7 +368,7 @@ def _notice_statement(
     if message is None:
         src.emit(
             depth,
-            f"diags.append(notice_diagnostic({src.const(tuple(notice))}, {src.const(decision)}, ctx, values, "
+            f"diags.append(notice_diagnostic({src.const((rule_id, severity, where, template))}, {src.const(decision)}, ctx, values, "
             f"{value or 'None'}, {preferred or 'None'}))",
         )
     elif message[1] is not None:
@@ -391,10 +389,12 @@ def _constraint(src: _Source, depth: int, constraint: dict[str, Any], decided: d
     if message is None or fix is None:
         src.emit(depth, f"diags.append(constraint_diagnostic({src.const(constraint)}, ctx, values))")
         return
-    rule_id, severity, decision, where = (src.const(constraint[k]) for k in ("id", "severity", "decision", "location"))
+    location = src.where(constraint["location"])
+    rule_id, severity, decision = (src.const(constraint[k]) for k in ("id", "severity", "decision"))
+    where = src.const(location)
     if message[1] is not None and fix[1] is not None:
         diagnostic = Diagnostic(
-            constraint["id"], constraint["severity"], f"{message[1]} To fix: {fix[1]}.", constraint["decision"], constraint["location"], fix[1]
+            constraint["id"], constraint["severity"], f"{message[1]} To fix: {fix[1]}.", constraint["decision"], location, fix[1]
         )
         src.emit(depth, f"diags.append({src.const(diagnostic)})")
         return

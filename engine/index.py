@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["CACHE_TRANSCEIVER_FIELDS", "CONTEXT_FIELDS", "FORMAT", "DecisionIndex", "build_index", "check_index", "compile_message"]
 
 #: Bumped whenever the index data changes shape or meaning (part of the cache key).
-FORMAT = 1
+FORMAT = 2
 
 #: Every field of upstream's ``CacheTransceiverConfig``; ``resolve`` reads some, the rest are passive.
 CACHE_TRANSCEIVER_FIELDS = frozenset(
@@ -82,10 +82,17 @@ def _condition(condition: Condition) -> dict[str, Any]:
     }
 
 
+def _position(location: Any) -> str:
+    """``line:column`` of a location. The file's name is not stored: messages name the file as
+    the user named it in *this* run (relative to the working directory), so it is added when the
+    index is used (:meth:`DecisionIndex.where`)."""
+    return f"{location.line}:{location.column}"
+
+
 def _notice(notice: Notice | None) -> list[str] | None:
     if notice is None:
         return None
-    return [notice.id, notice.severity, str(notice.location), notice.message]
+    return [notice.id, notice.severity, _position(notice.location), notice.message]
 
 
 def _rule(rule: Rule) -> dict[str, Any]:
@@ -95,7 +102,7 @@ def _rule(rule: Rule) -> dict[str, Any]:
         "when": _condition(rule.when),
         "text": str(rule.when),
         "reason": rule.reason,
-        "location": str(rule.location),
+        "location": _position(rule.location),
         "notice": _notice(rule.notice),
     }
 
@@ -146,7 +153,7 @@ def build_index(policy: Policy, order: list[str] | tuple[str, ...] | None = None
                 "id": c.id,
                 "severity": c.severity,
                 "decision": c.decision,
-                "location": str(c.location),
+                "location": _position(c.location),
                 "message": c.message,
                 "fix": c.fix,
                 "when": _condition(c.when),
@@ -343,11 +350,19 @@ class DecisionIndex:
         d = self._by_name[name]
         return (d["auto"], *((_NULL_REQUEST,) if d["null_decides"] else ()), *d["values"])
 
-    @staticmethod
-    def requirement(rule: dict[str, Any]) -> Requirement:
+    def where(self, position: str) -> str:
+        """``file:line:col`` of a stored ``line:col`` in this index's file."""
+        return f"{self.path}:{position}"
+
+    def notice(self, notice: list[str]) -> tuple[str, str, str, str]:
+        """A notice's runtime form ``(id, severity, file:line:col, message)``."""
+        rule_id, severity, position, message = notice
+        return (rule_id, severity, self.where(position), message)
+
+    def requirement(self, rule: dict[str, Any]) -> Requirement:
         """A requirement's runtime form."""
-        notice = tuple(rule["notice"]) if rule["notice"] is not None else None
-        return Requirement((rule["id"], rule["value"], notice, rule["text"], rule["reason"], rule["location"]))
+        notice = self.notice(rule["notice"]) if rule["notice"] is not None else None
+        return Requirement((rule["id"], rule["value"], notice, rule["text"], rule["reason"], self.where(rule["location"])))
 
     # -- evaluation --
 
@@ -519,7 +534,7 @@ class DecisionIndex:
         fixed = self._render(constraint["fix"])(ctx, values, None)
         message = f"{self._render(constraint['message'])(ctx, values, None)} To fix: {fixed}."
         return _new_diagnostic(
-            Diagnostic, (constraint["id"], constraint["severity"], message, constraint["decision"], constraint["location"], fixed)
+            Diagnostic, (constraint["id"], constraint["severity"], message, constraint["decision"], self.where(constraint["location"]), fixed)
         )
 
     def settle(

@@ -332,3 +332,19 @@ def test_a_forged_entry_of_the_right_shape_is_data_never_code(policy, tmp_path, 
     forged = kvpolicy.load(policy)
     assert forged._policy is None  # the forged entry was used
     assert set(forged.resolve(architecture="LlamaForCausalLM", backend="DEFAULT").decided_by.values()) >= {payload}
+
+
+def test_locations_name_the_file_as_this_run_does(policy, tmp_path, monkeypatch):
+    # The index stores line:col only: a file loaded from another working directory (so named by
+    # another relative path) gets its own path in every diagnostic, as a fresh parse gives it.
+    monkeypatch.setenv("KVPOLICY_CACHE_DIR", str(tmp_path / "cache"))
+    fields = dict(architecture="GptOssForCausalLM", backend="UCX")
+    monkeypatch.chdir(policy.parent)
+    kvpolicy.load(policy.name).resolve(**fields)  # stored, the file named "2026.09.10.toml"
+    monkeypatch.chdir(tmp_path)
+    cached = kvpolicy.load(policy)
+    assert cached._policy is None
+    got = cached.resolve(**fields)
+    monkeypatch.setenv("KVPOLICY_CACHE_DIR", "")
+    want = kvpolicy.load(policy).resolve(**fields)  # parsed in this working directory
+    assert got == want and got.diagnostics[0].location.startswith("policies/2026.09.10.toml:")
