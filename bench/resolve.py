@@ -12,10 +12,12 @@ import argparse
 import json
 import random
 import statistics
+import string
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import kvpolicy
 from kvpolicy.loader import parse_policy, shipped_root
@@ -74,6 +76,216 @@ def latency(policy_set: PolicySet, contexts: list[dict], seconds: float, batch: 
         "p99_us": samples[min(len(samples) - 1, int(len(samples) * 0.99))],
         "per_second": total / elapsed,
     }
+
+
+def if_elif_encoding(policy_set: PolicySet) -> Callable[..., tuple[dict[str, str], list[tuple[str, str, str]]]]:
+    """The same policy written the way upstream writes it: one function of keyword fields, every
+    rule an ``if``, every preference table an ``if/elif`` chain over architecture names, messages
+    built by concatenation where a rule fires. Generated from the policy's decision index (the
+    same table), it returns the values and the (id, severity, message) of every diagnostic; the
+    bench asserts those equal ``resolve``'s on every context it times. No rule ids, locations,
+    trace, context checks or result object: that is the extra ``resolve`` does."""
+    data = policy_set._index.data
+    lines = [
+        "def resolve(architecture=None, model_type=None, backend='DEFAULT', transceiver_runtime='auto', "
+        "kv_cache_manager='auto', kv_transfer_timeout_ms=60000, features=frozenset(), env={}):",
+        "    if backend is None:",
+        "        return {}, []",
+        "    diags = []",
+    ]
+    for variable, feature in data["env_features"]:
+        lines.append(f"    if env.get({variable!r}) == '1':")
+        lines.append(f"        features = features | {{{feature!r}}}")
+    names = [d["name"] for d in data["decisions"]]
+    for name in names:
+        lines.append(f"    req_{name} = {name}")
+
+    def matcher(subject: str, values: list[str], negate: bool) -> str:
+        if len(values) == 1:
+            return f"{subject} {'!=' if negate else '=='} {values[0]!r}"
+        return f"{subject} {'not in' if negate else 'in'} {tuple(sorted(values))!r}"
+
+    def condition(c: dict) -> str:
+        terms = [matcher(s, v, n) for s, v, n in c["subjects"]]
+        terms += [matcher(f"req_{s}", v, n) for s, v, n in c["requested"]]
+        if c["timeout"]:
+            terms.append(f"kv_transfer_timeout_ms is {'' if c['timeout'] == 'null' else 'not '}None")
+        terms += [f"{f!r} {'in' if on else 'not in'} features" for f, on in c["features"]]
+        terms += [matcher(f"env.get({v!r}, '')", values, n) for v, values, n in c["env"]]
+        return " and ".join(terms) or "True"
+
+    def message(template: str, current: str, preferred: str = "None") -> str:
+        parts = []
+        for literal, field, _, _ in string.Formatter().parse(template):
+            if literal:
+                parts.append(repr(literal))
+            if field in names:
+                parts.append(f"({field} or 'none')")
+            elif field == "architecture":
+                parts.append("(architecture or 'this architecture')")
+            elif field == "model_type":
+                parts.append("(model_type or 'none')")
+            elif field == "kv_transfer_timeout_ms":
+                parts.append("('null' if kv_transfer_timeout_ms is None else str(kv_transfer_timeout_ms))")
+            elif field == "preferred":
+                parts.append(f"({preferred} or 'none')")
+            elif field is not None:
+                parts.append("'none'")
+        return " + ".join(parts) or "''"
+
+    def notice(n: list | None, name: str, depth: str, preferred: str = "None") -> None:
+        if n is not None:
+            lines.append(f"{depth}diags.append(({n[0]!r}, {n[1]!r}, {message(n[3], name, preferred)}))")
+
+    decided: set[str] = set()
+    for d in data["decisions"]:
+        name = d["name"]
+        undecided = (d["auto"], "null") if d["null_decides"] else (d["auto"],)
+        lines.append(f"    if {name} not in {undecided!r}:")
+        lines.append("        pass")
+        for r in d["requirements"]:
+            lines.append(f"        if ({condition(r['when'])}) and {name} != {r['value']!r}:")
+            why = f" ({r['reason'].rstrip('.')})" if r["reason"] else ""
+            rest = f", but rule {r['id']} requires {r['value']} when {r['text']}{why}. To fix: set {name} to {r['value']} or {d['auto']}."
+            lines.append(f"            diags.append(({r['id']!r}, 'error', {name + ' is explicitly '!r} + {name} + {rest!r}))")
+        lines.append("    else:")
+        lines.append(f"        {name} = None")
+        if d["requirements"]:
+            lines.append("        held = []")
+            for r in d["requirements"]:
+                lines.append(f"        if {condition(r['when'])}:")
+                lines.append(f"            held.append(({r['id']!r}, {r['value']!r}, {r['notice']!r}, {r['text']!r}))")
+            lines.append("        if held:")
+            lines.append("            if len({h[1] for h in held}) > 1:")
+            lines.append(
+                f"                diags.append(('requirements-conflict', 'error', {name!r} + ' cannot satisfy every requirement: ' + "
+                "'; '.join(h[0] + ' requires ' + h[1] + ' (' + h[3] + ')' for h in held) + "
+                "'. To fix: turn off one of the features or settings that these rules name.'))"
+            )
+            lines.append("            else:")
+            lines.append(f"                {name} = held[0][1]")
+            for r in d["requirements"]:
+                if r["notice"] is not None:
+                    lines.append(f"                if {r['id']!r} in [h[0] for h in held]:")
+                    notice(r["notice"], name, "                    ")
+        if d["rows"]:
+            lines.append(f"        if {name} is None:")
+            lines.append("            preferred = None")
+            keyword = "if"
+            for architecture, model, value, _ in d["rows"]["qualified"]:
+                lines.append(f"            {keyword} architecture == {architecture!r} and model_type == {model!r}:")
+                lines.append(f"                preferred = {value!r}")
+                keyword = "elif"
+            for architecture, (value, _) in d["rows"]["plain"].items():
+                lines.append(f"            {keyword} architecture == {architecture!r}:")
+                lines.append(f"                preferred = {value!r}")
+                keyword = "elif"
+            lines.append("            if preferred is not None:")
+            lines.append(f"                if {condition(d['adopt'])}:")
+            lines.append(f"                    {name} = preferred")
+            if d["on_not_adopted"] is not None:
+                lines.append("                else:")
+                notice(d["on_not_adopted"], name, "                    ", "preferred")
+        lines.append(f"        if {name} is None:")
+        keyword = "if"
+        for r in d["conditionals"]:
+            lines.append(f"            {keyword} {condition(r['when'])}:")
+            lines.append(f"                {name} = {r['value']!r}")
+            notice(r["notice"], name, "                ")
+            keyword = "elif"
+        depth = "                " if d["conditionals"] else "            "
+        if d["conditionals"]:
+            lines.append("            else:")
+        lines.append(f"{depth}{name} = {d['default']['value']!r}")
+        notice(d["default"]["notice"], name, depth)
+        decided.add(name)
+    for d in data["decisions"]:
+        if d["adjustments"]:
+            name = d["name"]
+            undecided = (d["auto"], "null") if d["null_decides"] else (d["auto"],)
+            lines.append(f"    if req_{name} in {undecided!r}:")
+            keyword = "if"
+            for r in d["adjustments"]:
+                lines.append(f"        {keyword} {condition(r['when'])}:")
+                lines.append(f"            {name} = {r['value']!r}")
+                notice(r["notice"], name, "            ")
+                keyword = "elif"
+    for c in data["constraints"]:
+        lines.append(f"    if {condition(c['when'])}:")
+        lines.append(f"        fix = {message(c['fix'], '')}")
+        lines.append(f"        diags.append(({c['id']!r}, {c['severity']!r}, {message(c['message'], '')} + ' To fix: ' + fix + '.'))")
+    lines.append(f"    return {{{', '.join(f'{n!r}: {n}' for n in names)}}}, diags")
+    namespace: dict = {}
+    exec(compile("\n".join(lines) + "\n", "<if/elif encoding>", "exec"), namespace)  # noqa: S102 - the bench's own policy
+    function = namespace["resolve"]
+    function.__source__ = "\n".join(lines)
+    return function
+
+
+def same_answers(policy_set: PolicySet, encoding: Callable[..., Any], contexts: list[dict]) -> None:
+    """Assert that ``encoding`` answers every context as ``resolve`` does (values, diagnostics)."""
+    for fields in contexts:
+        resolution = policy_set.resolve(**fields)
+        values, diagnostics = encoding(**fields)
+        mine = sorted((d.id, d.severity, d.message) for d in resolution.diagnostics)
+        assert (values, sorted(diagnostics)) == (dict(resolution.values), mine), (fields, values, diagnostics, mine)
+
+
+def answer_grid(policy_set: PolicySet) -> list[dict]:
+    """Contexts over every architecture the policy names (and one it does not), every backend and
+    runtime request, both timeouts, and each feature alone: where the two encodings must agree."""
+    index = policy_set._index
+    architectures = [None, "UnknownForCausalLM", *index.data["architectures"]]
+    features = [frozenset(), *(frozenset([f]) for f in sorted(index.features))]
+    return [
+        dict(architecture=a, backend=b, transceiver_runtime=r, kv_transfer_timeout_ms=t, features=f)
+        for a in architectures
+        for b in index.requests("backend")
+        for r in index.requests("transceiver_runtime")
+        if r != "null"
+        for t in (None, 30000)
+        for f in features
+    ]
+
+
+def call_latency(function: Callable[..., Any], contexts: list[dict], seconds: float, batch: int = 50) -> dict[str, float]:
+    """As :func:`latency`, for any function of the context's fields."""
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+    rng = random.Random(7)
+    while time.perf_counter() < deadline:
+        fields = rng.choice(contexts)
+        start = time.perf_counter_ns()
+        for _ in range(batch):
+            function(**fields)
+        samples.append((time.perf_counter_ns() - start) / batch / 1000)
+    return {"p50_us": statistics.median(samples)}
+
+
+def compare_if_elif(policy_set: PolicySet, contexts: list[dict], seconds: float) -> dict[str, float]:
+    """``resolve`` against the if/elif encoding of the same policy, interleaved in one run, with
+    the answers checked equal first; and contexts with diagnostics against those without."""
+    encoding = if_elif_encoding(policy_set)
+    same_answers(policy_set, encoding, contexts + answer_grid(policy_set))
+    with_diagnostics = [f for f in contexts if policy_set.resolve(**f).diagnostics]
+    without = [f for f in contexts if not policy_set.resolve(**f).diagnostics]
+    figures: dict[str, list[float]] = {"resolve": [], "if_elif": [], "with": [], "without": []}
+    for _ in range(5):  # interleaved rounds: both see the same machine
+        figures["resolve"].append(latency(policy_set, contexts, seconds / 20)["p50_us"])
+        figures["if_elif"].append(call_latency(encoding, contexts, seconds / 20)["p50_us"])
+        if with_diagnostics and without:
+            figures["with"].append(latency(policy_set, with_diagnostics, seconds / 20)["p50_us"])
+            figures["without"].append(latency(policy_set, without, seconds / 20)["p50_us"])
+    result = {
+        "resolve_p50_us": statistics.median(figures["resolve"]),
+        "if_elif_p50_us": statistics.median(figures["if_elif"]),
+    }
+    result["resolve_vs_if_elif"] = result["resolve_p50_us"] / result["if_elif_p50_us"]
+    if figures["with"]:
+        result["with_diagnostics_p50_us"] = statistics.median(figures["with"])
+        result["without_diagnostics_p50_us"] = statistics.median(figures["without"])
+        result["diagnostics_cost"] = result["with_diagnostics_p50_us"] / result["without_diagnostics_p50_us"]
+    return result
 
 
 def generated_policy(rows: int, changed_every: int = 0) -> tuple[bytes, list[dict]]:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from resolve import SHIPPED_CONTEXTS, generated_policy, latency  # noqa: E402  (bench/resolve.py)
+from resolve import SHIPPED_CONTEXTS, compare_if_elif, generated_policy, latency  # noqa: E402  (bench/resolve.py)
 
 from kvpolicy.cli.diff import render_text  # noqa: E402
 from kvpolicy.diff import diff_policies  # noqa: E402
@@ -112,6 +112,23 @@ def cold_cli(repeat: int) -> dict[str, float]:
     return figures
 
 
+def cedar_parse(rows: int, repeat: int) -> dict[str, float] | None:
+    """CPU time Cedar (cedarpy, the optional ``bench`` extra) takes to parse ``rows`` policies,
+    one per preference row, each as selective as a row; None when cedarpy is not installed."""
+    try:
+        import cedarpy
+    except ImportError:
+        return None
+    text = "".join(
+        f'@id("runtime-preference[Synthetic{i}ForCausalLM]")\n'
+        f'permit(principal, action == Action::"use_runtime", resource == Model::"Synthetic{i}ForCausalLM")\n'
+        f'when {{ context.runtime == "{"PYTHON" if i % 2 else "CPP"}" }};\n'
+        for i in range(rows)
+    )
+    seconds, _ = cpu(lambda: cedarpy.PolicySet.from_str(text), repeat)
+    return {"rows": rows, "cedar_parse_s": seconds, "cedar_ms_per_policy": seconds * 1000 / rows}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure of one run."""
     result: dict[str, Any] = {"python": sys.executable, "sizes": []}
@@ -130,9 +147,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if f"{stage}_s" in figures and f"{stage}_s" in small:
                     figures[f"{stage}_ms_per_row"] = (figures[f"{stage}_s"] - small[f"{stage}_s"]) * 1000 / extra
         figures["p50_vs_smallest"] = figures["p50_us"] / small["p50_us"]
+    cedar = cedar_parse(max(args.sizes), max(args.repeat, 3))
+    if cedar is not None:
+        largest = result["sizes"][-1]
+        cedar["load_ms_per_row"] = largest.get("load_ms_per_row", largest["load_s"] * 1000 / largest["rows"])
+        cedar["load_per_row_vs_cedar"] = cedar["load_ms_per_row"] / cedar["cedar_ms_per_policy"]
+        result["cedar"] = cedar
     result["cli"] = cold_cli(args.repeat)
     shipped = PolicySet(load_policy_file(Path(str(__import__("kvpolicy").loader.shipped_root())) / "2026.09.10.toml"))
     result["shipped_resolve"] = latency(shipped, SHIPPED_CONTEXTS, args.seconds)
+    # Against the if/elif encoding of the same policy (answers asserted equal first), and contexts
+    # with diagnostics against those without, interleaved in this run.
+    result["shipped_resolve"].update(compare_if_elif(shipped, SHIPPED_CONTEXTS, max(args.seconds, 0.5) * 4))
     return result
 
 
@@ -163,8 +189,21 @@ def text(result: dict[str, Any]) -> str:
         f"{c['resolve_warm_cache_s']:.3f} s with a warm cache ({c['resolve_warm_cache_vs_python']:.1f}x), "
         f"first run {c['resolve_cold_s']:.3f} s"
     )
+    if "cedar" in result:
+        k = result["cedar"]
+        lines.append(
+            f"load per row {k['load_ms_per_row']:.3f} ms vs Cedar's parse per policy {k['cedar_ms_per_policy']:.4f} ms "
+            f"({k['rows']:,} policies): {k['load_per_row_vs_cedar']:.1f}x"
+        )
+    else:
+        lines.append("cedarpy not installed (pip install .[bench]): no Cedar figure in this run")
     s = result["shipped_resolve"]
     lines.append(f"in-process resolve, shipped policy, mixed contexts: p50 {s['p50_us']:.2f} us, p99 {s['p99_us']:.2f} us")
+    lines.append(
+        f"  interleaved: resolve p50 {s['resolve_p50_us']:.2f} us vs the if/elif encoding {s['if_elif_p50_us']:.2f} us "
+        f"({s['resolve_vs_if_elif']:.2f}x, same answers); with diagnostics {s['with_diagnostics_p50_us']:.2f} us vs "
+        f"without {s['without_diagnostics_p50_us']:.2f} us ({s['diagnostics_cost']:.2f}x)"
+    )
     return "\n".join(lines)
 
 

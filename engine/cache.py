@@ -1,4 +1,17 @@
-"""A cache of parsed, schema-checked policy documents, keyed by content digest, in the user's cache folder.
+"""Caches of compiled policies and of parsed, schema-checked policy documents, keyed by content
+digest, in the user's cache folder.
+
+**Compiled policies** (``indexes-N/``): the decision index of a policy file
+(:func:`kvpolicy.index.build_index`: plain data only), stored under the digest of kvpolicy's
+version, the index format, the schema and the file's bytes. A cold ``kvpolicy resolve`` of an
+unchanged file reads it back and resolves from it: no parse, no schema, no typed model, so neither
+jsonschema nor pydantic is imported. An entry is a header line naming its key and the sha256 of
+the JSON that follows; a read checks both (a truncated or altered entry is a miss), then
+:func:`kvpolicy.index.check_index` checks the data's shape and types and that it names the digest
+of the file being loaded. Nothing in an entry is executed: the evaluator is generated again from
+the data, and the generated code never contains a string from it.
+
+**Documents** (``documents-N/``):
 
 Validating a policy against the JSON Schema costs most of a cold ``kvpolicy resolve`` (importing
 jsonschema and building its validator alone is ~0.2 s here), and parsing it twice (``tomllib``,
@@ -19,17 +32,31 @@ parsing bytes that passed every parse-time bound and the schema before.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_dir", "document_key", "cached_document", "remember_document"]
+__all__ = [
+    "cache_dir",
+    "cached_document",
+    "cached_index",
+    "document_key",
+    "index_key",
+    "remember_document",
+    "remember_index",
+    "sha256",
+]
+
+try:  # CPython's own SHA-256: importing hashlib sets up every OpenSSL algorithm (~5 ms of a cold start)
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover - another interpreter, or a build without it
+    from hashlib import sha256 as _sha256
 
 _ENTRY = "documents-1"
+_INDEX = "indexes-1"
+_INDEX_MAGIC = b"kvpolicy-index"
 #: An entry larger than this is not read (a policy file is at most 32 MiB; its JSON a few times that).
 _MAX_ENTRY_BYTES = 256 * 1024 * 1024
 
@@ -57,8 +84,8 @@ def cache_dir() -> Path | None:
 
 def document_key(raw: bytes, schema_raw: bytes, version: str) -> str:
     """The digest a document is stored under: kvpolicy's version, the schema and the file."""
-    digest = hashlib.sha256()
-    for part in (b"kvpolicy-document-1", version.encode(), hashlib.sha256(schema_raw).digest(), raw):
+    digest = _sha256()
+    for part in (b"kvpolicy-document-1", version.encode(), _sha256(schema_raw).digest(), raw):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()
@@ -68,14 +95,11 @@ def _entry(folder: Path, key: str) -> Path:
     return folder / _ENTRY / key[:2] / key
 
 
-def cached_document(key: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], tuple[int, int]]] | None:
-    """(data, positions) of the document stored under ``key``, or None (a missing or bad entry)."""
-    folder = cache_dir()
-    if folder is None:
-        return None
+def _read(path: Path) -> bytes | None:
+    """The bytes of a regular file, read without following a symlink or blocking on a FIFO, or None."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(_entry(folder, key), flags)
+        fd = os.open(path, flags)
     except OSError:
         return None
     try:
@@ -85,15 +109,97 @@ def cached_document(key: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], tup
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
-        entry = json.loads(b"".join(chunks))
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Write an entry atomically (a reader sees no entry or a whole one); failures leave none."""
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError:
+        pass
+
+
+def sha256(data: bytes) -> str:
+    """Hex sha256 of ``data`` (the digest a policy set reports)."""
+    return _sha256(data).hexdigest()
+
+
+def index_key(raw: bytes) -> str:
+    """The digest a compiled policy is stored under: kvpolicy's version, the index format, the
+    shipped schema and the file's bytes."""
+    from . import __version__
+    from .index import FORMAT
+    from .policyfile import shipped_root
+
+    try:
+        schema_raw = (shipped_root() / "policy.schema.json").read_bytes()
+    except OSError:
+        schema_raw = b""
+    return document_key(raw, schema_raw, f"{__version__}/index-{FORMAT}")
+
+
+def cached_index(key: str) -> dict[str, Any] | None:
+    """The decision index data stored under ``key`` (not yet checked for shape), or None."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    data = _read(folder / _INDEX / key[:2] / key)
+    if data is None:
+        return None
+    head, newline, payload = data.partition(b"\n")
+    if not newline or head != b" ".join((_INDEX_MAGIC, key.encode(), _sha256(payload).hexdigest().encode())):
+        return None
+    try:
+        entry = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def remember_index(key: str, data: dict[str, Any]) -> None:
+    """Store a compiled policy's index data (any failure just leaves no entry)."""
+    folder = cache_dir()
+    if folder is None:
+        return
+    try:
+        payload = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError, RecursionError):
+        return
+    head = b" ".join((_INDEX_MAGIC, key.encode(), _sha256(payload).hexdigest().encode()))
+    _write(folder / _INDEX / key[:2] / key, head + b"\n" + payload)
+
+
+def cached_document(key: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], tuple[int, int]]] | None:
+    """(data, positions) of the document stored under ``key``, or None (a missing or bad entry)."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    raw = _read(_entry(folder, key))
+    if raw is None:
+        return None
+    try:
+        entry = json.loads(raw)
         if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("data"), dict):
             return None
         positions = {tuple(path): (line, column) for path, line, column in entry["positions"]}
         return entry["data"], positions
-    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None
-    finally:
-        os.close(fd)
 
 
 def remember_document(key: str, data: dict[str, Any], positions: dict[tuple[Any, ...], tuple[int, int]]) -> None:
@@ -110,16 +216,4 @@ def remember_document(key: str, data: dict[str, Any], positions: dict[tuple[Any,
         )
     except (TypeError, ValueError, RecursionError):
         return
-    path = _entry(folder, key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(text.encode())
-            os.replace(temporary, path)  # atomic: a reader sees no entry or a whole one
-        except BaseException:
-            os.unlink(temporary)
-            raise
-    except OSError:
-        pass
+    _write(_entry(folder, key), text.encode())

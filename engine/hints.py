@@ -8,16 +8,16 @@ pass silently.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .model import Policy
+if TYPE_CHECKING:
+    from .model import Policy
 
-__all__ = ["context_notes"]
+__all__ = ["context_notes", "known_env", "notes"]
 
 
-def _known_env(policy: Policy) -> dict[str, set[str]]:
+def known_env(policy: Policy) -> dict[str, set[str]]:
     """Variables the policy reads -> the values it tests for (a feature's variable: "1")."""
     known: dict[str, set[str]] = {}
     negated: set[str] = set()
@@ -36,27 +36,34 @@ def _known_env(policy: Policy) -> dict[str, set[str]]:
 
 def context_notes(policy: Policy, context: Mapping[str, Any]) -> list[str]:
     """Notes for a normalised context (``Resolution.context``) under ``policy``."""
-    notes: list[str] = []
+    return notes(policy.version, policy.architectures(), known_env(policy), context)
+
+
+def notes(version: str, named: list[str], known: Mapping[str, Any], context: Mapping[str, Any]) -> list[str]:
+    """Notes for a normalised context under the policy ``version`` that names the architectures
+    ``named`` and reads the environment variables ``known`` (variable -> the values it tests)."""
+    found: list[str] = []
     architecture = context.get("architecture")
     if isinstance(architecture, str):
-        named = policy.architectures()
         if architecture not in named:
+            import difflib
+
             lowered = {name.lower(): name for name in named}
             close = lowered.get(architecture.lower()) or next(
                 iter(difflib.get_close_matches(architecture, named, n=1, cutoff=0.85)), None
             )
             if close:
-                notes.append(
-                    f"architecture {architecture!r} is not named by policy {policy.version}; did you mean {close!r}? "
+                found.append(
+                    f"architecture {architecture!r} is not named by policy {version}; did you mean {close!r}? "
                     "It resolves as a model with no preference"
                 )
     env = context.get("env") or {}
-    for variable, accepted in sorted(_known_env(policy).items()):
+    for variable, accepted in sorted(known.items()):
         value = env.get(variable)
         if value is not None and value not in accepted:
             wanted = " or ".join(repr(v) for v in sorted(accepted))
-            notes.append(
-                f"{variable}={value!r} is ignored: policy {policy.version} reads it only as {wanted}"
+            found.append(
+                f"{variable}={value!r} is ignored: policy {version} reads it only as {wanted}"
                 f"{' (set it to ' + repr(sorted(accepted)[0]) + ')' if len(accepted) == 1 else ''}"
             )
-    return notes
+    return found

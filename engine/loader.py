@@ -12,17 +12,15 @@ import datetime
 import difflib
 import hashlib
 import json
-import os
 import re
 import string
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError, PolicyProblem
-from .policyfile import MAX_POLICY_BYTES, read_policy_bytes
+from .policyfile import CASES_SUFFIX, MAX_POLICY_BYTES, display_path, policy_files, read_policy_bytes, shipped_root, version_key
 from .model import (
     DECISIONS,
     Condition,
@@ -54,9 +52,6 @@ __all__ = [
 ]
 
 
-#: Files in a policy folder that hold policy test cases, not policies.
-CASES_SUFFIX = ".cases.toml"
-
 #: Boolean ``cache_transceiver_config`` fields a feature may be tied to (``config_field``).
 CONFIG_FLAGS = frozenset({"enable_pipelined_transfer"})
 
@@ -68,11 +63,6 @@ PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer
 _PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _CONTEXT_SUBJECTS = frozenset({"architecture", "model_type"})
-
-
-def shipped_root() -> Path:
-    """The folder of the policies that ship with kvpolicy."""
-    return Path(str(resources.files("kvpolicy.policies")))
 
 
 @lru_cache(maxsize=1)
@@ -98,16 +88,6 @@ def suggest(name: str, known: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """Sort key of a content version (``2026.08.24`` < ``2026.09.10`` < ``2026.09.10.1``)."""
-    return tuple(int(part) for part in version.split(".") if part.isdigit())
-
-
-def policy_files(folder: Path) -> list[Path]:
-    """The policy files of a folder (``*.toml`` except test-case files), sorted by name."""
-    return sorted(p for p in folder.glob("*.toml") if not p.name.endswith(CASES_SUFFIX))
-
-
 def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
     """Read, parse and check one policy file; raise :class:`PolicyError` listing every problem.
 
@@ -115,18 +95,6 @@ def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
     :func:`kvpolicy.policyfile.read_policy_bytes` for what is refused before parsing."""
     shown = display_path(path)
     return parse_policy(read_policy_bytes(path, shown, root=root), shown)
-
-
-def display_path(path: Path) -> str:
-    """How messages name a file: relative to the working directory when it lies below it.
-
-    Symlinks are not resolved: a message names the file the user listed (and a symlink loop
-    cannot raise here)."""
-    absolute = Path(os.path.abspath(path))
-    try:
-        return str(absolute.relative_to(os.path.abspath(Path.cwd())))
-    except ValueError:
-        return str(path)
 
 
 def parse_policy(raw: bytes, path: str) -> Policy:
@@ -198,6 +166,10 @@ def _schema_problems(document: SourceDocument, *, compiled_rows: bool = True) ->
     a validator compiled from the schema's ``row`` definition (see :func:`compiled_row_validator`)
     and only the rest goes through jsonschema: the verdict and every message are the same
     (property-tested), without resolving ``$ref`` once per row."""
+    if compiled_rows:
+        accept = compiled_document_validator()
+        if accept is not None and accept(document.data):
+            return []
     problems = []
     data = _without_valid_rows(document.data) if compiled_rows else document.data
     for error in _validator().iter_errors(data):
@@ -216,16 +188,38 @@ def _schema_problems(document: SourceDocument, *, compiled_rows: bool = True) ->
 # -- the compiled row validator ---------------------------------------------------------------------
 
 #: Annotations a compiled validator may ignore: they never change a verdict.
-_ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default"})
+_ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default", "$schema", "$id", "$defs"})
+
+#: JSON Schema ``type`` names -> the check jsonschema makes (a bool is neither integer nor number;
+#: an integral float is an integer).
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+}
 
 
-def _compile_schema(node: Any, defs: dict[str, Any]) -> Callable[[Any], bool] | None:
-    """A predicate with jsonschema's verdict on ``node``, for the few keywords a row uses
-    (``$ref`` to ``#/$defs/``, ``type`` string/object, ``properties``, ``required``,
-    ``additionalProperties: false``, ``pattern``, ``minLength``, ``maxLength``, ``enum`` of
-    strings); None when ``node`` uses any other keyword, so the caller falls back to jsonschema."""
+def _compile_schema(
+    node: Any, defs: dict[str, Any], compiled_defs: dict[str, Callable[[Any], bool] | None] | None = None
+) -> Callable[[Any], bool] | None:
+    """A predicate that is true only where jsonschema's verdict on ``node`` is "valid", for the
+    keywords the policy schema uses (``$ref`` to ``#/$defs/``, ``type``, ``properties``,
+    ``required``, ``additionalProperties: false``, ``pattern``, ``minLength``, ``maxLength``,
+    ``enum`` and ``const`` of strings, ``items``, ``minItems``, ``maxItems``, ``uniqueItems``,
+    ``maxProperties``, ``propertyNames``, ``oneOf`` of branches of distinct types); None when
+    ``node`` uses any other keyword, so the caller falls back to jsonschema.
+
+    A false answer is never final: the caller then asks jsonschema (for the verdict and the
+    messages), so where exactness would cost (``uniqueItems`` over values that are not strings)
+    the predicate may say "no"; it must never say "yes" to a document jsonschema refuses."""
     if not isinstance(node, dict):
         return None
+    if compiled_defs is None:
+        compiled_defs = {}
     checks: list[Callable[[Any], bool]] = []
     for keyword, argument in node.items():
         if keyword in _ANNOTATIONS:
@@ -234,13 +228,15 @@ def _compile_schema(node: Any, defs: dict[str, Any]) -> Callable[[Any], bool] | 
             prefix = "#/$defs/"
             if not isinstance(argument, str) or not argument.startswith(prefix) or argument[len(prefix):] not in defs:
                 return None
-            target = _compile_schema(defs[argument[len(prefix):]], defs)
-            if target is None:
-                return None
-            checks.append(target)
-        elif keyword == "type" and argument in ("string", "object"):
-            kind = str if argument == "string" else dict
-            checks.append(lambda v, kind=kind: isinstance(v, kind))
+            name = argument[len(prefix):]
+            if name not in compiled_defs:
+                compiled_defs[name] = None  # a recursive reference resolves through the table below
+                compiled_defs[name] = _compile_schema(defs[name], defs, compiled_defs)
+                if compiled_defs[name] is None:
+                    return None
+            checks.append(lambda v, name=name, table=compiled_defs: table[name](v))  # type: ignore[misc]
+        elif keyword == "type" and isinstance(argument, str) and argument in _TYPES:
+            checks.append(_TYPES[argument])
         elif keyword == "pattern" and isinstance(argument, str):
             search = re.compile(argument).search
             checks.append(lambda v, search=search: not isinstance(v, str) or search(v) is not None)
@@ -252,16 +248,29 @@ def _compile_schema(node: Any, defs: dict[str, Any]) -> Callable[[Any], bool] | 
         elif keyword == "enum" and isinstance(argument, list) and all(isinstance(a, str) for a in argument):
             options = frozenset(argument)
             checks.append(lambda v, options=options: isinstance(v, str) and v in options)
+        elif keyword == "const" and isinstance(argument, str):
+            checks.append(lambda v, wanted=argument: isinstance(v, str) and v == wanted)
+        elif keyword == "const" and type(argument) is int:  # (1.0 is also 1 to jsonschema: left to it)
+            checks.append(lambda v, wanted=argument: type(v) is int and v == wanted)
         elif keyword == "required" and isinstance(argument, list):
             names = tuple(argument)
             checks.append(lambda v, names=names: not isinstance(v, dict) or all(n in v for n in names))
         elif keyword == "additionalProperties" and argument is False and "patternProperties" not in node:
             allowed = frozenset(node.get("properties", {}))
             checks.append(lambda v, allowed=allowed: not isinstance(v, dict) or allowed.issuperset(v))
+        elif keyword == "additionalProperties" and isinstance(argument, dict) and "patternProperties" not in node:
+            check = _compile_schema(argument, defs, compiled_defs)
+            if check is None:
+                return None
+            named = frozenset(node.get("properties", {}))
+            checks.append(
+                lambda v, named=named, check=check: not isinstance(v, dict)
+                or all(check(item) for key, item in v.items() if key not in named)
+            )
         elif keyword == "properties" and isinstance(argument, dict):
             compiled = {}
             for name, sub in argument.items():
-                check = _compile_schema(sub, defs)
+                check = _compile_schema(sub, defs, compiled_defs)
                 if check is None:
                     return None
                 compiled[name] = check
@@ -269,10 +278,66 @@ def _compile_schema(node: Any, defs: dict[str, Any]) -> Callable[[Any], bool] | 
             checks.append(
                 lambda v, items=items: not isinstance(v, dict) or all(name not in v or check(v[name]) for name, check in items)
             )
+        elif keyword == "items" and isinstance(argument, dict) and "prefixItems" not in node:
+            check = _compile_schema(argument, defs, compiled_defs)
+            if check is None:
+                return None
+            checks.append(lambda v, check=check: not isinstance(v, list) or all(map(check, v)))
+        elif keyword in ("minItems", "maxItems", "maxProperties") and type(argument) is int:
+            kind = dict if keyword == "maxProperties" else list
+            if keyword == "minItems":
+                checks.append(lambda v, n=argument: not isinstance(v, list) or len(v) >= n)
+            else:
+                checks.append(lambda v, n=argument, kind=kind: not isinstance(v, kind) or len(v) <= n)
+        elif keyword == "uniqueItems" and isinstance(argument, bool):
+            if argument:  # strings only: anything else is left to jsonschema ("no" is never final)
+                checks.append(
+                    lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v))
+                )
+        elif keyword == "propertyNames":
+            check = _compile_schema(argument, defs, compiled_defs)
+            if check is None:
+                return None
+            checks.append(lambda v, check=check: not isinstance(v, dict) or all(map(check, v)))
+        elif keyword == "oneOf" and isinstance(argument, list) and argument:
+            # Exactly one branch: with branches of pairwise distinct types (never integer and
+            # number together) at most one can hold, so "exactly one" is "any", and a branch
+            # that wrongly says "no" only sends the document to jsonschema.
+            kinds = [_declared_type(branch, defs) for branch in argument]
+            if any(k not in _TYPES for k in kinds) or len(set(kinds)) != len(kinds) or {"integer", "number"} <= set(kinds):
+                return None
+            branches = [_compile_schema(branch, defs, compiled_defs) for branch in argument]
+            if any(b is None for b in branches):
+                return None
+            options_t = tuple(branches)
+            checks.append(lambda v, options=options_t: any(b(v) for b in options))  # type: ignore[misc]
         else:
             return None
     checks_t = tuple(checks)
     return lambda v: all(check(v) for check in checks_t)
+
+
+def _declared_type(node: Any, defs: dict[str, Any]) -> str | None:
+    """The single ``type`` a schema node requires, following ``$ref`` (None: none or several)."""
+    for _ in range(16):
+        if not isinstance(node, dict):
+            return None
+        if isinstance(node.get("type"), str):
+            return node["type"]  # type: ignore[no-any-return]
+        ref = node.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+            return None
+        node = defs.get(ref[len("#/$defs/"):])
+    return None
+
+
+@lru_cache(maxsize=1)
+def compiled_document_validator() -> Callable[[Any], bool] | None:
+    """The whole schema compiled to a predicate (see :func:`_compile_schema`), or None when it
+    uses a keyword the compiler does not know. A document it accepts is valid without importing
+    jsonschema; one it refuses goes to jsonschema, for the verdict and every message."""
+    spec = schema()
+    return _compile_schema(spec, spec.get("$defs", {}))
 
 
 @lru_cache(maxsize=1)

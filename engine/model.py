@@ -2,16 +2,20 @@
 
 Built by :mod:`kvpolicy.loader` after the JSON Schema accepted the document, so the models here
 assume well-formed input; the loader's semantic checks (names, cycles, duplicate ids) run on them.
-All models are frozen.
+All models are frozen dataclasses (keyword-only fields). They were pydantic models built with
+``model_construct`` (no validation: the schema and the loader's checks are the validation), and
+importing pydantic alone cost ~3x a bare interpreter start on every load that does not come from
+the compiled-policy cache; ``model_construct``, ``model_fields``, ``model_dump`` and
+``model_dump_json`` remain, so code written against those names keeps working.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import json
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from .source import Location
+from .errors import Location
 
 __all__ = [
     "DECISIONS",
@@ -46,13 +50,50 @@ Severity = Literal["info", "warning", "error"]
 NULL_REQUEST = "null"
 
 
-class _Frozen(BaseModel):
-    # The loader builds these from data the JSON Schema and its semantic checks have accepted,
-    # with ``model_construct``; deferring pydantic's schema build keeps `kvpolicy resolve`'s cold
-    # start short (building it eagerly for every model cost ~150 ms here).
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid", defer_build=True)
+_model = dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 
 
+class _Frozen:
+    """What the models share: the construction and dump names of the pydantic models they were."""
+
+    __slots__ = ()
+    model_fields: ClassVar[dict[str, Any]]
+
+    @classmethod
+    def model_construct(cls, **fields: Any) -> Any:
+        """Build a model from already checked values (the loader's way)."""
+        return cls(**fields)
+
+    def model_dump(self) -> dict[str, Any]:
+        """The model as plain data (frozensets as sorted lists, locations as ``file:line:col``)."""
+        return {f: _plain(getattr(self, f)) for f in type(self).model_fields}
+
+    def model_dump_json(self) -> str:
+        """:meth:`model_dump` as JSON."""
+        return json.dumps(self.model_dump(), sort_keys=True)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Frozen):
+        return value.model_dump()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, Location):
+        return str(value)
+    return value
+
+
+def _fields_of(cls: Any) -> Any:
+    cls.model_fields = {f.name: f for f in dataclasses.fields(cls)}
+    return cls
+
+
+@_fields_of
+@_model
 class Matcher(_Frozen):
     """Values a subject may take (``negate``: any value but these)."""
 
@@ -68,14 +109,16 @@ class Matcher(_Frozen):
         return f"not {listed}" if self.negate else listed
 
 
+@_fields_of
+@_model
 class Condition(_Frozen):
     """A conjunction of tests on the context and on decided values. Empty: always holds."""
 
-    subjects: dict[str, Matcher] = {}
+    subjects: dict[str, Matcher] = dataclasses.field(default_factory=dict)
     timeout: Literal["finite", "null"] | None = None
-    features: dict[str, bool] = {}
-    env: dict[str, Matcher] = {}
-    requested: dict[str, Matcher] = {}
+    features: dict[str, bool] = dataclasses.field(default_factory=dict)
+    env: dict[str, Matcher] = dataclasses.field(default_factory=dict)
+    requested: dict[str, Matcher] = dataclasses.field(default_factory=dict)
     """Tests of the value the user *wrote* for a decision (e.g. the literal backend ``DEFAULT``),
     where ``subjects`` test the value decided."""
 
@@ -94,6 +137,8 @@ class Condition(_Frozen):
         return " and ".join(parts) if parts else "always"
 
 
+@_fields_of
+@_model
 class Notice(_Frozen):
     """A diagnostic a rule adds when it decides (or a preference when it is not adopted)."""
 
@@ -103,6 +148,8 @@ class Notice(_Frozen):
     location: Location
 
 
+@_fields_of
+@_model
 class Rule(_Frozen):
     """A requirement, conditional default, default or adjustment of one decision."""
 
@@ -119,6 +166,8 @@ class Rule(_Frozen):
     order: int = 0
 
 
+@_fields_of
+@_model
 class Row(_Frozen):
     """One architecture's preferred value in a preference table."""
 
@@ -132,6 +181,8 @@ class Row(_Frozen):
     path: tuple[str | int, ...]
 
 
+@_fields_of
+@_model
 class Preference(_Frozen):
     """A decision's per-architecture table and when its rows are adopted."""
 
@@ -145,6 +196,8 @@ class Preference(_Frozen):
     location: Location
 
 
+@_fields_of
+@_model
 class Decision(_Frozen):
     """One decision: its values, the user value meaning "decide for me", its inputs and rules."""
 
@@ -177,6 +230,8 @@ class Decision(_Frozen):
         return (self.auto, *((NULL_REQUEST,) if self.null_decides else ()), *self.values)
 
 
+@_fields_of
+@_model
 class Constraint(_Frozen):
     """A check of the final values that adds an error or a warning."""
 
@@ -192,6 +247,8 @@ class Constraint(_Frozen):
     path: tuple[str | int, ...]
 
 
+@_fields_of
+@_model
 class Feature(_Frozen):
     """A feature flag a context may carry, and what else turns it on."""
 
@@ -202,6 +259,8 @@ class Feature(_Frozen):
     location: Location
 
 
+@_fields_of
+@_model
 class Policy(_Frozen):
     """One version of the policy, as written in one file."""
 

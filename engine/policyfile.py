@@ -23,10 +23,10 @@ import re
 import stat
 from pathlib import Path
 
-from .errors import PolicyError, PolicyProblem
-from .source import Location
+from .errors import Location, PolicyError, PolicyProblem
 
 __all__ = [
+    "CASES_SUFFIX",
     "MAX_ARRAY_TABLES",
     "MAX_BARE_VALUE",
     "MAX_INLINE_TABLES",
@@ -36,8 +36,62 @@ __all__ = [
     "MAX_ROWS",
     "allowed_symlink_roots",
     "check_text",
+    "display_path",
+    "policy_files",
     "read_policy_bytes",
+    "shipped_root",
+    "version_key",
 ]
+
+#: Files in a policy folder that hold policy test cases, not policies.
+CASES_SUFFIX = ".cases.toml"
+
+
+def shipped_root() -> Path:
+    """The folder of the policies that ship with kvpolicy."""
+    # The data package's own folder: what importlib.resources.files() answers for a regular
+    # package, without importing importlib.resources (a few ms of every cold start).
+    from . import policies
+
+    return Path(policies.__file__).parent
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a content version (``2026.08.24`` < ``2026.09.10`` < ``2026.09.10.1``)."""
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def policy_files(folder: Path) -> list[Path]:
+    """The policy files of a folder (``*.toml`` except test-case files), sorted by name."""
+    return sorted(p for p in folder.glob("*.toml") if not p.name.endswith(CASES_SUFFIX))
+
+
+def display_path(path: Path) -> str:
+    """How messages name a file: relative to the working directory when it lies below it.
+
+    Symlinks are not resolved: a message names the file the user listed (and a symlink loop
+    cannot raise here)."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(os.path.abspath(Path.cwd())))
+    except ValueError:
+        return str(path)
+
+class _Pattern:
+    """A regular expression compiled on first use: reading a policy through the compiled-policy
+    cache never scans it, and compiling these at import cost ~2 ms of every cold start."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, *args: object) -> None:
+        self._args = args
+        self._compiled: re.Pattern | None = None  # type: ignore[type-arg]
+
+    def __getattr__(self, name: str) -> object:
+        if self._compiled is None:
+            self._compiled = re.compile(*self._args)  # type: ignore[call-overload]
+        return getattr(self._compiled, name)
+
 
 #: The largest policy file kvpolicy reads (a 100,000-row policy is about 15 MB).
 MAX_POLICY_BYTES = 32 << 20
@@ -190,7 +244,7 @@ def _kind(mode: int) -> str:
 # One token per match; strings and comments are consumed whole so that brackets and dots inside
 # them do not count. Possessive quantifiers keep an unterminated string linear (tomllib then
 # reports it with its position).
-_TOKEN = re.compile(
+_TOKEN = _Pattern(
     r'''
       (?P<mlb>"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+)
     | (?P<mll>\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+)
@@ -204,7 +258,7 @@ _TOKEN = re.compile(
     ''',
     re.VERBOSE,
 )
-_ARRAY_HEADER = re.compile(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
+_ARRAY_HEADER = _Pattern(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
 
 
 def check_text(raw: bytes, shown: str) -> None:
@@ -218,8 +272,8 @@ def check_text(raw: bytes, shown: str) -> None:
     _scan(text, shown)
 
 
-_HEADER = re.compile(rb"^[ \t]*\[", re.MULTILINE)
-_FEATURE_HEADER = re.compile(rb"^[ \t]*\[[ \t]*features[ \t]*\.", re.MULTILINE)
+_HEADER = _Pattern(rb"^[ \t]*\[", re.MULTILINE)
+_FEATURE_HEADER = _Pattern(rb"^[ \t]*\[[ \t]*features[ \t]*\.", re.MULTILINE)
 
 
 def _check_headers(raw: bytes, shown: str) -> None:
@@ -258,11 +312,11 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
 
 # Strings and comments, removed before counting rows: multi-line strings first (replaced by their
 # newlines, so line numbers stay), then one-line strings and comments (they hold no newline).
-_MULTILINE_STRING = re.compile(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
+_MULTILINE_STRING = _Pattern(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
 # Unrolled ("normal* (special normal*)*"): twice as fast as a per-character alternation.
-_LINE_STRING_OR_COMMENT = re.compile(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
-_LIST_KEY = re.compile(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
-_BRACKET = re.compile(r"[\[\]{}]")
+_LINE_STRING_OR_COMMENT = _Pattern(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
+_LIST_KEY = _Pattern(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
+_BRACKET = _Pattern(r"[\[\]{}]")
 
 
 def _count_rows(text: str, shown: str) -> None:

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import PolicyError, PolicyProblem
-from .loader import CASES_SUFFIX, display_path, load_policy_file, policy_files, shipped_root, version_key
-from .policyfile import check_text, read_policy_bytes
-from .model import Policy
+from .errors import Location, PolicyError, PolicyProblem
+from .policyfile import CASES_SUFFIX, check_text, display_path, policy_files, read_policy_bytes, shipped_root, version_key
 from .resolution import Resolution
-from .resolver import Program
-from .source import Location
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+if TYPE_CHECKING:
+    from .index import DecisionIndex
+    from .model import Policy
+    from .resolver import Program
 
 __all__ = ["PolicySet", "load", "resolve"]
 
@@ -29,40 +24,87 @@ class PolicySet:
     """One compiled policy version, ready to resolve contexts.
 
     ``versions()`` lists every version beside it (in its folder, or shipped with kvpolicy).
+
+    A set loaded from the compiled-policy cache (:mod:`kvpolicy.cache`) holds only its decision
+    index: ``resolve`` needs nothing else. The typed model (``policy``) and the interpreter that
+    writes traces are built from the same bytes the first time they are asked for.
     """
 
-    __slots__ = ("policy", "_program", "_siblings", "_entry")
+    # No __slots__: ``resolve`` is set on each instance (the generated closure over this set),
+    # shadowing the method below, so that a call costs one Python call.
 
     def __init__(self, policy: Policy, siblings: dict[str, Path] | None = None) -> None:
-        self.policy = policy
-        self._program = Program(policy)
-        self._entry = self._program._entry
+        from .resolver import Program
+
+        self._policy: Policy | None = policy
+        self._compiled: Program | None = Program(policy)
+        self._index = self._compiled.index
+        self._bind()
+        self._raw: bytes | None = None
+        self._path = policy.path
         self._siblings = siblings or {policy.version: Path(policy.path)}
+
+    @classmethod
+    def _from_index(cls, index: DecisionIndex, raw: bytes, siblings: dict[str, Path] | None = None) -> PolicySet:
+        """A set resolved from a decision index alone (``raw``: the file's bytes, for the model)."""
+        self = object.__new__(cls)
+        self._policy = None
+        self._compiled = None
+        self._index = index
+        self._bind()
+        self._raw = raw
+        self._path = index.path
+        self._siblings = siblings or {index.version: Path(index.path)}
+        return self
+
+    def _bind(self) -> None:
+        resolve = self._index.entry(self)
+        resolve.__doc__ = PolicySet.resolve.__doc__
+        resolve.__qualname__ = "PolicySet.resolve"
+        self.resolve = resolve  # type: ignore[method-assign]
+
+    @property
+    def policy(self) -> Policy:
+        """The typed model of the policy (built on first use when the set came from the cache)."""
+        if self._policy is None:
+            from .loader import parse_policy
+
+            assert self._raw is not None
+            self._policy = parse_policy(self._raw, self._path)
+        return self._policy
+
+    @property
+    def _program(self) -> Program:
+        if self._compiled is None:
+            from .resolver import Program
+
+            self._compiled = Program(self.policy, self._index)
+        return self._compiled
 
     @property
     def version(self) -> str:
         """The content version, e.g. ``2026.09.10``."""
-        return self.policy.version
+        return self._index.version
 
     @property
     def digest(self) -> str:
         """sha256 of the policy file's bytes."""
-        return self.policy.digest
+        return self._index.digest
 
     @property
     def path(self) -> str:
         """The policy file this set was loaded from."""
-        return self.policy.path
+        return self._path
 
     @property
     def decisions(self) -> tuple[str, ...]:
         """Decision names in evaluation order."""
-        return self._program.order
+        return self._index.order
 
     @property
     def features(self) -> frozenset[str]:
         """The feature names a context may carry."""
-        return self._program.features
+        return self._index.features
 
     def versions(self) -> list[str]:
         """Every version available beside this one, oldest first."""
@@ -70,13 +112,13 @@ class PolicySet:
 
     def normalise(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> dict[str, Any]:
         """The normalised context ``resolve`` would answer (raises :class:`ContextError`)."""
-        return self._program.normalise(config, fields)
+        return self._index.normalise(config, fields)
 
     def outcome(self, context: dict[str, Any]) -> Any:
         """Values, deciding rules and message-less diagnostics of a normalised context, fast.
 
         For analyses over a whole domain (see :mod:`kvpolicy.domain`); ``resolve`` is the API."""
-        return self._program.outcome(context)
+        return self._index.outcome(context)
 
     def trace(self, context: Mapping[str, Any]) -> Any:
         """The trace of a normalised context (what ``Resolution.trace`` shows)."""
@@ -84,7 +126,17 @@ class PolicySet:
 
     def resolve(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> Resolution:
         """Resolve a serving context (a ``cache_transceiver_config`` mapping and/or fields)."""
-        return self._entry(config, fields, self)
+        # Reached only through the class (``PolicySet.resolve(policy_set, ...)``): instances
+        # carry their own generated ``resolve``.
+        return self.__dict__["resolve"](config, **fields)  # type: ignore[no-any-return]
+
+    def notes(self, context: Mapping[str, Any]) -> list[str]:
+        """Notes on a normalised context that resolves, but probably not as meant (a misspelt
+        architecture, an environment value the policy never reads); see :mod:`kvpolicy.hints`."""
+        from .hints import notes
+
+        data = self._index.data
+        return notes(self.version, data["architectures"], {k: set(v) for k, v in data["known_env"]}, context)
 
     def __repr__(self) -> str:
         return f"<PolicySet {self.version} from {self.path}>"
@@ -121,6 +173,8 @@ def _versions_in(folder: Path) -> dict[str, Path]:
             if match and _top_level(text, match.start()):
                 version = match.group(1)
             else:
+                import tomllib
+
                 check_text(raw, str(path))
                 version = tomllib.loads(text).get("version")
         except (UnicodeDecodeError, ValueError, PolicyError, RecursionError):
@@ -169,12 +223,12 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
                     f"this is a test file (policy test cases for `kvpolicy test`), not a policy; name the policy it tests, e.g. {target}",
                 )
             )
-        policy = load_policy_file(root)
-        if version is not None and policy.version != version:
+        policy_set = _load_file(root)
+        if version is not None and policy_set.version != version:
             raise PolicyError(
-                PolicyProblem(Location(str(root)), "version", f"the file holds version {policy.version}, not {version}")
+                PolicyProblem(Location(str(root)), "version", f"the file holds version {policy_set.version}, not {version}")
             )
-        return PolicySet(policy)
+        return policy_set
     if not root.is_dir():
         raise PolicyError(PolicyProblem(Location(str(root)), "io", "no such policy file or folder"))
     versions = _versions_in(root)
@@ -183,7 +237,7 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
         if not real:
             unreadable = [p for v, p in versions.items() if v.startswith("?")]
             if unreadable:
-                load_policy_file(unreadable[0], root=root)  # raises with the location of the problem
+                _load_file(unreadable[0], root=root)  # raises with the location of the problem
             raise PolicyError(PolicyProblem(Location(str(root)), "io", "the folder holds no policy files (*.toml)"))
         version = max(real, key=version_key)
     if version not in real:
@@ -194,7 +248,32 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
                 f"no policy version {version}; available: {', '.join(sorted(real, key=version_key)) or 'none'}",
             )
         )
-    return PolicySet(load_policy_file(real[version], root=root), real)
+    return _load_file(real[version], root=root, siblings=real)
+
+
+def _load_file(path: Path, *, root: Path | None = None, siblings: dict[str, Path] | None = None) -> PolicySet:
+    """One policy file as a policy set: from the compiled-policy cache when the same bytes were
+    compiled before by the same kvpolicy, else parsed, checked and compiled (and stored)."""
+    from . import cache
+
+    shown = display_path(path)
+    raw = read_policy_bytes(path, shown, root=root)
+    key = cache.index_key(raw)
+    data = cache.cached_index(key)
+    if data is not None:
+        from .index import DecisionIndex, check_index
+
+        try:
+            check_index(data)
+            if data["digest"] == cache.sha256(raw):
+                return PolicySet._from_index(DecisionIndex(data, shown), raw, siblings)
+        except Exception:  # noqa: BLE001 - a bad entry is a miss, whatever is wrong with it
+            pass
+    from .loader import parse_policy
+
+    policy_set = PolicySet(parse_policy(raw, shown), siblings)
+    cache.remember_index(key, policy_set._index.data)
+    return policy_set
 
 
 _DEFAULT: PolicySet | None = None

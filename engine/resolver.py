@@ -9,35 +9,17 @@ disagree.
 
 from __future__ import annotations
 
-import string
 from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
 from typing import Any
 
-from .compiler import generate_evaluator
-from .errors import ContextError
-from .loader import suggest
-from .model import NULL_REQUEST, Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
+from .index import CONTEXT_FIELDS, DecisionIndex, build_index, compile_message
+from .model import Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
 from .resolution import Diagnostic, Trace, TraceStep
-from .serving import CACHE_TRANSCEIVER_FIELDS
 
 __all__ = ["CONTEXT_FIELDS", "Program", "RowIndex"]
 
 Test = Callable[[dict[str, Any], dict[str, Any]], bool]
 
-#: Context fields ``resolve`` accepts, besides the decisions' own fields and feature config flags.
-CONTEXT_FIELDS = (
-    "architecture",
-    "pretrained_config",
-    "kv_transfer_timeout_ms",
-    "features",
-    "env",
-)
-#: ``cache_transceiver_config`` fields that no rule reads; accepted so a whole config can be passed.
-_PASSIVE_FIELDS = CACHE_TRANSCEIVER_FIELDS - {"backend", "transceiver_runtime", "kv_transfer_timeout_ms", "enable_pipelined_transfer"}
-_DEFAULT_TIMEOUT_MS = 60000
-_NO_FEATURES: frozenset[str] = frozenset()
-_NO_ENV: Mapping[str, str] = MappingProxyType({})
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 
 
@@ -190,7 +172,7 @@ class _CompiledConstraint:
 class Program:
     """A policy compiled for resolution: decisions in dependency order, indexed rules, context schema."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, index: DecisionIndex | None = None) -> None:
         self.policy = policy
         names = frozenset(policy.decisions)
         self.decision_names = names
@@ -207,21 +189,13 @@ class Program:
         )
         self._rank = {name: index for index, name in enumerate(order)}
         self.features = frozenset(policy.features)
-        self._env_features = tuple((f.env, f.name) for f in policy.features.values() if f.env)
-        self._flag_features = {f.config_field: f.name for f in policy.features.values() if f.config_field}
-        self._known_fields = frozenset(
-            {*CONTEXT_FIELDS, *self.decision_names, *self._flag_features, *_PASSIVE_FIELDS}
-        )
-        self._requests = tuple(
-            (d.name, d.auto, frozenset(d.decision.requests)) for d in self.decisions
-        )
-        # Caches of the diagnostics path; keyed by parts of this (immutable) policy only.
+        # Caches of the interpreter's diagnostics; keyed by parts of this (immutable) policy only.
         self._renderers: dict[str, Callable[..., str]] = {}
         self._facts: dict[int, tuple[Any, ...]] = {}
-        self.default_timeout_ms = _DEFAULT_TIMEOUT_MS
-        self._fast: Callable[[dict[str, Any]], Any] | None = None  # generated on first use (tests, tooling)
-        self._entry = generate_evaluator(self, entry=True)
-        self._lean: Callable[[dict[str, Any]], Any] | None = None
+        #: The plain-data decision index: normalisation and the generated evaluators (the
+        #: interpreter below is the reference they are tested against, and it writes traces).
+        self.index = index if index is not None else DecisionIndex(build_index(policy, order), policy.path)
+        self.default_timeout_ms = self.index.default_timeout_ms
 
     def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
         """What a normalised context resolves to, as comparable data: the values, the deciding
@@ -229,149 +203,11 @@ class Program:
         "", decision, "")``), in evaluation order. Analyses over a whole domain (diff, lint) use
         it: nothing is formatted, so it costs about what ``resolve`` does. ``ctx`` must be
         normalised already (as :class:`kvpolicy.domain.Domain` yields them)."""
-        if self._lean is None:
-            self._lean = generate_evaluator(self, lean=True)
-        return self._lean(ctx)
-
-    # -- context -------------------------------------------------------------------------------
+        return self.index.outcome(ctx)
 
     def normalise(self, config: Mapping[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
-        """Check and complete a context; raise :class:`ContextError` on anything unknown or invalid.
-
-        ``fields`` is consumed (the caller's ``**kwargs`` dict): popping the known fields and
-        checking what is left over is the cheapest way to validate on the hot path.
-        """
-        if config is not None:
-            if not isinstance(config, Mapping):
-                raise ContextError(
-                    "config",
-                    f"expected a cache_transceiver_config mapping, got {type(config).__name__}; "
-                    "pass a dict or keyword fields",
-                )
-            fields = {**config, **fields}
-            # As upstream's CacheTransceiverConfig: a config without a backend starts no transceiver.
-            fields.setdefault("backend", None)
-        pop = fields.pop
-        ctx = {
-            "architecture": pop("architecture", None),
-            "model_type": None,
-            "kv_transfer_timeout_ms": pop("kv_transfer_timeout_ms", _DEFAULT_TIMEOUT_MS),
-            "features": pop("features", _NO_FEATURES),
-            "env": pop("env", _NO_ENV),
-        }
-        for name, auto, accepted in self._requests:
-            value = pop(name, auto)
-            ctx[name] = value if (value.__class__ is str and value in accepted) else self._requested(name, value)
-        architecture = ctx["architecture"]
-        if architecture is not None and (type(architecture) is not str or not architecture):
-            raise ContextError(
-                "architecture", f"expected an architecture name such as 'LlamaForCausalLM', got {architecture!r}"
-            )
-        timeout = ctx["kv_transfer_timeout_ms"]
-        if timeout is not None and (type(timeout) is not int or timeout <= 0):
-            raise ContextError("kv_transfer_timeout_ms", f"expected a positive number of milliseconds or null, got {timeout!r}")
-        if ctx["features"] is not _NO_FEATURES:
-            ctx["features"] = self._features(ctx["features"])
-        if ctx["env"] is not _NO_ENV:
-            ctx["env"] = _env(ctx["env"])
-        if fields:
-            self._rest(ctx, fields)
-        elif ctx["env"] is not _NO_ENV and self._env_features:
-            self._enable_features(ctx, ())
-        return ctx
-
-    def _rest(self, ctx: dict[str, Any], fields: dict[str, Any]) -> None:
-        """The fields the fast path does not pop: pretrained_config, feature flags, passive fields."""
-        flags: list[str] = []
-        for key, value in fields.items():
-            if key == "pretrained_config":
-                self._pretrained(ctx, value)
-            elif key in self._flag_features:
-                if type(value) is not bool:
-                    raise ContextError(key, f"expected true or false, got {value!r}")
-                if value:
-                    flags.append(self._flag_features[key])
-            elif key not in _PASSIVE_FIELDS:
-                if key in _SERVING_CONFIG_KEYS:
-                    # A whole serving config was passed where its cache_transceiver_config belongs.
-                    raise ContextError(
-                        key,
-                        "this is a key of a whole serving config, not of its cache_transceiver_config; pass "
-                        "config['cache_transceiver_config'] (for a disaggregated config, each of "
-                        "context_servers / generation_servers has its own), or use `kvpolicy impact`",
-                    )
-                raise ContextError(
-                    key,
-                    f"unknown context field{suggest(key, self._known_fields)} "
-                    f"(known: {', '.join(sorted(self._known_fields))})",
-                )
-        self._enable_features(ctx, flags)
-
-    def _enable_features(self, ctx: dict[str, Any], flags: Any) -> None:
-        extra = set(flags)
-        env = ctx["env"]
-        for variable, feature in self._env_features:
-            if env.get(variable) == "1":
-                extra.add(feature)
-        if not extra <= ctx["features"]:
-            ctx["features"] = ctx["features"] | extra
-
-    def _requested(self, name: str, value: Any) -> Any:
-        decision = self.policy.decisions[name]
-        if value is None:
-            if name == "backend":
-                return None  # disaggregation off
-            if decision.null_decides:
-                return NULL_REQUEST
-            if decision.null is not None:
-                return decision.null
-            raise ContextError(name, f"null is not a value of {name}; use {decision.auto!r} to let the policy decide")
-        if value in decision.requests:
-            return value
-        choices = tuple(v for v in decision.requests if v != NULL_REQUEST)
-        hint = suggest(str(value), choices)
-        null = f", or null for {decision.null}" if decision.null else ""
-        raise ContextError(name, f"{value!r} is not a value of {name}{hint} (one of {', '.join(choices)}{null})")
-
-    def _features(self, value: Any) -> frozenset[str]:
-        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-            raise ContextError("features", f"expected a set of feature names, got {value!r}")
-        try:
-            features = frozenset(value)
-        except TypeError:
-            raise ContextError("features", f"expected a set of feature names, got {value!r}") from None
-        unknown = features - self.features
-        if unknown:
-            name = sorted(map(str, unknown))[0]
-            raise ContextError(
-                "features",
-                f"unknown feature {name!r}{suggest(name, self.features)} (known: {', '.join(sorted(self.features))})",
-            )
-        return features
-
-    @staticmethod
-    def _pretrained(ctx: dict[str, Any], value: Any) -> None:
-        if value is None:
-            return
-        get = value.get if isinstance(value, Mapping) else lambda k, d=None: getattr(value, k, d)
-        architectures = get("architectures", None)
-        model_type = get("model_type", None)
-        if architectures is not None and (
-            isinstance(architectures, str)
-            or not isinstance(architectures, (list, tuple))
-            or not all(isinstance(a, str) for a in architectures)
-        ):
-            raise ContextError("pretrained_config", f"architectures must be a list of names, got {architectures!r}")
-        if model_type is not None and not isinstance(model_type, str):
-            raise ContextError("pretrained_config", f"model_type must be a string, got {model_type!r}")
-        architecture = architectures[0] if architectures else None
-        if ctx["architecture"] is not None and architecture is not None and architecture != ctx["architecture"]:
-            raise ContextError(
-                "architecture", f"{ctx['architecture']!r} contradicts pretrained_config's {architecture!r}; pass one"
-            )
-        if architecture is not None:
-            ctx["architecture"] = architecture
-        ctx["model_type"] = model_type
+        """Check and complete a context (see :meth:`DecisionIndex.normalise`)."""
+        return self.index.normalise(config, fields)
 
     # -- resolution ----------------------------------------------------------------------------
 
@@ -391,9 +227,7 @@ class Program:
         Without a trace this runs the generated evaluator; with one, the reference interpreter.
         """
         if trace is None:
-            if self._fast is None:
-                self._fast = generate_evaluator(self)
-            return self._fast(ctx)
+            return self.index.evaluate(ctx)
         return self.interpret(ctx, trace)
 
     def interpret(
@@ -680,60 +514,4 @@ class Program:
 
 #: Top-level keys of a TensorRT-LLM serving config (not context fields): a hint that the whole
 #: config was passed to ``resolve``.
-_SERVING_CONFIG_KEYS = frozenset(
-    {"cache_transceiver_config", "context_servers", "generation_servers", "model", "backend_config", "hostname", "port"}
-)
-
-
-def _env(value: Any) -> Mapping[str, str]:
-    if not isinstance(value, Mapping):
-        raise ContextError("env", f"expected a mapping of environment variables, got {type(value).__name__}")
-    for key, item in value.items():
-        if not isinstance(key, str) or not isinstance(item, str):
-            raise ContextError("env", f"environment variables and values must be strings, got {key!r}={item!r}")
-    return value
-
-
 _new_diagnostic = tuple.__new__
-
-
-def compile_message(template: str, decisions: frozenset[str]) -> Callable[[dict[str, Any], dict[str, Any], str | None], str]:
-    """Turn a message with ``{placeholders}`` into a function of (context, values, preferred).
-
-    Messages are formatted on the hot path whenever a rule fires; splitting the template once
-    into literal text and value getters makes that a concatenation instead of a ``format_map``.
-    """
-    pieces: list[tuple[str, Callable[[dict[str, Any], dict[str, Any], str | None], str] | None, str]] = []
-    for literal, field, spec, _ in string.Formatter().parse(template):
-        pieces.append((literal, _getter(field, decisions) if field else None, spec or ""))
-    if all(getter is None for _, getter, _ in pieces):
-        text = "".join(literal for literal, _, _ in pieces)
-        return lambda ctx, values, preferred: text
-    if len(pieces) <= 2 and pieces[0][1] is not None and not pieces[0][2] and all(g is None for _, g, _ in pieces[1:]):
-        head, getter, _ = pieces[0]
-        tail = pieces[1][0] if len(pieces) == 2 else ""
-        return lambda ctx, values, preferred: head + getter(ctx, values, preferred) + tail
-
-    def render(ctx: dict[str, Any], values: dict[str, Any], preferred: str | None) -> str:
-        out = []
-        for literal, getter, spec in pieces:
-            out.append(literal)
-            if getter is not None:
-                out.append(format(getter(ctx, values, preferred), spec) if spec else getter(ctx, values, preferred))
-        return "".join(out)
-
-    return render
-
-
-def _getter(field: str, decisions: frozenset[str]) -> Callable[[dict[str, Any], dict[str, Any], str | None], str]:
-    if field in decisions:
-        return lambda ctx, values, preferred: values.get(field) or "none"
-    if field == "architecture":
-        return lambda ctx, values, preferred: ctx["architecture"] or "this architecture"
-    if field == "model_type":
-        return lambda ctx, values, preferred: ctx["model_type"] or "none"
-    if field == "kv_transfer_timeout_ms":
-        return lambda ctx, values, preferred: "null" if ctx["kv_transfer_timeout_ms"] is None else str(ctx["kv_transfer_timeout_ms"])
-    if field == "preferred":
-        return lambda ctx, values, preferred: preferred or "none"
-    return lambda ctx, values, preferred: "none"  # the loader refuses unknown placeholders

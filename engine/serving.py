@@ -30,21 +30,8 @@ from typing import Any
 
 __all__ = ["CACHE_TRANSCEIVER_FIELDS", "NON_RESOLVING_BACKENDS", "Server", "ServerProblem", "servers_of"]
 
-#: Every field of upstream's ``CacheTransceiverConfig``; ``resolve`` reads some, the rest are passive.
-CACHE_TRANSCEIVER_FIELDS = frozenset(
-    {
-        "backend",
-        "transceiver_runtime",
-        "kv_transfer_timeout_ms",
-        "kv_transfer_sender_future_timeout_ms",
-        "kv_transfer_poll_interval_ms",
-        "max_tokens_in_buffer",
-        "kv_cache_bounce_size_mb",
-        "enable_pipelined_transfer",
-        "agent_bounce_buffer_enable",
-        "agent_bounce_params",
-    }
-)
+#: Every field of upstream's ``CacheTransceiverConfig`` (defined with the decision index, which reads it).
+from .index import CACHE_TRANSCEIVER_FIELDS  # noqa: E402
 #: Top-level ``backend`` values whose servers never resolve ``transceiver_runtime: auto``.
 NON_RESOLVING_BACKENDS = frozenset({"trt", "tensorrt", "_autodeploy"})
 

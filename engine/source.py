@@ -18,10 +18,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import Location
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
+
 
 __all__ = ["Location", "SourceDocument", "TomlSyntaxError", "parse_document"]
 
@@ -31,18 +34,6 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _TOMLLIB_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 _END_OF_DOCUMENT = re.compile(r"\(at end of document\)")
 _SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([A-Za-z0-9_,\s]+)\]")
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """A position in a policy file: 1-based line and column."""
-
-    path: str
-    line: int = 1
-    column: int = 1
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.column}"
 
 
 class TomlSyntaxError(ValueError):

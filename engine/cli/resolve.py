@@ -124,9 +124,7 @@ def run(args: Any) -> int:
         return context_error(exc)
     except ValueError as exc:
         return fail(str(exc))
-    from ..hints import context_notes
-
-    notes = context_notes(policy_set.policy, resolution.context)
+    notes = policy_set.notes(resolution.context)
     if args.format == "json":
         data = resolution.to_dict()
         if args.explain:
