@@ -577,16 +577,7 @@ class DecisionIndex:
     @staticmethod
     def requirement_conflict(name: str, held: tuple[Requirement, ...]) -> Diagnostic:
         """Requirements that hold and disagree."""
-        parts = [f"{r[0]} requires {r[1]} ({r[3]})" for r in held]
-        fix = "turn off one of the features or settings that these rules name"
-        return Diagnostic(
-            "requirements-conflict",
-            "error",
-            f"{name} cannot satisfy every requirement: {'; '.join(parts)}. To fix: {fix}.",
-            name,
-            held[0][5],
-            fix,
-        )
+        return conflict_diagnostic(name, [(r[0], r[1], r[3]) for r in held], held[0][5])
 
 
 def _suggest(name: str, known: Any) -> str:
@@ -671,3 +662,17 @@ def _getter(field: str, decisions: frozenset[str]) -> Callable[[dict[str, Any], 
     if field == "preferred":
         return lambda ctx, values, preferred: preferred or "none"
     return lambda ctx, values, preferred: "none"  # the loader refuses unknown placeholders
+
+
+def conflict_diagnostic(name: str, held: list[tuple[str, Any, Any]], location: str) -> Diagnostic:
+    """The error for requirements of ``name`` that hold and disagree: (rule id, value, when) each."""
+    parts = [f"{rule_id} requires {value} ({when})" for rule_id, value, when in held]
+    fix = "turn off one of the features or settings that these rules name"
+    return Diagnostic(
+        "requirements-conflict",
+        "error",
+        f"{name} cannot satisfy every requirement: {'; '.join(parts)}. To fix: {fix}.",
+        name,
+        location,
+        fix,
+    )

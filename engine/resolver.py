@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .index import CONTEXT_FIELDS, DecisionIndex, build_index, compile_message
+from .index import CONTEXT_FIELDS, DecisionIndex, build_index, compile_message, conflict_diagnostic
 from .model import Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
 from .resolution import Diagnostic, Trace, TraceStep
 
@@ -499,17 +499,7 @@ class Program:
 
     @staticmethod
     def _requirement_conflict(decision: _CompiledDecision, held: list[_CompiledRule]) -> Diagnostic:
-        name = decision.name
-        parts = [f"{r.id} requires {r.value} ({r.rule.when})" for r in held]
-        fix = "turn off one of the features or settings that these rules name"
-        return Diagnostic(
-            "requirements-conflict",
-            "error",
-            f"{name} cannot satisfy every requirement: {'; '.join(parts)}. To fix: {fix}.",
-            name,
-            str(held[0].rule.location),
-            fix,
-        )
+        return conflict_diagnostic(decision.name, [(r.id, r.value, r.rule.when) for r in held], str(held[0].rule.location))
 
 
 #: Top-level keys of a TensorRT-LLM serving config (not context fields): a hint that the whole
