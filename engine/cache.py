@@ -106,6 +106,8 @@ def _read(path: Path) -> bytes | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_ENTRY_BYTES:
             return None
+        if not _trusted(info):
+            return None
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -114,6 +116,16 @@ def _read(path: Path) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def _trusted(info: os.stat_result) -> bool:
+    """An entry counts only if this user wrote it and nobody else can: owned by this user and not
+    writable by group or others (entries are written 0600). Anyone else who can write the folder
+    could otherwise plant a well-formed entry that changes answers."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is not None and info.st_uid != getuid():
+        return False
+    return not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -264,14 +264,23 @@ def _code(data):
 
 
 @pytest.mark.parametrize(
-    "corruption", ["garbage", "truncated", "flipped", "fifo", "symlink", "format-spec", "wrong-type", "other-file", "not-a-rule"]
+    "corruption",
+    ["garbage", "truncated", "flipped", "fifo", "symlink", "format-spec", "wrong-type", "other-file", "not-a-rule",
+     "group-writable", "other-owner"],
 )
 def test_a_corrupt_or_forged_index_entry_is_a_miss(policy, tmp_path, corruption):
     folder = tmp_path / "cache"
     want, _ = cold_cli(folder, *CLI, policy=policy)
     (entry,) = entries(folder, INDEX)
     raw = entry.read_bytes()
-    if corruption == "garbage":
+    assert entry.stat().st_mode & 0o777 == 0o600  # as written
+    if corruption == "group-writable":  # intact, but someone else could have written it
+        entry.chmod(0o664)
+    elif corruption == "other-owner":
+        if os.getuid() != 0:
+            pytest.skip("giving the entry to another user needs root")
+        os.chown(entry, 65534, -1)
+    elif corruption == "garbage":
         entry.write_bytes(b"\x00not an entry" * 100)
     elif corruption == "truncated":
         entry.write_bytes(raw[: len(raw) // 2])
