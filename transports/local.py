@@ -140,3 +140,12 @@ def remember(table: OrderedDict, key: Any, value: Any) -> None:
     table.move_to_end(key)
     while len(table) > REMEMBERED:
         table.popitem(last=False)
+
+
+def quietly(name: str, what: str, release: Any, *args: Any) -> None:
+    """Give back a NIXL handle or list; one NIXL refuses (a transfer it still holds) is logged, not
+    raised: teardown and bookkeeping go on, and the agent frees it with itself."""
+    try:
+        release(*args)
+    except Exception as exc:
+        log.debug("transceiver %s: releasing %s failed: %s", name, what, exc)

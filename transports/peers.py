@@ -27,7 +27,7 @@ from zmq.utils import z85
 from . import control
 from .discovery import EtcdClient, RegistryError, nixl_metadata_key
 from .keys import address_with_key, fingerprint
-from .local import LocalSide
+from .local import LocalSide, quietly
 from .mapping import BlockSegments, block_segments
 
 log = logging.getLogger("kvpolicy.transports")
@@ -314,15 +314,9 @@ class Remotes:
     def release(self, remote: Remote) -> None:
         """Drop a forgotten receiver's kept handles, prepared list and NIXL's record of its agent."""
         while remote.kept:
-            try:
-                remote.kept.popitem()[1].release()
-            except Exception as exc:
-                log.debug("transceiver %s: releasing a kept transfer handle failed: %s", self.local.name, exc)
+            quietly(self.local.name, "a kept transfer handle", remote.kept.popitem()[1].release)
         if remote.prepped is not None:
-            try:
-                self.local.agent.release_dlist_handle(remote.prepped)
-            except Exception as exc:
-                log.debug("transceiver %s: releasing a prepared list failed: %s", self.local.name, exc)
+            quietly(self.local.name, "a prepared list", self.local.agent.release_dlist_handle, remote.prepped)
             remote.prepped = None
         if not any(r.rank.agent == remote.rank.agent for r in self.remotes.values()):
             self._remove_agent(remote.rank.agent)

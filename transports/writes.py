@@ -9,16 +9,13 @@ reported it done, never while it is in flight; one that failed or was aborted is
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .local import LocalSide
+from .local import LocalSide, quietly
 from .peers import Remote
-
-log = logging.getLogger("kvpolicy.transports")
 
 KEPT_PER_PEER = 256
 """Finished transfer handles kept per receiver for reuse."""
@@ -87,10 +84,7 @@ class WritePoster:
     def close(self) -> None:
         """Release the local prepared list (the remote ones go with their peers)."""
         if self._local_prepped is not None:
-            try:
-                self.local.agent.release_dlist_handle(self._local_prepped)
-            except Exception as exc:
-                log.debug("transceiver %s: releasing the local prepared list failed: %s", self.local.name, exc)
+            quietly(self.local.name, "the local prepared list", self.local.agent.release_dlist_handle, self._local_prepped)
             self._local_prepped = None
 
 
@@ -115,10 +109,7 @@ def whole_block_plan(remote: Remote, source: Sequence[int], destination: Sequenc
 
 def release(xfer: Any, name: str) -> None:
     """Release a transfer handle; a failed transfer may refuse (the agent retries later)."""
-    try:
-        xfer.release()
-    except Exception as exc:
-        log.debug("transceiver %s: release of a finished write failed: %s", name, exc)
+    quietly(name, "a finished write", xfer.release)
 
 
 def block_descriptors(base: int, block_bytes: int, num_blocks: int, device_id: int) -> np.ndarray:
