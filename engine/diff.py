@@ -27,9 +27,10 @@ it against brute-force evaluation of every point with the engine's own evaluator
 
 from __future__ import annotations
 
+import copy
 import itertools
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache, reduce
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "Diff",
     "Group",
     "Outcome",
+    "Unchanged",
     "diff_policies",
     "evaluate_cubes",
     "outcome_of",
@@ -248,10 +250,26 @@ class Diff:
     groups: tuple[Group, ...]
     total: int
     """How many points the full product holds."""
-    leaves: tuple[tuple[Cube, Outcome, Outcome], ...] = ()
-    """The joint partition: cubes on which both policies are constant, changed or not."""
-    leaf_groups: tuple[int, ...] = ()
-    """The index in ``groups`` of each leaf's group (-1: unchanged), aligned with ``leaves``."""
+    evaluated: tuple[tuple[Cube, Outcome, Outcome], ...] = ()
+    """The joint partition of the part of the domain where the versions may differ: cubes on
+    which both policies are constant, changed or not (the whole domain unless the versions differ
+    only in preference rows; see :func:`evaluate_cubes`)."""
+    evaluated_groups: tuple[int, ...] = ()
+    """The index in ``groups`` of each evaluated leaf's group (-1: unchanged)."""
+    unchanged: Unchanged | None = field(default=None, compare=False, repr=False)
+    """The rest of the domain, where both versions provably resolve alike: its leaves are
+    evaluated only when read (descriptions query it a cube at a time)."""
+
+    @cached_property
+    def leaves(self) -> tuple[tuple[Cube, Outcome, Outcome], ...]:
+        """The joint partition of the whole domain: cubes on which both policies are constant,
+        changed or not."""
+        return self.evaluated + (tuple(self.unchanged.leaves()) if self.unchanged is not None else ())
+
+    @cached_property
+    def leaf_groups(self) -> tuple[int, ...]:
+        """The index in ``groups`` of each leaf's group (-1: unchanged), aligned with ``leaves``."""
+        return self.evaluated_groups + (-1,) * (len(self.leaves) - len(self.evaluated))
 
     @property
     def changed(self) -> int:
@@ -320,6 +338,9 @@ class _Evaluator:
 
     def __init__(self, policy: Policy, order: tuple[str, ...], dimensions: tuple[Dimension, ...]) -> None:
         self.policy = policy
+        self.diagnose = True
+        self.read_rows = False
+        """Whether the last :meth:`evaluate` looked up a preference row."""
         self.index = {d.name: i for i, d in enumerate(dimensions)}
         self.models = dimensions[0].values
         self.dimensions = dimensions
@@ -367,6 +388,30 @@ class _Evaluator:
             (d.name[len("feature:"):], i)
             for i, d in enumerate(dimensions)
             if d.name.startswith("feature:") and d.name[len("feature:"):] not in policy.features
+        )
+
+    def resolutions_only(self) -> _Evaluator:
+        """The same evaluator, but outcomes only as far as values and deciding rules go: it never
+        splits a cube for a diagnostic alone (constraints, explicit choices against requirements),
+        so it needs far fewer leaves; the diagnostics of its outcomes are incomplete."""
+        twin = copy.copy(self)
+        twin.diagnose = False
+        return twin
+
+    def _shape(self) -> tuple:
+        """Everything this evaluator reads except the models' row keys."""
+        plan = tuple((*step[:4], step[4] is None, *step[5:]) for step in self.plan)
+        return (plan, self.adjustments, self.constraints, self.accepted, self.undeclared)
+
+    def models_differing_from(self, other: _Evaluator) -> frozenset | None:
+        """The models on which ``other`` may resolve differently, when the two differ only in
+        row keys (None when they differ elsewhere: then any model may)."""
+        if self.dimensions != other.dimensions or self._shape() != other._shape():
+            return None
+        return frozenset(
+            model
+            for model in self.models
+            if any(mine[4] is not None and mine[4][model] != theirs[4][model] for mine, theirs in zip(self.plan, other.plan))
         )
 
     def _compile(self, condition: Condition) -> _Compiled:
@@ -419,6 +464,7 @@ class _Evaluator:
         for _, index in self.undeclared:
             if not _member(cube, index, _OFF):
                 return rejected("features")
+        self.read_rows = False
         values: dict[str, Any] = {}
         by: dict[str, str] = {}
         diags: list[DiagnosticKey] = []
@@ -436,6 +482,7 @@ class _Evaluator:
                         rule = "+".join(r[2] for r in held)
                         diags += [r[3] for r in held if r[3] is not None]
                 if value is None and rows is not None:
+                    self.read_rows = True
                     row = _uniform(cube, 0, rows)
                     if row is not None:
                         if holds(adopt, cube, values):
@@ -455,9 +502,10 @@ class _Evaluator:
                     raise _Split(index, frozenset([min(requested, key=str)]))
                 (value,) = requested
                 rule = "explicit"
-                for condition, required, rule_id, _ in requirements:
-                    if required != value and holds(condition, cube, values):
-                        diags.append((rule_id, "error", name))
+                if self.diagnose:
+                    for condition, required, rule_id, _ in requirements:
+                        if required != value and holds(condition, cube, values):
+                            diags.append((rule_id, "error", name))
             values[name] = value
             by[name] = rule
         for name, index, undecided, rules in self.adjustments:
@@ -469,9 +517,10 @@ class _Evaluator:
                     if notice is not None:
                         diags.append(notice)
                     break
-        for condition, key in self.constraints:
-            if holds(condition, cube, values):
-                diags.append(key)
+        if self.diagnose:
+            for condition, key in self.constraints:
+                if holds(condition, cube, values):
+                    diags.append(key)
         return Outcome(tuple(sorted(values.items())), tuple(sorted(by.items())), tuple(sorted(diags, key=_diagnostic_sort)))
 
 
@@ -613,12 +662,28 @@ def evaluate_cubes(old: Any, new: Any, domain: Domain | None = None) -> Iterator
     """Partition the joint domain of two policies (``Policy`` or ``PolicySet``) into cubes on
     which both are constant: (cube, old outcome, new outcome), cubes aligned with
     ``domain.dimensions()``."""
+    evaluated, unchanged = _partition(old, new, domain)
+    yield from evaluated
+    if unchanged is not None:
+        yield from unchanged.leaves()
+
+
+def _partition(old: Any, new: Any, domain: Domain | None) -> tuple[Iterator[tuple[Cube, Outcome, Outcome]], Unchanged | None]:
+    """The joint partition in two parts: leaves where the versions may differ, evaluated with
+    both, and (when there is one) a function giving the leaves of the rest, where they provably
+    resolve alike, evaluated with OLD alone.
+
+    When two versions differ only in preference rows (the common edit, and a 10,000-row file
+    with 1% of rows changed), their evaluators are the same function of everything but a model's
+    row keys: every other part they read compiles to equal tests and values. On a model whose
+    row keys are equal in both, the two therefore return equal outcomes on every cube, so only the
+    models whose row keys differ need the joint evaluation; the cost follows the rows that
+    changed, not the size of the policies."""
     old, old_order = _unpack(old)
     new, new_order = _unpack(new)
     domain = domain or domain_of(old, new)
     dimensions = domain.dimensions()
     members, reduced = _model_classes((old, new), dimensions)
-    full: Cube = tuple(frozenset(d.values) for d in reduced)
     first = _Evaluator(old, old_order, reduced)
     second = _Evaluator(new, new_order, reduced)
     expanded: dict[frozenset, frozenset] = {}
@@ -630,9 +695,64 @@ def evaluate_cubes(old: Any, new: Any, domain: Domain | None = None) -> Iterator
             found = expanded[representatives] = frozenset().union(*(members[r] for r in representatives))
         return found
 
-    for cube, outcome in _leaves(full, first.evaluate):
-        for inner, other in _leaves(cube, second.evaluate):
-            yield (expand(inner[0]), *inner[1:]), outcome, other
+    rest = tuple(frozenset(d.values) for d in reduced[1:])
+    models = frozenset(reduced[0].values)
+    differ = first.models_differing_from(second)
+    joint = models if differ is None else differ
+    alike = models - joint
+
+    def evaluated() -> Iterator[tuple[Cube, Outcome, Outcome]]:
+        if not joint:
+            return
+        for cube, outcome in _leaves((joint, *rest), first.evaluate):
+            if differ is not None and not first.read_rows:
+                # The two differ only in row keys, and OLD's evaluation of this leaf read none: NEW's
+                # takes the very same steps, so it is constant here with the same outcome.
+                yield (expand(cube[0]), *cube[1:]), outcome, outcome
+                continue
+            for inner, other in _leaves(cube, second.evaluate):
+                yield (expand(inner[0]), *inner[1:]), outcome, other
+
+    return evaluated(), (Unchanged(first, alike, rest, members, expand) if alike else None)
+
+
+class Unchanged:
+    """The part of a joint domain where two versions provably resolve alike (see
+    :func:`_partition`), evaluated with OLD, and only as far as a question needs."""
+
+    def __init__(self, evaluator: _Evaluator, models: frozenset, rest: Cube, members: dict[Any, frozenset], expand: Callable) -> None:
+        self._evaluator = evaluator
+        self._resolver = evaluator.resolutions_only()
+        self._models = models  # class representatives
+        self._rest = rest
+        self._members = members
+        self._expand = expand
+        self._keys: dict[bool, frozenset] = {}
+
+    def leaves(self) -> Iterator[tuple[Cube, Outcome, Outcome]]:
+        """(cube, outcome, outcome) partitioning the region."""
+        for cube, outcome in _leaves((self._models, *self._rest), self._evaluator.evaluate):
+            yield (self._expand(cube[0]), *cube[1:]), outcome, outcome
+
+    def _resolutions(self, within: Cube | None) -> Iterator[Outcome]:
+        models, rest = self._models, self._rest
+        if within is not None:
+            models = frozenset(r for r in models if not self._members[r].isdisjoint(within[0]))
+            rest = tuple(a & b for a, b in zip(rest, within[1:]))
+            if not models or not all(rest):
+                return
+        for _, outcome in _leaves((models, *rest), self._resolver.evaluate):
+            yield outcome
+
+    def resolution_keys(self, with_rules: bool) -> frozenset:
+        """Every resolution (see :func:`_resolution_key`) of a context of the region."""
+        if with_rules not in self._keys:
+            self._keys[with_rules] = frozenset(_resolution_key(o, with_rules) for o in self._resolutions(None))
+        return self._keys[with_rules]
+
+    def resolves_in(self, within: Cube, keys: set, with_rules: bool) -> bool:
+        """Whether some context of the region inside ``within`` resolves to one of ``keys``."""
+        return any(_resolution_key(o, with_rules) in keys for o in self._resolutions(within))
 
 
 def _conditions(policy: Policy) -> Iterator[Condition]:
@@ -766,30 +886,34 @@ def _by_values(
     """The contexts as (a cube of inputs) x (what OLD, or both versions alike, resolve), if exact.
 
     The contexts of a box that resolve so are exactly the section's when the box holds the whole
-    section (the bounding box does, and widening keeps it) and no *other* leaf that resolves so
-    meets the box. Start from the bounding box and widen one dimension at a time to every value
-    while that holds: a leaf blocks widening a dimension when that is the only one on which it
-    misses the box."""
+    section (the bounding box does, and widening keeps it) and no *other* context that resolves
+    so lies in the box. Start from the bounding box and widen one dimension at a time to every
+    value while that holds: widening a dimension adds the slab of the box's complement on it,
+    and is refused when some other context resolving alike lies in that slab."""
     resolved = {_resolution_key(o, with_rules) for o in outcomes}
+    keys = {o: _resolution_key(o, with_rules) for o in {o for _, a, b in result.evaluated for o in (a, b)}}
     others = [
         cube
-        for (cube, _, _), (first, second), group in zip(result.leaves, result.leaf_keys(with_rules), result.leaf_groups)
-        if group not in members and first in resolved and (not both or second == first)
+        for (cube, first, second), group in zip(result.evaluated, result.evaluated_groups)
+        if group not in members and keys[first] in resolved and (not both or keys[second] == keys[first])
     ]
+
+    def alike_in(query: Cube) -> bool:
+        if any(all(values & allowed for values, allowed in zip(cube, query)) for cube in others):
+            return True
+        # Where the versions resolve alike, ``both`` holds of every context.
+        unchanged = result.unchanged
+        return unchanged is not None and unchanged.resolves_in(query, resolved, with_rules)
+
     box = list(_bounding_box(cubes))
-    misses = []
-    for cube in others:
-        missed = {i for i, (values, allowed) in enumerate(zip(cube, box)) if not (values & allowed)}
-        if not missed:
-            return None  # another leaf resolving alike lies in the box: not exact
-        misses.append(missed)
+    if alike_in(tuple(box)):
+        return None  # another context resolving alike lies in the box: not exact
     for index in reversed(range(len(box))):
         full = frozenset(result.dimensions[index].values)
-        if box[index] == full or any(len(m) == 1 and index in m for m in misses):
+        if box[index] == full:
             continue
-        box[index] = full
-        for m in misses:
-            m.discard(index)
+        if not alike_in((*box[:index], full - box[index], *box[index + 1 :])):
+            box[index] = full
     return ByValues(tuple(box), tuple(sorted(resolved, key=repr)), with_rules, both)
 
 
@@ -864,7 +988,8 @@ def diff_policies(old: Any, new: Any) -> Diff:
     by_change: dict[Change, list[Cube]] = {}
     resolved: dict[Change, set[Any]] = {}
     memo: dict[tuple[Outcome, Outcome], Change | None] = {}
-    leaves = tuple(evaluate_cubes(old, new, domain))
+    evaluated, unchanged = _partition(old, new, domain)
+    leaves = tuple(evaluated)
     leaf_changes = []
     for cube, first, second in leaves:
         key = (first, second)
@@ -897,7 +1022,7 @@ def diff_policies(old: Any, new: Any) -> Diff:
         if found is None:
             found = by_object[id(change)] = -1 if change is None else index_of[change]
         leaf_groups.append(found)
-    return Diff(old_policy, new_policy, domain, dimensions, tuple(groups), total, leaves, tuple(leaf_groups))
+    return Diff(old_policy, new_policy, domain, dimensions, tuple(groups), total, leaves, tuple(leaf_groups), unchanged)
 
 
 def _unpack(item: Any) -> tuple[Policy, tuple[str, ...]]:
@@ -991,8 +1116,11 @@ def _resolutions_seen(result: Diff, with_rules: bool) -> tuple[dict[str, set[Any
     if with_rules not in cache:
         every: dict[str, set[Any]] = {}
         rules_of: dict[tuple[str, Any], set[Any]] = {}
-        for outcome in result.outcomes:
-            for name, value, rule in _resolution_key(outcome, with_rules):
+        keys = {_resolution_key(o, with_rules) for _, first, second in result.evaluated for o in (first, second)}
+        if result.unchanged is not None:
+            keys |= result.unchanged.resolution_keys(with_rules)
+        for key in keys:
+            for name, value, rule in key:
                 every.setdefault(name, set()).add((value, rule))
                 rules_of.setdefault((name, value), set()).add(rule)
         cache[with_rules] = (every, rules_of)
@@ -1060,9 +1188,7 @@ def _describe_env(values: frozenset, options: tuple[str, ...]) -> str:
 
 def _describe_models(values: frozenset, models: tuple[tuple[str | None, str | None], ...]) -> str:
     """Architectures by name; a qualified architecture says which model_type it covers."""
-    by_architecture: dict[str | None, list[str | None]] = {}
-    for architecture, model_type in models:
-        by_architecture.setdefault(architecture, []).append(model_type)
+    by_architecture = _by_architecture(models)
 
     def name(architecture: str | None, model_types: list[str | None]) -> str:
         all_types = by_architecture[architecture]
@@ -1074,18 +1200,40 @@ def _describe_models(values: frozenset, models: tuple[tuple[str | None, str | No
             return f"{label} (model_type not {_or(named)})"
         return f"{label} (model_type {_or([t or 'another' for t in model_types])})"
 
+    # Only the architectures of ``values`` are named, unless the set holds "any other
+    # architecture" and may read shorter as its complement: then every architecture counts.
+    if (None, None) in values:
+        architectures: Iterable[str | None] = by_architecture
+    else:
+        position = _positions(models)
+        architectures = sorted({a for a, _ in values}, key=position.__getitem__)
     inside: list[str] = []
     outside: list[str] = []
-    for architecture, all_types in by_architecture.items():
+    for architecture in architectures:
+        all_types = by_architecture[architecture]
         kept = [t for t in all_types if (architecture, t) in values]
-        dropped = [t for t in all_types if (architecture, t) not in values]
         if kept:
             inside.append(name(architecture, kept))
-        if dropped:
-            outside.append(name(architecture, dropped))
+        if len(kept) < len(all_types):
+            outside.append(name(architecture, [t for t in all_types if (architecture, t) not in values]))
     if (None, None) in values and len(outside) < len(inside):
         return f"every architecture except {_or(outside)}"
     return _or(inside)
+
+
+@lru_cache(maxsize=16)
+def _by_architecture(models: tuple[tuple[str | None, str | None], ...]) -> dict[str | None, list[str | None]]:
+    """The model_types of each architecture, in the order of ``models`` (one dimension's values:
+    the same tuple for every description of a diff)."""
+    by_architecture: dict[str | None, list[str | None]] = {}
+    for architecture, model_type in models:
+        by_architecture.setdefault(architecture, []).append(model_type)
+    return by_architecture
+
+
+@lru_cache(maxsize=16)
+def _positions(models: tuple[tuple[str | None, str | None], ...]) -> dict[str | None, int]:
+    return {architecture: i for i, architecture in enumerate(_by_architecture(models))}
 
 
 _OTHER = "\x00other"

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import itertools
 import random
+import tomllib
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import tomlkit
 
 import kvpolicy
-from kvpolicy.diff import Change, diff_policies, outcome_of, points
+from kvpolicy.diff import Change, architectures_of, diff_policies, outcome_of, points
 from kvpolicy.diff import _resolution_key as resolution_key
 from kvpolicy.loader import parse_policy
 
-from tests.engine.strategies import policies
+from tests.engine.strategies import MODEL_TYPES, RANDOM_ARCHITECTURES, policies
 
 
 def context_of(dimensions: Any, point: tuple[Any, ...]) -> dict[str, Any]:
@@ -129,6 +131,93 @@ def test_diff_is_exact_for_random_policies(old_text: str, new_text: str, same: b
     result = check_exact(old, new)
     if same:
         assert not result
+
+
+def check_leaves(result: Any, old: kvpolicy.PolicySet, new: kvpolicy.PolicySet) -> None:
+    """``leaves`` partitions the whole domain into cubes on which both versions are constant,
+    with the outcomes brute force finds, and ``leaf_groups`` names each changed leaf's group."""
+    seen: set[tuple[Any, ...]] = set()
+    for (cube, first, second), group in zip(result.leaves, result.leaf_groups, strict=True):
+        for point in expand(cube):
+            assert point not in seen, f"leaves overlap at {point}"
+            seen.add(point)
+            ctx = context_of(result.dimensions, point)
+            assert (outcome_of(old, ctx), outcome_of(new, ctx)) == (first, second), ctx
+        assert (group == -1) == (first == second)
+        if group != -1:
+            assert result.groups[group].change == Change.between(first, second)
+    assert len(seen) == result.total
+
+
+@st.composite
+def row_edits(draw: Any, text: str) -> str:
+    """``text`` with only its preference rows edited: values flipped, rows added, dropped or
+    qualified by model_type (the case the diff evaluates only where rows changed)."""
+    data = tomllib.loads(text)
+    data["version"] = "2026.02.01"
+    for decision in data["decisions"].values():
+        values = decision["values"]
+        preference = decision.get("preference")
+        if preference is None:
+            continue
+        rows = []
+        for row in preference["rows"]:
+            action = draw(st.sampled_from(("keep", "keep", "flip", "drop", "qualify")))
+            if action == "flip":
+                row = {**row, "value": draw(st.sampled_from(values))}
+            elif action == "qualify":
+                row = {**row, "model_type": MODEL_TYPES[0]}
+            if action != "drop":
+                rows.append(row)
+        taken = {(r["architecture"], r.get("model_type")) for r in rows}
+        for architecture in RANDOM_ARCHITECTURES:
+            if (architecture, None) not in taken and draw(st.integers(0, 3)) == 0:
+                rows.append({"architecture": architecture, "value": draw(st.sampled_from(values))})
+        if rows:
+            preference["rows"] = rows
+        else:
+            del decision["preference"]
+    return tomlkit.dumps(data)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_diff_is_exact_when_only_preference_rows_change(data: Any) -> None:
+    """Where two versions differ only in rows, the diff evaluates only the models whose rows
+    changed; it must still be exact, and its leaves, read later, must still cover the domain."""
+    old_text = data.draw(policies("2026.01.01"))
+    old = _load(old_text, "old.toml")
+    new = _load(data.draw(row_edits(old_text)), "new.toml")
+    result = check_exact(old, new)
+    check_leaves(result, old, new)
+
+
+def test_rows_only_edit_evaluates_only_the_changed_models() -> None:
+    """A flipped row of the shipped policy: the evaluated part holds that architecture only, and
+    the rest of the domain is left for when something reads it."""
+    from kvpolicy.loader import shipped_root
+
+    old = kvpolicy.load(version="2026.09.10")
+    text = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
+    row = '{ architecture = "LlamaForCausalLM", value = "PYTHON"'
+    assert text.count(row) == 1
+    newer = text.replace(row, '{ architecture = "LlamaForCausalLM", value = "CPP"')
+    new = _load(newer.replace('version = "2026.09.10"', 'version = "2026.09.11"'), "new.toml")
+    result = diff_policies(old, new)
+    assert result.groups and result.unchanged is not None
+    index = [d.name for d in result.dimensions].index("model")
+    evaluated_architectures = {model[0] for cube, _, _ in result.evaluated for model in cube[index]}
+    assert evaluated_architectures == {"LlamaForCausalLM"}
+    assert {a for g in result.groups for a in architectures_of(g, result.dimensions)} == {"LlamaForCausalLM"}
+    assert "leaves" not in result.__dict__  # nothing has read the rest yet
+    assert sum(size(cube) for cube, _, _ in result.leaves) == result.total
+
+
+def size(cube: Any) -> int:
+    count = 1
+    for values in cube:
+        count *= len(values)
+    return count
 
 
 VERSIONS = tuple(kvpolicy.load().versions())
