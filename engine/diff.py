@@ -67,6 +67,17 @@ class Outcome:
     decided_by: tuple[tuple[str, str], ...]
     diagnostics: tuple[DiagnosticKey, ...]
 
+    def __hash__(self) -> int:
+        # Outcomes are dictionary keys over and over in a diff: hash the three tuples once.
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = self.__dict__["_hash"] = hash((self.values, self.decided_by, self.diagnostics))
+        return found
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A string's hash differs from one process to the next: never carry it along.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @classmethod
     def of(
         cls, values: dict[str, Any], decided_by: dict[str, str], diagnostics: Iterable[Any], architecture: str | None = None
@@ -112,13 +123,7 @@ class Change:
     @classmethod
     def between(cls, old: Outcome, new: Outcome) -> Change:
         """The change from ``old`` to ``new`` (empty when they are equal)."""
-        old_values, new_values = dict(old.values), dict(new.values)
-        old_by, new_by = dict(old.decided_by), dict(new.decided_by)
-        decisions = tuple(
-            DecisionChange(name, old_values.get(name), new_values.get(name), old_by.get(name, ""), new_by.get(name, ""))
-            for name in sorted({*old_values, *new_values})
-            if (old_values.get(name), old_by.get(name)) != (new_values.get(name), new_by.get(name))
-        )
+        decisions = _decision_changes(old.values, old.decided_by, new.values, new.decided_by)
         removed = _multiset_minus(old.diagnostics, new.diagnostics)
         added = _multiset_minus(new.diagnostics, old.diagnostics)
         return cls(decisions, removed, added)
@@ -155,6 +160,23 @@ class Change:
             "diagnostics_added": [{"id": i, "severity": s, "decision": d} for i, s, d in self.added],
             "diagnostics_removed": [{"id": i, "severity": s, "decision": d} for i, s, d in self.removed],
         }
+
+
+@lru_cache(maxsize=4096)
+def _decision_changes(
+    old_values: tuple[tuple[str, str | None], ...],
+    old_decided_by: tuple[tuple[str, str], ...],
+    new_values: tuple[tuple[str, str | None], ...],
+    new_decided_by: tuple[tuple[str, str], ...],
+) -> tuple[DecisionChange, ...]:
+    # A diff meets the same few resolutions in thousands of leaves that differ only in diagnostics.
+    old_map, new_map = dict(old_values), dict(new_values)
+    old_by, new_by = dict(old_decided_by), dict(new_decided_by)
+    return tuple(
+        DecisionChange(name, old_map.get(name), new_map.get(name), old_by.get(name, ""), new_by.get(name, ""))
+        for name in sorted({*old_map, *new_map})
+        if (old_map.get(name), old_by.get(name)) != (new_map.get(name), new_by.get(name))
+    )
 
 
 def _multiset_minus(a: tuple[DiagnosticKey, ...], b: tuple[DiagnosticKey, ...]) -> tuple[DiagnosticKey, ...]:
@@ -336,7 +358,9 @@ class _Evaluator:
     ``PREF[{architecture}]`` (see :func:`canonical_rule`), so every architecture whose row gives
     the same value stays in one cube instead of one cube per architecture."""
 
-    def __init__(self, policy: Policy, order: tuple[str, ...], dimensions: tuple[Dimension, ...]) -> None:
+    def __init__(
+        self, policy: Policy, order: tuple[str, ...], dimensions: tuple[Dimension, ...], row_indexes: dict[int, _RowIndex] | None = None
+    ) -> None:
         self.policy = policy
         self.diagnose = True
         self.read_rows = False
@@ -354,7 +378,7 @@ class _Evaluator:
             rows = None
             adopt = not_adopted = None
             if decision.preference is not None and decision.preference.rows:
-                index = _row_index(decision)
+                index = row_indexes[id(decision)] if row_indexes is not None else _row_index(decision)
                 rows = {m: _row_key(decision, *m, index=index) for m in self.models}
                 adopt = self._compile(decision.preference.adopt_when)
                 not_adopted = _notice_key(decision.preference.on_not_adopted, name)
@@ -455,15 +479,16 @@ class _Evaluator:
             raise _Split(index, current & accepted)
         return True
 
-    def evaluate(self, cube: Cube) -> Outcome:
-        """The outcome on ``cube``; raises :class:`_Split` when it is not constant there."""
+    def evaluate(self, cube: Cube) -> list[tuple[Cube, Outcome]]:
+        """The outcome on ``cube``, as pieces of it on which it is constant; raises :class:`_Split`
+        when the cube must be split before that."""
         holds = self.holds
         for name, index, accepted in self.accepted:
             if not _member(cube, index, accepted):
-                return rejected(name)
+                return [(cube, rejected(name))]
         for _, index in self.undeclared:
             if not _member(cube, index, _OFF):
-                return rejected("features")
+                return [(cube, rejected("features"))]
         self.read_rows = False
         values: dict[str, Any] = {}
         by: dict[str, str] = {}
@@ -517,11 +542,75 @@ class _Evaluator:
                     if notice is not None:
                         diags.append(notice)
                     break
-        if self.diagnose:
-            for condition, key in self.constraints:
-                if holds(condition, cube, values):
-                    diags.append(key)
-        return Outcome(tuple(sorted(values.items())), tuple(sorted(by.items())), tuple(sorted(diags, key=_diagnostic_sort)))
+        decided = tuple(sorted(values.items()))
+        rules = tuple(sorted(by.items()))
+        order = _SORT_KEYS.__getitem__
+        if not (self.diagnose and self.constraints):
+            return [(cube, Outcome(decided, rules, tuple(sorted(diags, key=order))))]
+        return [
+            (piece, Outcome(decided, rules, tuple(sorted(diags + found, key=order) if found else sorted(diags, key=order))))
+            for piece, found in self._constraints(cube, values)
+        ]
+
+    def _constraints(self, cube: Cube, values: dict[str, Any]) -> list[tuple[Cube, list[DiagnosticKey]]]:
+        """The constraints that hold, on the pieces of ``cube`` where they are constant.
+
+        Constraints come last and decide nothing, so where one splits the cube both parts keep
+        everything evaluated so far (every earlier test was uniform on the whole cube): the
+        pieces are split here instead of evaluating the whole policy again for each. They come
+        out in the order that evaluating again would give (the part inside a test first)."""
+        # Tests of decided values, and tests the whole cube passes or fails, are the same on
+        # every piece: read them once, and split only on the rest.
+        always: list[DiagnosticKey] = []
+        active = []
+        for (decided, tests), key in self.constraints:
+            if any((values[subject] in accepted) is negate for subject, accepted, negate in decided):
+                continue
+            splitting = []
+            for index, accepted in tests:
+                current = cube[index]
+                if current <= accepted:
+                    continue
+                if current.isdisjoint(accepted):
+                    break
+                splitting.append((index, accepted))
+            else:
+                if splitting:
+                    active.append((splitting, key))
+                else:
+                    always.append(key)
+        count = len(active)
+        pieces = []
+        stack: list[tuple[Cube, int, list[DiagnosticKey]]] = [(cube, 0, always)]
+        while stack:
+            piece, at, found = stack.pop()
+            while at < count:
+                tests, key = active[at]
+                for index, accepted in tests:
+                    current = piece[index]
+                    if current <= accepted:
+                        continue
+                    if current.isdisjoint(accepted):
+                        break
+                    stack.append((piece[:index] + (current - accepted,) + piece[index + 1 :], at + 1, found))
+                    piece = piece[:index] + (current & accepted,) + piece[index + 1 :]
+                else:
+                    found = [*found, key]
+                at += 1
+            pieces.append((piece, found))
+        return pieces
+
+
+class _SortKeys(dict):
+    """:func:`_diagnostic_sort` of each diagnostic, remembered (a dict lookup sorts faster than a
+    Python key function: a diff sorts hundreds of thousands of them)."""
+
+    def __missing__(self, key: DiagnosticKey) -> tuple[str, str, str]:
+        value = self[key] = _diagnostic_sort(key)
+        return value
+
+
+_SORT_KEYS = _SortKeys()
 
 
 #: The diagnostic of a context a policy rejects (a requested value or feature it does not know).
@@ -648,14 +737,14 @@ def _leaves(cube: Cube, evaluate: Any) -> Iterator[tuple[Cube, Any]]:
     while stack:
         current = stack.pop()
         try:
-            result = evaluate(current)
+            pieces = evaluate(current)
         except _Split as split:
             i = split.index
             rest = current[i] - split.inside
             stack.append(current[:i] + (rest,) + current[i + 1 :])
             stack.append(current[:i] + (split.inside,) + current[i + 1 :])
             continue
-        yield current, result
+        yield from pieces
 
 
 def evaluate_cubes(old: Any, new: Any, domain: Domain | None = None) -> Iterator[tuple[Cube, Outcome, Outcome]]:
@@ -683,9 +772,10 @@ def _partition(old: Any, new: Any, domain: Domain | None) -> tuple[Iterator[tupl
     new, new_order = _unpack(new)
     domain = domain or domain_of(old, new)
     dimensions = domain.dimensions()
-    members, reduced = _model_classes((old, new), dimensions)
-    first = _Evaluator(old, old_order, reduced)
-    second = _Evaluator(new, new_order, reduced)
+    row_indexes = _row_indexes_of((old, new))
+    members, reduced = _model_classes((old, new), dimensions, row_indexes)
+    first = _Evaluator(old, old_order, reduced, row_indexes)
+    second = _Evaluator(new, new_order, reduced, row_indexes)
     expanded: dict[frozenset, frozenset] = {}
 
     def expand(representatives: frozenset) -> frozenset:
@@ -766,8 +856,19 @@ def _conditions(policy: Policy) -> Iterator[Condition]:
         yield constraint.when
 
 
+def _row_indexes_of(policies: tuple[Policy, ...]) -> dict[int, _RowIndex]:
+    """:func:`_row_index` of every decision with preference rows, by ``id`` of the decision (the
+    policies must outlive the result)."""
+    return {
+        id(decision): _row_index(decision)
+        for policy in policies
+        for decision in policy.decisions.values()
+        if decision.preference is not None and decision.preference.rows
+    }
+
+
 def _model_classes(
-    policies: tuple[Policy, ...], dimensions: tuple[Dimension, ...]
+    policies: tuple[Policy, ...], dimensions: tuple[Dimension, ...], row_indexes: dict[int, _RowIndex] | None = None
 ) -> tuple[dict[Any, frozenset], tuple[Dimension, ...]]:
     """The models both policies cannot tell apart, as classes: (members of each class by its
     representative, the dimensions with one representative per class on the model dimension).
@@ -784,8 +885,9 @@ def _model_classes(
                 matcher = condition.subjects.get(subject)
                 if matcher is not None:
                     tests.append((0 if subject == "architecture" else 1, matcher))
+    row_indexes = row_indexes if row_indexes is not None else _row_indexes_of(policies)
     indexes = [
-        (decision, _row_index(decision))
+        (decision, row_indexes[id(decision)])
         for policy in policies
         for decision in policy.decisions.values()
         if decision.preference is not None and decision.preference.rows
