@@ -36,7 +36,9 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "cache_dir",

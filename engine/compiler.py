@@ -20,16 +20,17 @@ from _string import formatter_parser  # what string.Formatter().parse calls (str
 from collections.abc import Callable
 from functools import partial
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
-
 from .resolution import Diagnostic, Resolution
 
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
+    from typing import Any
+
     from .index import DecisionIndex
 
-__all__ = ["generate_evaluator"]
+    Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tuple[Any, ...]]]
 
-Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tuple[Any, ...]]]
+__all__ = ["generate_evaluator"]
 
 
 class _Source:

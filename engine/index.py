@@ -18,7 +18,9 @@ from __future__ import annotations
 from _string import formatter_parser  # what string.Formatter().parse calls
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 from .errors import ContextError
 from .resolution import Diagnostic

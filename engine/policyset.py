@@ -6,7 +6,9 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 from .errors import Location, PolicyError, PolicyProblem
 from .policyfile import CASES_SUFFIX, check_text, display_path, policy_files, read_policy_bytes, shipped_root, version_key

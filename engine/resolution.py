@@ -2,42 +2,60 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Mapping
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Any, NamedTuple
 
 from .errors import ResolutionError
+
+# typing costs a cold `kvpolicy resolve` milliseconds: type checkers read the typed fields below,
+# the interpreter builds the same tuples with collections.namedtuple.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+
+    class _DiagnosticFields(NamedTuple):
+        id: str
+        severity: str
+        message: str
+        decision: str | None
+        location: str
+        fix: str = ""
+
+    class _TraceStepFields(NamedTuple):
+        decision: str
+        stage: str
+        rule: str
+        outcome: str
+        detail: str
+
+else:
+    _DiagnosticFields = namedtuple("Diagnostic", ["id", "severity", "message", "decision", "location", "fix"], defaults=("",))
+    _TraceStepFields = namedtuple("TraceStep", ["decision", "stage", "rule", "outcome", "detail"])
 
 __all__ = ["Diagnostic", "Resolution", "Trace", "TraceStep"]
 
 
-class Diagnostic(NamedTuple):
-    """An error, warning or informational message about a resolution.
+class Diagnostic(_DiagnosticFields):
+    """An error, warning or informational message about a resolution: ``id``, ``severity``,
+    ``message``, ``decision`` (or None), ``location``, ``fix``.
 
     ``location`` is the ``file:line:col`` of the policy rule or constraint that raised it;
-    ``fix`` says what to change (it is also part of ``message``).
+    ``fix`` says what to change (it is also part of ``message``; "" when there is none).
     """
 
-    id: str
-    severity: str
-    message: str
-    decision: str | None
-    location: str
-    fix: str = ""
+    __slots__ = ()
 
     def __str__(self) -> str:
         return f"{self.severity} [{self.id}] {self.message}"
 
 
-class TraceStep(NamedTuple):
-    """One step of a decision: a stage, the rule looked at, and what came of it."""
+class TraceStep(_TraceStepFields):
+    """One step of a decision: ``decision``, ``stage``, the ``rule`` looked at, its ``outcome``
+    ("decided", "skipped", "lost", "not adopted", "error", "fired" or "passed") and ``detail``."""
 
-    decision: str
-    stage: str
-    rule: str
-    outcome: str  # "decided", "skipped", "lost", "not adopted", "error", "fired", "passed"
-    detail: str
+    __slots__ = ()
 
     def __str__(self) -> str:
         return f"{self.decision:<20} {self.stage:<12} {self.outcome:<12} {self.rule}: {self.detail}"
