@@ -286,7 +286,7 @@ class Diff:
     def leaves(self) -> tuple[tuple[Cube, Outcome, Outcome], ...]:
         """The joint partition of the whole domain: cubes on which both policies are constant,
         changed or not."""
-        return self.evaluated + (tuple(self.unchanged.leaves()) if self.unchanged is not None else ())
+        return self.evaluated + (tuple(self.unchanged.leaves()) if self.unchanged else ())
 
     @cached_property
     def leaf_groups(self) -> tuple[int, ...]:
@@ -482,14 +482,30 @@ class _Evaluator:
     def evaluate(self, cube: Cube) -> list[tuple[Cube, Outcome]]:
         """The outcome on ``cube``, as pieces of it on which it is constant; raises :class:`_Split`
         when the cube must be split before that."""
+        state = self.decide(cube)
+        if isinstance(state, Outcome):
+            return [(cube, state)]
+        if not (self.diagnose and self.constraints):
+            return [(cube, self.outcome(state, ()))]
+        return [(piece, self.outcome(state, found)) for piece, (found,) in _split_constraints(self.constraints, cube, (state,))]
+
+    def outcome(self, state: tuple[tuple, tuple, list[DiagnosticKey], dict[str, Any]], found: Iterable[DiagnosticKey]) -> Outcome:
+        """The outcome of a decided state (see :meth:`decide`) with the constraints ``found``."""
+        decided, rules, diags, _ = state
+        order = _SORT_KEYS.__getitem__
+        return Outcome(decided, rules, tuple(sorted([*diags, *found], key=order)))
+
+    def decide(self, cube: Cube) -> Outcome | tuple[tuple, tuple, list[DiagnosticKey], dict[str, Any]]:
+        """Every stage but the constraints: the outcome of a rejected context, or (values, deciding
+        rules, diagnostics so far, the values by decision); raises :class:`_Split`."""
         holds = self.holds
+        self.read_rows = False
         for name, index, accepted in self.accepted:
             if not _member(cube, index, accepted):
-                return [(cube, rejected(name))]
+                return rejected(name)
         for _, index in self.undeclared:
             if not _member(cube, index, _OFF):
-                return [(cube, rejected("features"))]
-        self.read_rows = False
+                return rejected("features")
         values: dict[str, Any] = {}
         by: dict[str, str] = {}
         diags: list[DiagnosticKey] = []
@@ -542,63 +558,74 @@ class _Evaluator:
                     if notice is not None:
                         diags.append(notice)
                     break
-        decided = tuple(sorted(values.items()))
-        rules = tuple(sorted(by.items()))
-        order = _SORT_KEYS.__getitem__
-        if not (self.diagnose and self.constraints):
-            return [(cube, Outcome(decided, rules, tuple(sorted(diags, key=order))))]
-        return [
-            (piece, Outcome(decided, rules, tuple(sorted(diags + found, key=order) if found else sorted(diags, key=order))))
-            for piece, found in self._constraints(cube, values)
-        ]
+        return (tuple(sorted(values.items())), tuple(sorted(by.items())), diags, values)
 
-    def _constraints(self, cube: Cube, values: dict[str, Any]) -> list[tuple[Cube, list[DiagnosticKey]]]:
-        """The constraints that hold, on the pieces of ``cube`` where they are constant.
 
-        Constraints come last and decide nothing, so where one splits the cube both parts keep
-        everything evaluated so far (every earlier test was uniform on the whole cube): the
-        pieces are split here instead of evaluating the whole policy again for each. They come
-        out in the order that evaluating again would give (the part inside a test first)."""
-        # Tests of decided values, and tests the whole cube passes or fails, are the same on
-        # every piece: read them once, and split only on the rest.
-        always: list[DiagnosticKey] = []
-        active = []
-        for (decided, tests), key in self.constraints:
-            if any((values[subject] in accepted) is negate for subject, accepted, negate in decided):
+
+def _split_constraints(
+    constraints: tuple, cube: Cube, states: tuple[Any, ...]
+) -> list[tuple[Cube, tuple[list[DiagnosticKey], ...]]]:
+    """The constraints that hold for each decided state (see :meth:`_Evaluator.decide`; an
+    :class:`Outcome` for a rejected context, which no constraint reads), on the pieces of
+    ``cube`` where every one of them is constant.
+
+    Constraints come last and decide nothing, so where one splits the cube both parts keep
+    everything decided so far (every earlier test was uniform on the whole cube): the pieces are
+    split here instead of evaluating the whole policy again for each. They come out in the order
+    that evaluating again would give (the part inside a test first). Two states of versions that
+    differ only in rows share the constraints and split the cube once, for both."""
+    # Tests of decided values, and tests the whole cube passes or fails, are the same on every
+    # piece: read them once, and split only on the rest.
+    width = len(states)
+    always: tuple[list[DiagnosticKey], ...] = tuple([] for _ in states)
+    active = []
+    for (decided, tests), key in constraints:
+        applies = tuple(
+            not isinstance(state, Outcome)
+            and not any((state[3][subject] in accepted) is negate for subject, accepted, negate in decided)
+            for state in states
+        )
+        if not any(applies):
+            continue
+        splitting = []
+        for index, accepted in tests:
+            current = cube[index]
+            if current <= accepted:
                 continue
-            splitting = []
+            if current.isdisjoint(accepted):
+                break
+            splitting.append((index, accepted))
+        else:
+            if splitting:
+                active.append((splitting, key, applies))
+            else:
+                for j in range(width):
+                    if applies[j]:
+                        always[j].append(key)
+    count = len(active)
+    pieces = []
+    stack: list[tuple[Cube, int, tuple[list[DiagnosticKey], ...]]] = [(cube, 0, always)]
+    while stack:
+        piece, at, found = stack.pop()
+        while at < count:
+            tests, key, applies = active[at]
             for index, accepted in tests:
-                current = cube[index]
+                current = piece[index]
                 if current <= accepted:
                     continue
                 if current.isdisjoint(accepted):
                     break
-                splitting.append((index, accepted))
+                stack.append((piece[:index] + (current - accepted,) + piece[index + 1 :], at + 1, found))
+                piece = piece[:index] + (current & accepted,) + piece[index + 1 :]
             else:
-                if splitting:
-                    active.append((splitting, key))
-                else:
-                    always.append(key)
-        count = len(active)
-        pieces = []
-        stack: list[tuple[Cube, int, list[DiagnosticKey]]] = [(cube, 0, always)]
-        while stack:
-            piece, at, found = stack.pop()
-            while at < count:
-                tests, key = active[at]
-                for index, accepted in tests:
-                    current = piece[index]
-                    if current <= accepted:
-                        continue
-                    if current.isdisjoint(accepted):
-                        break
-                    stack.append((piece[:index] + (current - accepted,) + piece[index + 1 :], at + 1, found))
-                    piece = piece[:index] + (current & accepted,) + piece[index + 1 :]
-                else:
-                    found = [*found, key]
-                at += 1
-            pieces.append((piece, found))
-        return pieces
+                found = tuple([*keys, key] if applies[j] else keys for j, keys in enumerate(found))
+            at += 1
+        pieces.append((piece, found))
+    return pieces
+
+
+def _finish(evaluator: _Evaluator, state: Any, found: Iterable[DiagnosticKey]) -> Outcome:
+    return state if isinstance(state, Outcome) else evaluator.outcome(state, found)
 
 
 class _SortKeys(dict):
@@ -791,48 +818,72 @@ def _partition(old: Any, new: Any, domain: Domain | None) -> tuple[Iterator[tupl
     joint = models if differ is None else differ
     alike = models - joint
 
+    # Cubes where both provably resolve alike, in class representatives: the models whose rows
+    # agree, and (filled while ``evaluated`` runs) the cubes where OLD read no differing row.
+    region: list[Cube] = [(alike, *rest)] if alike else []
+
+    def both(cube: Cube) -> list[tuple[Cube, Outcome | None, Outcome | None]]:
+        # Versions that differ only in rows: decide with both, split the constraints once.
+        mine = first.decide(cube)
+        if not first.read_rows:
+            # OLD read no row here: NEW takes the very same steps, so they agree on all of the
+            # cube. Its constraints are split only if something reads the region.
+            return [(cube, None, None)]
+        theirs = second.decide(cube)
+        if not (first.diagnose and first.constraints):
+            return [(cube, _finish(first, mine, ()), _finish(second, theirs, ()))]
+        return [
+            (piece, _finish(first, mine, found), _finish(second, theirs, other))
+            for piece, (found, other) in _split_constraints(first.constraints, cube, (mine, theirs))
+        ]
+
     def evaluated() -> Iterator[tuple[Cube, Outcome, Outcome]]:
         if not joint:
             return
-        for cube, outcome in _leaves((joint, *rest), first.evaluate):
-            if differ is not None and not first.read_rows:
-                # The two differ only in row keys, and OLD's evaluation of this leaf read none: NEW's
-                # takes the very same steps, so it is constant here with the same outcome.
-                yield (expand(cube[0]), *cube[1:]), outcome, outcome
-                continue
-            for inner, other in _leaves(cube, second.evaluate):
-                yield (expand(inner[0]), *inner[1:]), outcome, other
+        if differ is None:
+            for cube, outcome in _leaves((joint, *rest), first.evaluate):
+                for inner, other in _leaves(cube, second.evaluate):
+                    yield (expand(inner[0]), *inner[1:]), outcome, other
+            return
+        for cube, outcome, other in _leaves((joint, *rest), both):
+            if outcome is None:
+                region.append(cube)
+            else:
+                yield (expand(cube[0]), *cube[1:]), outcome, other
 
-    return evaluated(), (Unchanged(first, alike, rest, members, expand) if alike else None)
+    return evaluated(), Unchanged(first, region, members, expand)
 
 
 class Unchanged:
     """The part of a joint domain where two versions provably resolve alike (see
     :func:`_partition`), evaluated with OLD, and only as far as a question needs."""
 
-    def __init__(self, evaluator: _Evaluator, models: frozenset, rest: Cube, members: dict[Any, frozenset], expand: Callable) -> None:
+    def __init__(self, evaluator: _Evaluator, cubes: list[Cube], members: dict[Any, frozenset], expand: Callable) -> None:
         self._evaluator = evaluator
         self._resolver = evaluator.resolutions_only()
-        self._models = models  # class representatives
-        self._rest = rest
+        self._cubes = cubes  # models as class representatives
         self._members = members
         self._expand = expand
         self._keys: dict[bool, frozenset] = {}
 
+    def __bool__(self) -> bool:
+        return bool(self._cubes)
+
     def leaves(self) -> Iterator[tuple[Cube, Outcome, Outcome]]:
         """(cube, outcome, outcome) partitioning the region."""
-        for cube, outcome in _leaves((self._models, *self._rest), self._evaluator.evaluate):
-            yield (self._expand(cube[0]), *cube[1:]), outcome, outcome
+        for region in self._cubes:
+            for cube, outcome in _leaves(region, self._evaluator.evaluate):
+                yield (self._expand(cube[0]), *cube[1:]), outcome, outcome
 
     def _resolutions(self, within: Cube | None) -> Iterator[Outcome]:
-        models, rest = self._models, self._rest
-        if within is not None:
-            models = frozenset(r for r in models if not self._members[r].isdisjoint(within[0]))
-            rest = tuple(a & b for a, b in zip(rest, within[1:]))
-            if not models or not all(rest):
-                return
-        for _, outcome in _leaves((models, *rest), self._resolver.evaluate):
-            yield outcome
+        for region in self._cubes:
+            if within is not None:
+                models = frozenset(r for r in region[0] if not self._members[r].isdisjoint(within[0]))
+                region = (models, *(a & b for a, b in zip(region[1:], within[1:])))
+                if not all(region):
+                    continue
+            for _, outcome in _leaves(region, self._resolver.evaluate):
+                yield outcome
 
     def resolution_keys(self, with_rules: bool) -> frozenset:
         """Every resolution (see :func:`_resolution_key`) of a context of the region."""
