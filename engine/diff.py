@@ -16,6 +16,13 @@ group is a product (say, of some architectures and backends with some feature co
 is also written as one: clauses of alternatives. :meth:`Diff.sections` gathers the groups whose
 decisions change alike and says where, within them, each diagnostic comes or goes.
 
+Two refinements keep the cost near what changed. Constraints come last and decide nothing, so a
+cube that a constraint splits is split there, keeping everything decided so far, instead of
+being evaluated again from the start. And when two versions differ only in preference rows (the
+usual edit), only the models whose rows differ are evaluated jointly, both versions deciding
+each cube together and sharing one split of their constraints; the rest, where they provably
+resolve alike, is evaluated only if a description asks about it (see :func:`_partition`).
+
 A preference row's rule id names its architecture (``runtime-preference[LlamaForCausalLM]``); on
 cubes it is kept as a template (:func:`canonical_rule`), so architectures whose rows agree stay
 together instead of splitting the domain one architecture at a time.
