@@ -251,8 +251,8 @@ _TOKEN = _Pattern(
     | (?P<mll>\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+)
     | (?P<str>"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?)
     | (?P<comment>\#[^\n]*+)
-    | (?P<itab>\{[ \t]*(?:[A-Za-z0-9_-]++[ \t]*=[ \t]*"[^"\\\n]*+"[ \t]*,[ \t]*)*+[A-Za-z0-9_-]++[ \t]*=[ \t]*"[^"\\\n]*+"[ \t]*\})
-    | (?P<kv>(?P<kvkey>[A-Za-z0-9_-]++)[ \t]*=[ \t]*"[^"\\\n]*+")
+    | (?P<itab>\{[ \t]*(?:[A-Za-z0-9_-]++[ \t]*=[ \t]*"[^"\\\n]*+"(?!")[ \t]*,[ \t]*)*+[A-Za-z0-9_-]++[ \t]*=[ \t]*"[^"\\\n]*+"(?!")[ \t]*\})
+    | (?P<kv>(?P<kvkey>[A-Za-z0-9_-]++)[ \t]*=[ \t]*"[^"\\\n]*+"(?!"))
     | (?P<nl>\n)
     | (?P<bare>[A-Za-z0-9_+\-:]++)
     | (?P<punct>[\[\]{}=,.])
@@ -262,7 +262,7 @@ _TOKEN = _Pattern(
     re.VERBOSE,
 )
 # A key of a simple inline table (the ``itab`` token above), for the source map.
-_INLINE_KEY = _Pattern(r'([A-Za-z0-9_-]++)[ \t]*=[ \t]*"[^"\\\n]*+"')  # (each match skips its string)
+_INLINE_KEY = _Pattern(r'([A-Za-z0-9_-]++)[ \t]*=[ \t]*"[^"\\\n]*+"(?!")')  # (each match skips its string)
 _ARRAY_HEADER = _Pattern(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
 
 
@@ -501,6 +501,7 @@ def _scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
             if mode == "header" and parts == 0:
                 parts = 1
             kind = "str"  # for the source map below: one scalar value
+        at_line, at_start = line, line_start  # where the token starts (a multi-line string moves line)
         if kind in ("mlb", "mll"):
             token = match.group()
             newlines = token.count("\n")
@@ -535,7 +536,7 @@ def _scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                     element = False
                     path = paths[-1]
                     if path is not None:
-                        positions.setdefault(path + (counts[-1],), (line, match.start() - line_start + 1))  # type: ignore[union-attr]
+                        positions.setdefault(path + (counts[-1],), (at_line, match.start() - at_start + 1))  # type: ignore[union-attr]
                     counts[-1] += 1
             continue
         char = match.group()
