@@ -283,9 +283,9 @@ class SourceMap:
 
     def complete(self) -> dict[tuple[object, ...], tuple[int, int]]:
         """``positions`` with the keys of every inline table added."""
-        positions, text = self.positions, self.text
+        positions, text, finditer = self.positions, self.text, _INLINE_KEY.finditer
         for path, start, end, line, line_start in self.inline:
-            for key in _INLINE_KEY.finditer(text, start, end):
+            for key in finditer(text, start, end):
                 positions.setdefault(path + (key.group(1),), (line, key.start() - line_start + 1))
         self.inline = []
         return positions
@@ -470,8 +470,11 @@ def _scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                         path = path + (counts[-1],)
                         positions.setdefault(path, (line, start - line_start + 1))  # type: ignore[union-attr]
                     counts[-1] += 1
-                if path is not None:
+                if path is not None and value_path is None:  # a row: its keys are located on first ask
                     inline.append((path, start, match.end(), line, line_start))  # type: ignore[union-attr]
+                elif path is not None:  # a key's value (a rule's `default = {...}`): few, and the loader claims their ids
+                    for key in _INLINE_KEY.finditer(text, start, match.end()):
+                        positions.setdefault(path + (key.group(1),), (line, key.start() - line_start + 1))  # type: ignore[union-attr]
             value_path = None
             element = False
             continue
