@@ -143,6 +143,8 @@ def _cached_document(raw: bytes, path: str) -> SourceDocument | None:
     jsonschema is then not even imported. None on a miss."""
     from . import cache
 
+    if cache.cache_dir() is None:  # caching is off: not even the key (a SHA-256 of the file) is needed
+        return None
     found = cache.cached_document(_document_key(raw))
     if found is None:
         return None
@@ -153,6 +155,8 @@ def _cached_document(raw: bytes, path: str) -> SourceDocument | None:
 def _remember_document(raw: bytes, document: SourceDocument) -> None:
     from . import cache
 
+    if cache.cache_dir() is None:  # caching is off: the source map stays as lazy as it is
+        return
     cache.remember_document(_document_key(raw), document.data, document.positions)
 
 

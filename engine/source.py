@@ -70,7 +70,7 @@ class TomlSyntaxError(ValueError):
 class SourceDocument:
     """A parsed policy file: its bytes, the TOML data and where each path stands in the text.
 
-    ``positions`` maps paths to 1-based (line, column); see :class:`kvpolicy.policyfile.SourceMap`
+    ``positions`` maps paths to 1-based (line, column); see :class:`kvpolicy.scan.SourceMap`
     for the part of it that is filled only when first read."""
 
     __slots__ = ("path", "raw", "text", "data", "_positions", "_source_map")
@@ -139,7 +139,8 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
     counts) are checked first, so no input reaches the parser that could exhaust its recursion
     or cost minutes later; a refusal has ``check == "size"``. The same pass records the source map."""
     from .errors import PolicyError
-    from .policyfile import SourceMap, check_text
+    from .policyfile import check_text
+    from .scan import SourceMap
 
     source_map = SourceMap()
     try:
