@@ -23,6 +23,10 @@ from typing import Any
 
 from .errors import Location
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .scan import SourceMap
+
 __all__ = ["Location", "SourceDocument", "TomlSyntaxError", "parse_document", "toml_parser"]
 
 Path = tuple[Any, ...]
@@ -57,7 +61,7 @@ def toml_parser() -> ModuleType:
 
 
 class TomlSyntaxError(ValueError):
-    """The text is not TOML. Carries the location ``tomllib`` reported."""
+    """The text is not TOML. Carries the location the parser reported."""
 
     def __init__(self, message: str, location: Location, check: str = "toml") -> None:
         super().__init__(f"{location}: {message}")
@@ -67,11 +71,15 @@ class TomlSyntaxError(ValueError):
         """``toml`` for a syntax error, ``size`` for a file refused by the bounds checked before parsing."""
 
 
+_set = object.__setattr__
+
+
 class SourceDocument:
     """A parsed policy file: its bytes, the TOML data and where each path stands in the text.
 
     ``positions`` maps paths to 1-based (line, column); see :class:`kvpolicy.scan.SourceMap`
-    for the part of it that is filled only when first read."""
+    for the part of it that is filled only when first read. Read-only, like the frozen dataclass
+    it was."""
 
     __slots__ = ("path", "raw", "text", "data", "_positions", "_source_map")
 
@@ -82,21 +90,24 @@ class SourceDocument:
         text: str,
         data: dict[str, Any],
         positions: dict[Path, tuple[int, int]],
-        source_map: Any = None,
+        source_map: SourceMap | None = None,
     ) -> None:
-        self.path = path
-        self.raw = raw
-        self.text = text
-        self.data = data
-        self._positions = positions
-        self._source_map = source_map  # a SourceMap with keys still to locate, or None
+        _set(self, "path", path)
+        _set(self, "raw", raw)
+        _set(self, "text", text)
+        _set(self, "data", data)
+        _set(self, "_positions", positions)
+        _set(self, "_source_map", source_map)  # a SourceMap with keys still to locate, or None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a SourceDocument is read-only (cannot assign {name!r})")
 
     @property
     def positions(self) -> dict[Path, tuple[int, int]]:
         """Every recorded path and its (line, column)."""
         if self._source_map is not None:
-            self._positions = self._source_map.complete()
-            self._source_map = None
+            _set(self, "_positions", self._source_map.complete())
+            _set(self, "_source_map", None)
         return self._positions
 
     def __repr__(self) -> str:
