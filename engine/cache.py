@@ -14,8 +14,8 @@ the data, and the generated code never contains a string from it.
 **Documents** (``documents-N/``):
 
 Validating a policy against the JSON Schema costs most of a cold ``kvpolicy resolve`` (importing
-jsonschema and building its validator alone is ~0.2 s here), and parsing it twice (``tomllib``,
-then the positional scanner) most of the rest. Both depend only on the file's bytes, the schema
+jsonschema and building its validator alone is ~0.2 s here), and parsing it (the bounds pass that
+records the source map, then the TOML parser) most of the rest. Both depend only on the file's bytes, the schema
 and kvpolicy's version, so a document that passed the schema is stored by the digest of all
 three, as JSON (its data and the position of every path): loading the same bytes again skips
 parsing and validation; the typed model and every semantic check are still built from it.
