@@ -148,8 +148,15 @@ def _cached_document(raw: bytes, path: str) -> SourceDocument | None:
     found = cache.cached_document(_document_key(raw))
     if found is None:
         return None
-    data, positions = found
-    return SourceDocument(path=path, raw=raw, text=raw.decode("utf-8"), data=data, positions=positions)
+    data, positions, inline = found
+    text = raw.decode("utf-8")
+    source_map = None
+    if inline:  # the rows' keys, located when something asks, as after parsing
+        from .scan import SourceMap
+
+        source_map = SourceMap()
+        source_map.text, source_map.positions, source_map.inline = text, positions, inline
+    return SourceDocument(path=path, raw=raw, text=text, data=data, positions=positions, source_map=source_map)
 
 
 def _remember_document(raw: bytes, document: SourceDocument) -> None:
@@ -157,7 +164,8 @@ def _remember_document(raw: bytes, document: SourceDocument) -> None:
 
     if cache.cache_dir() is None:  # caching is off: the source map stays as lazy as it is
         return
-    cache.remember_document(_document_key(raw), document.data, document.positions)
+    positions, inline = document.recorded_map()
+    cache.remember_document(_document_key(raw), document.data, positions, inline)
 
 
 @lru_cache(maxsize=1)

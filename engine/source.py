@@ -110,6 +110,13 @@ class SourceDocument:
             _set(self, "_source_map", None)
         return self._positions
 
+    def recorded_map(self) -> tuple[dict[Path, tuple[int, int]], list[tuple[Any, ...]]]:
+        """The source map as recorded, without locating anything more: the positions so far and
+        the inline tables whose keys are still to locate (for the document cache)."""
+        if self._source_map is None:
+            return self._positions, []
+        return self._positions, list(self._source_map.inline)
+
     def __repr__(self) -> str:
         return f"SourceDocument(path={self.path!r}, {len(self.raw):,} bytes)"
 
