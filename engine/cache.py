@@ -15,10 +15,11 @@ the data, and the generated code never contains a string from it.
 
 Validating a policy against the JSON Schema costs most of a cold ``kvpolicy resolve`` (importing
 jsonschema and building its validator alone is ~0.2 s here), and parsing it (the bounds pass that
-records the source map, then the TOML parser) most of the rest. Both depend only on the file's bytes, the schema
-and kvpolicy's version, so a document that passed the schema is stored by the digest of all
-three, as JSON (its data and its source map as recorded, the keys inside rows still to locate): loading the same bytes again skips
-parsing and validation; the typed model and every semantic check are still built from it.
+records the source map, then the TOML parser) most of the rest. Both depend only on the file's
+bytes, the schema and kvpolicy's version, so a document that passed the schema is stored by the
+digest of all three, as JSON (its data and its source map as recorded, the keys inside rows still
+to locate): loading the same bytes again skips parsing and validation; the typed model and every
+semantic check are still built from it.
 
 Where: ``$KVPOLICY_CACHE_DIR`` if set (empty: no cache at all), else ``$XDG_CACHE_HOME/kvpolicy``,
 else ``~/.cache/kvpolicy``; never inside the installed package (a folder there is ignored). Safe
