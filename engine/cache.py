@@ -14,11 +14,12 @@ the data, and the generated code never contains a string from it.
 **Documents** (``documents-N/``):
 
 Validating a policy against the JSON Schema costs most of a cold ``kvpolicy resolve`` (importing
-jsonschema and building its validator alone is ~0.2 s here), and parsing it twice (``tomllib``,
-then the positional scanner) most of the rest. Both depend only on the file's bytes, the schema
-and kvpolicy's version, so a document that passed the schema is stored by the digest of all
-three, as JSON (its data and the position of every path): loading the same bytes again skips
-parsing and validation; the typed model and every semantic check are still built from it.
+jsonschema and building its validator alone is ~0.2 s here), and parsing it (the bounds pass that
+records the source map, then the TOML parser) most of the rest. Both depend only on the file's
+bytes, the schema and kvpolicy's version, so a document that passed the schema is stored by the
+digest of all three, as JSON (its data and its source map as recorded, the keys inside rows still
+to locate): loading the same bytes again skips parsing and validation; the typed model and every
+semantic check are still built from it.
 
 Where: ``$KVPOLICY_CACHE_DIR`` if set (empty: no cache at all), else ``$XDG_CACHE_HOME/kvpolicy``,
 else ``~/.cache/kvpolicy``; never inside the installed package (a folder there is ignored). Safe
@@ -56,7 +57,7 @@ try:  # CPython's own SHA-256: importing hashlib sets up every OpenSSL algorithm
 except ImportError:  # pragma: no cover - another interpreter, or a build without it
     from hashlib import sha256 as _sha256
 
-_ENTRY = "documents-1"
+_ENTRY = "documents-2"  # 2: the source map as recorded (row keys located when read)
 _INDEX = "indexes-1"
 _INDEX_MAGIC = b"kvpolicy-index"
 #: An entry larger than this is not read (a policy file is at most 32 MiB; its JSON a few times that).
@@ -198,8 +199,12 @@ def remember_index(key: str, data: dict[str, Any]) -> None:
     _write(folder / _INDEX / key[:2] / key, head + b"\n" + payload)
 
 
-def cached_document(key: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], tuple[int, int]]] | None:
-    """(data, positions) of the document stored under ``key``, or None (a missing or bad entry)."""
+def cached_document(
+    key: str,
+) -> tuple[dict[str, Any], dict[tuple[Any, ...], tuple[int, int]], list[tuple[Any, ...]]] | None:
+    """(data, positions, inline) of the document stored under ``key``, or None (a missing or bad
+    entry); ``inline``: the inline tables whose keys are not located yet (see
+    :class:`kvpolicy.scan.SourceMap`)."""
     folder = cache_dir()
     if folder is None:
         return None
@@ -211,20 +216,35 @@ def cached_document(key: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], tup
         if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("data"), dict):
             return None
         positions = {tuple(path): (line, column) for path, line, column in entry["positions"]}
-        return entry["data"], positions
+        inline = [
+            (tuple(path), int(start), int(end), int(line), int(line_start))
+            for path, start, end, line, line_start in entry.get("inline", [])
+        ]
+        return entry["data"], positions, inline
     except (ValueError, TypeError, KeyError, RecursionError):
         return None
 
 
-def remember_document(key: str, data: dict[str, Any], positions: dict[tuple[Any, ...], tuple[int, int]]) -> None:
-    """Store a document that passed the schema; any failure (a value JSON cannot hold, a
-    read-only folder) just leaves no entry."""
+def remember_document(
+    key: str,
+    data: dict[str, Any],
+    positions: dict[tuple[Any, ...], tuple[int, int]],
+    inline: list[tuple[Any, ...]] | tuple[()] = (),
+) -> None:
+    """Store a document that passed the schema, with its source map as recorded (the keys of
+    ``inline`` tables are located when read, as after parsing); any failure (a value JSON cannot
+    hold, a read-only folder) just leaves no entry."""
     folder = cache_dir()
     if folder is None:
         return
     try:
         text = json.dumps(
-            {"key": key, "data": data, "positions": [[list(p), line, column] for p, (line, column) in positions.items()]},
+            {
+                "key": key,
+                "data": data,
+                "positions": [[list(p), line, column] for p, (line, column) in positions.items()],
+                "inline": [[list(p), *span] for p, *span in inline],
+            },
             allow_nan=False,
             separators=(",", ":"),
         )

@@ -63,6 +63,9 @@ class _Value:
         return (type(self), self._fields())
 
 
+_set = object.__setattr__
+
+
 class Location(_Value):
     """A position in a policy file: 1-based line and column."""
 
@@ -72,6 +75,12 @@ class Location(_Value):
     path: str
     line: int
     column: int
+
+    def __init__(self, path: str, line: int = 1, column: int = 1) -> None:
+        # The generic constructor above, spelled out: the loader makes one Location per row.
+        _set(self, "path", path)
+        _set(self, "line", line)
+        _set(self, "column", column)
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}:{self.column}"

@@ -2,7 +2,7 @@
 
 Every command reads policy files through :func:`read_policy_bytes` and :func:`check_text`, so
 ``load``, ``lint``, ``test``, ``fmt`` and ``diff`` accept and refuse the same files with the same
-located message. The checks run before ``tomllib`` sees a byte, and each costs at most one pass:
+located message. The checks run before the TOML parser sees a byte, and each costs at most one pass:
 
 - the path must be a regular file (a FIFO, a device or a folder is refused without opening it
   for a blocking read); a symlink must stay inside the policy root unless ``[tool.kvpolicy]``
@@ -10,8 +10,9 @@ located message. The checks run before ``tomllib`` sees a byte, and each costs a
 - the size is checked with ``fstat`` and the file is read with a cap, so ``/dev/zero`` or a file
   growing while read cannot exhaust memory;
 - nesting of arrays and inline tables, dotted keys and table headers, and the length of a bare
-  value (a 5,000-digit integer) are bounded by one regex-driven scan, so neither ``tomllib``'s
-  recursion nor the later stages' per-level costs are reachable;
+  value (a 5,000-digit integer) are bounded by one regex-driven scan (:mod:`kvpolicy.scan`, which
+  records the source map in the same pass), so neither the parser's recursion nor the later
+  stages' per-level costs are reachable;
 - the number of ``[[array]]`` tables of one name and of inline tables is bounded before parsing,
   so a 300,000-row file is refused in a fraction of a second rather than after minutes.
 """
@@ -24,6 +25,10 @@ import stat
 from pathlib import Path
 
 from .errors import Location, PolicyError, PolicyProblem
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .scan import SourceMap
 
 __all__ = [
     "CASES_SUFFIX",
@@ -241,35 +246,24 @@ def _kind(mode: int) -> str:
 
 # -- bounds before tomllib -------------------------------------------------------------------------
 
-# One token per match; strings and comments are consumed whole so that brackets and dots inside
-# them do not count. Possessive quantifiers keep an unterminated string linear (tomllib then
-# reports it with its position).
-_TOKEN = _Pattern(
-    r'''
-      (?P<mlb>"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+)
-    | (?P<mll>\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+)
-    | (?P<str>"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?)
-    | (?P<comment>\#[^\n]*+)
-    | (?P<nl>\n)
-    | (?P<bare>[A-Za-z0-9_+\-:]++)
-    | (?P<punct>[\[\]{}=,.])
-    | [^\S\n]++
-    | .
-    ''',
-    re.VERBOSE,
-)
 _ARRAY_HEADER = _Pattern(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
 
 
-def check_text(raw: bytes, shown: str) -> None:
+
+def check_text(raw: bytes, shown: str, source_map: SourceMap | None = None) -> None:
     """Refuse, with a location, a file whose structure would cost more than a policy can need:
     too deep, too many parts in a key, a too-long bare value, too many tables or rows. Valid TOML
-    within the bounds passes; invalid TOML is left to the parser to report."""
+    within the bounds passes; invalid TOML is left to the parser to report.
+
+    With ``source_map`` (a new :class:`kvpolicy.scan.SourceMap`), the same pass fills it with
+    where each key, table and array element stands, meaningful once the parser accepted the text."""
     _check_array_tables(raw, shown)
     text = raw.decode("utf-8", errors="replace")
     if raw.count(b"{") > MAX_FEATURES:  # only then can an inline list or the inline tables be too many
         _count_rows(text, shown)
-    _scan(text, shown)
+    from .scan import scan  # (scan imports this module's bounds)
+
+    scan(text, shown, source_map)
 
 
 _HEADER = _Pattern(rb"^[ \t]*\[", re.MULTILINE)
@@ -362,80 +356,3 @@ def _count_rows(text: str, shown: str) -> None:
             "rules' conditions",
             line=bare.count("\n", 0, at) + 1,
         )
-
-
-def _scan(text: str, shown: str) -> None:
-    stack: list[str] = []  # "a" array, "i" inline table
-    mode = "key"  # key | value | header
-    parts = 0
-    line, line_start = 1, 0
-
-    def fail(message: str, offset: int) -> PolicyError:
-        return _problem(shown, message, "size", line, offset - line_start + 1)
-
-    for match in _TOKEN.finditer(text):
-        kind = match.lastgroup
-        if kind is None:
-            continue
-        if kind == "nl":
-            line += 1
-            line_start = match.end()
-            if not stack:
-                mode, parts = "key", 0
-            continue
-        if kind in ("mlb", "mll"):
-            token = match.group()
-            newlines = token.count("\n")
-            if newlines:
-                line += newlines
-                line_start = match.start() + token.rfind("\n") + 1
-            continue
-        if kind == "comment":
-            continue
-        if kind in ("str", "bare"):
-            if mode == "value" and kind == "bare" and match.end() - match.start() > MAX_BARE_VALUE:
-                raise fail(
-                    f"a value of {match.end() - match.start():,} characters; numbers in a policy have "
-                    f"at most 20 digits (values are at most {MAX_BARE_VALUE} characters)",
-                    match.start(),
-                )
-            if mode in ("key", "header") and parts == 0:
-                parts = 1
-            continue
-        char = match.group()
-        if char == ".":
-            if mode in ("key", "header"):
-                parts += 1
-                if parts > MAX_KEY_PARTS:
-                    raise fail(
-                        f"a dotted key or table header of more than {MAX_KEY_PARTS} parts; "
-                        "policy keys have at most 7",
-                        match.start(),
-                    )
-        elif char == "=":
-            if mode == "key":
-                mode, parts = "value", 0
-        elif char == "[":
-            if mode == "value":
-                stack.append("a")
-                if len(stack) > MAX_NESTING:
-                    raise fail(f"arrays and inline tables nested more than {MAX_NESTING} deep; policies need at most 4", match.start())
-            elif mode == "key" and not stack:
-                mode = "header"
-        elif char == "{":
-            if mode == "value":
-                stack.append("i")
-                mode, parts = "key", 0
-                if len(stack) > MAX_NESTING:
-                    raise fail(f"arrays and inline tables nested more than {MAX_NESTING} deep; policies need at most 4", match.start())
-        elif char in "]}":
-            if mode == "header":
-                mode, parts = "key", 0
-            elif stack:
-                stack.pop()
-                mode = "value"
-        elif char == ",":
-            if stack and stack[-1] == "i":
-                mode, parts = "key", 0
-            elif stack:
-                mode = "value"

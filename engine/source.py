@@ -2,42 +2,66 @@
 
 ``tomllib`` parses TOML but forgets where each value stood. Every error kvpolicy reports must carry
 ``file:line:col``, so this module pairs the parsed document with a *source map*: the position of
-every key and every array element, addressed by the same path that jsonschema and pydantic use
+every key and every array element, addressed by the same path that jsonschema uses
 (``("decisions", "transceiver_runtime", "preference", "rows", 3, "value")``).
 
-The scanner runs only after ``tomllib`` accepted the text, so it may assume the document is valid
-TOML and stays small: it tracks table headers, dotted keys, arrays and inline tables, and skips
-strings and scalars.
+The source map is recorded by the bounds pass that runs before the parser
+(:func:`kvpolicy.policyfile.check_text`), which reads every token of the file anyway: one scan of
+the text, then the parser. The keys inside a preference row are located only when something asks.
+
+The parser is tomli's compiled (mypyc) build when it is installed, at a version that parses TOML
+1.0 like the standard library's ``tomllib`` (the same code, about 3x faster); ``tomllib`` otherwise.
 """
 
 from __future__ import annotations
 
-import bisect
 import re
 import sys
-from dataclasses import dataclass
+from functools import lru_cache
+from types import ModuleType
 from typing import Any
 
 from .errors import Location
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .scan import SourceMap
 
-
-__all__ = ["Location", "SourceDocument", "TomlSyntaxError", "parse_document"]
+__all__ = ["Location", "SourceDocument", "TomlSyntaxError", "parse_document", "toml_parser"]
 
 Path = tuple[Any, ...]
 
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _TOMLLIB_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 _END_OF_DOCUMENT = re.compile(r"\(at end of document\)")
 _SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([A-Za-z0-9_,\s]+)\]")
 
 
+@lru_cache(maxsize=1)
+def toml_parser() -> ModuleType:
+    """The module whose ``loads`` parses policy files: tomli when it is compiled and parses TOML
+    1.0 (``2.0.1 <= version < 2.4``: the code of Python 3.11's ``tomllib``, accepting and refusing
+    the same documents), else ``tomllib`` (``tomli`` on Python 3.10)."""
+    try:
+        import tomli
+        from tomli import _parser
+    except ImportError:
+        tomli = None
+    if tomli is not None:
+        version = tuple(int(part) for part in re.findall(r"\d+", getattr(tomli, "__version__", "0"))[:3])
+        compiled = not str(getattr(_parser, "__file__", "")).endswith(".py")
+        if (2, 0, 1) <= version < (2, 4) and (compiled or sys.version_info < (3, 11)):
+            return tomli
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    if tomli is None:  # pragma: no cover - the install requires tomli on Python 3.10
+        raise ImportError("kvpolicy needs tomli on Python 3.10: pip install 'tomli>=2.0.1,<2.4'")
+    return tomli  # pragma: no cover - exercised on Python 3.10 only
+
+
 class TomlSyntaxError(ValueError):
-    """The text is not TOML. Carries the location ``tomllib`` reported."""
+    """The text is not TOML. Carries the location the parser reported."""
 
     def __init__(self, message: str, location: Location, check: str = "toml") -> None:
         super().__init__(f"{location}: {message}")
@@ -47,21 +71,64 @@ class TomlSyntaxError(ValueError):
         """``toml`` for a syntax error, ``size`` for a file refused by the bounds checked before parsing."""
 
 
-@dataclass(frozen=True)
-class SourceDocument:
-    """A parsed policy file: its bytes, the TOML data and where each path stands in the text."""
+_set = object.__setattr__
 
-    path: str
-    raw: bytes
-    text: str
-    data: dict[str, Any]
-    positions: dict[Path, tuple[int, int]]
+
+class SourceDocument:
+    """A parsed policy file: its bytes, the TOML data and where each path stands in the text.
+
+    ``positions`` maps paths to 1-based (line, column); see :class:`kvpolicy.scan.SourceMap`
+    for the part of it that is filled only when first read. Read-only, like the frozen dataclass
+    it was."""
+
+    __slots__ = ("path", "raw", "text", "data", "_positions", "_source_map")
+
+    def __init__(
+        self,
+        path: str,
+        raw: bytes,
+        text: str,
+        data: dict[str, Any],
+        positions: dict[Path, tuple[int, int]],
+        source_map: SourceMap | None = None,
+    ) -> None:
+        _set(self, "path", path)
+        _set(self, "raw", raw)
+        _set(self, "text", text)
+        _set(self, "data", data)
+        _set(self, "_positions", positions)
+        _set(self, "_source_map", source_map)  # a SourceMap with keys still to locate, or None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a SourceDocument is read-only (cannot assign {name!r})")
+
+    @property
+    def positions(self) -> dict[Path, tuple[int, int]]:
+        """Every recorded path and its (line, column)."""
+        if self._source_map is not None:
+            _set(self, "_positions", self._source_map.complete())
+            _set(self, "_source_map", None)
+        return self._positions
+
+    def recorded_map(self) -> tuple[dict[Path, tuple[int, int]], list[tuple[Any, ...]]]:
+        """The source map as recorded, without locating anything more: the positions so far and
+        the inline tables whose keys are still to locate (for the document cache)."""
+        if self._source_map is None:
+            return self._positions, []
+        return self._positions, list(self._source_map.inline)
+
+    def __repr__(self) -> str:
+        return f"SourceDocument(path={self.path!r}, {len(self.raw):,} bytes)"
 
     def locate(self, path: Path | list[Any] = ()) -> Location:
         """Return the location of ``path``, or of its nearest ancestor that has one."""
         key = tuple(path)
+        positions = self._positions
         while key:
-            position = self.positions.get(key)
+            position = positions.get(key)
+            if position is None and self._source_map is not None:
+                positions = self.positions
+                position = positions.get(key)
             if position is not None:
                 return Location(self.path, position[0], position[1])
             key = key[:-1]
@@ -87,13 +154,15 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
     """Parse TOML bytes; raise :class:`TomlSyntaxError` with the position of the first problem.
 
     The bounds of :func:`kvpolicy.policyfile.check_text` (nesting, key parts, value length, table
-    counts) are checked first, so no input reaches ``tomllib`` that could exhaust its recursion
-    or cost minutes later; a refusal has ``check == "size"``."""
+    counts) are checked first, so no input reaches the parser that could exhaust its recursion
+    or cost minutes later; a refusal has ``check == "size"``. The same pass records the source map."""
     from .errors import PolicyError
     from .policyfile import check_text
+    from .scan import SourceMap
 
+    source_map = SourceMap()
     try:
-        check_text(raw, path)
+        check_text(raw, path, source_map)
     except PolicyError as exc:
         problem = exc.problems[0]
         raise TomlSyntaxError(problem.message, problem.location, problem.check) from None
@@ -105,11 +174,12 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
         raise TomlSyntaxError(
             "the file is not UTF-8 text; TOML files must be UTF-8", Location(path, line, column)
         ) from None
+    parser = toml_parser()
     try:
-        data = tomllib.loads(text)
+        data = parser.loads(text)
     except RecursionError:  # not reachable within check_text's bounds; kept so no input gives a traceback
         raise TomlSyntaxError("the document is nested too deeply", Location(path), "size") from None
-    except tomllib.TOMLDecodeError as exc:
+    except parser.TOMLDecodeError as exc:
         message = str(exc)
         match = _TOMLLIB_POSITION.search(message)
         if match:
@@ -125,175 +195,4 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
         raise TomlSyntaxError(f"invalid TOML: {reason}", Location(path, line, column)) from None
     except ValueError as exc:  # e.g. an integer beyond int's string-conversion limit
         raise TomlSyntaxError(f"invalid TOML: {exc}", Location(path), "size") from None
-    positions = _Scanner(text).scan()
-    return SourceDocument(path=path, raw=raw, text=text, data=data, positions=positions)
-
-
-class _Scanner:
-    """Records the position of every key and array element of a *valid* TOML document."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.i = 0
-        self.positions: dict[Path, tuple[int, int]] = {}
-        self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
-        self._table_arrays: dict[Path, int] = {}
-
-    def scan(self) -> dict[Path, tuple[int, int]]:
-        current: Path = ()
-        text = self.text
-        while True:
-            self._skip_blank(newlines=True)
-            if self.i >= len(text):
-                return self.positions
-            if text.startswith("[[", self.i):
-                start = self.i
-                self.i += 2
-                keys = self._key()
-                self._expect("]]")
-                prefix = self._resolve(keys[:-1])
-                array = prefix + (keys[-1],)
-                count = self._table_arrays.get(array, 0) + 1
-                self._table_arrays[array] = count
-                current = array + (count - 1,)
-                self._mark(array, start)
-                self._mark(current, start)
-            elif text[self.i] == "[":
-                start = self.i
-                self.i += 1
-                keys = self._key()
-                self._expect("]")
-                current = self._resolve(keys)
-                for end in range(1, len(current) + 1):  # `[a.b]` also defines where `a` starts
-                    self._mark(current[:end], start)
-            else:
-                start = self.i
-                keys = self._key()
-                self._expect("=")
-                self._mark(current + tuple(keys), start)
-                self._value(current + tuple(keys))
-
-    # -- pieces ---------------------------------------------------------------------------------
-
-    def _resolve(self, keys: list[str]) -> Path:
-        path: Path = ()
-        for key in keys:
-            path = path + (key,)
-            count = self._table_arrays.get(path)
-            if count:
-                path = path + (count - 1,)
-        return path
-
-    def _mark(self, path: Path, offset: int) -> None:
-        if path not in self.positions:
-            line = bisect.bisect_right(self._line_starts, offset)
-            self.positions[path] = (line, offset - self._line_starts[line - 1] + 1)
-
-    def _skip_blank(self, *, newlines: bool) -> None:
-        text = self.text
-        while self.i < len(text):
-            char = text[self.i]
-            if char in " \t\r" or (newlines and char == "\n"):
-                self.i += 1
-            elif char == "#":
-                end = text.find("\n", self.i)
-                self.i = len(text) if end < 0 else end
-            else:
-                return
-
-    def _expect(self, token: str) -> None:
-        self._skip_blank(newlines=False)
-        if self.text.startswith(token, self.i):
-            self.i += len(token)
-        self._skip_blank(newlines=False)
-
-    def _key(self) -> list[str]:
-        keys: list[str] = []
-        while True:
-            self._skip_blank(newlines=False)
-            char = self.text[self.i]
-            if char in "\"'":
-                keys.append(self._string())
-            else:
-                match = _BARE_KEY.match(self.text, self.i)
-                assert match is not None, "tomllib accepted the text, so a key stands here"
-                keys.append(match.group(0))
-                self.i = match.end()
-            self._skip_blank(newlines=False)
-            if self.i < len(self.text) and self.text[self.i] == ".":
-                self.i += 1
-                continue
-            return keys
-
-    def _string(self) -> str:
-        text = self.text
-        quote = text[self.i]
-        if text.startswith(quote * 3, self.i):
-            end = self.i + 3
-            while True:
-                end = text.find(quote * 3, end)
-                if quote == '"' and _escaped(text, end):
-                    end += 1
-                    continue
-                break
-            while text.startswith(quote, end + 3):  # up to two quotes may close the content
-                end += 1
-            value = text[self.i + 3 : end]
-            self.i = end + 3
-            return value
-        end = self.i + 1
-        while True:
-            end = text.find(quote, end)
-            if quote == '"' and _escaped(text, end):
-                end += 1
-                continue
-            break
-        value = text[self.i + 1 : end]
-        self.i = end + 1
-        return value
-
-    def _value(self, path: Path) -> None:
-        text = self.text
-        self._skip_blank(newlines=False)
-        char = text[self.i]
-        if char in "\"'":
-            self._string()
-        elif char == "[":
-            self.i += 1
-            index = 0
-            while True:
-                self._skip_blank(newlines=True)
-                if text[self.i] == "]":
-                    self.i += 1
-                    return
-                self._mark(path + (index,), self.i)
-                self._value(path + (index,))
-                index += 1
-                self._skip_blank(newlines=True)
-                if text[self.i] == ",":
-                    self.i += 1
-        elif char == "{":
-            self.i += 1
-            while True:
-                self._skip_blank(newlines=True)
-                if text[self.i] == "}":
-                    self.i += 1
-                    return
-                start = self.i
-                keys = self._key()
-                self._expect("=")
-                self._mark(path + tuple(keys), start)
-                self._value(path + tuple(keys))
-                self._skip_blank(newlines=True)
-                if text[self.i] == ",":
-                    self.i += 1
-        else:
-            while self.i < len(text) and text[self.i] not in ",]}\n#":
-                self.i += 1
-
-
-def _escaped(text: str, index: int) -> bool:
-    backslashes = 0
-    while index - 1 - backslashes >= 0 and text[index - 1 - backslashes] == "\\":
-        backslashes += 1
-    return backslashes % 2 == 1
+    return SourceDocument(path, raw, text, data, source_map.positions, source_map if source_map.inline else None)

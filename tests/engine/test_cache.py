@@ -51,7 +51,7 @@ def policy(tmp_path: Path) -> Path:
     return path
 
 
-DOCUMENTS = "documents-1"
+DOCUMENTS = "documents-2"
 INDEX = "indexes-1"
 
 
@@ -117,6 +117,26 @@ def test_a_cached_document_builds_the_same_policy(policy):
     second = kvpolicy.load(policy).policy  # from the cache
     assert first == second
     assert [r.location for r in first.rows()] == [r.location for r in second.rows()]
+
+
+def test_a_row_key_is_located_alike_from_the_cache(policy):
+    """Rows' keys are stored unlocated, as the parser leaves them, and located when an error asks:
+    the same file:line:col from the cache as after parsing."""
+    old = '{ architecture = "Gemma3ForCausalLM", value = "PYTHON"'
+    text = policy.read_text()
+    assert old in text
+    text = text.replace(old, old.replace('"PYTHON"', '"PYTHN"'), 1)
+    policy.write_text(text)
+    line_number, line = next((i, l) for i, l in enumerate(text.splitlines(), start=1) if '"PYTHN"' in l)
+    where = f"{policy.name}:{line_number}:{line.index('value = ') + 1}:"
+    found = []
+    for _ in range(2):  # parsed and stored, then from the cache
+        with pytest.raises(PolicyError) as info:
+            kvpolicy.load(policy)
+        found.append([str(p) for p in info.value.problems])
+    assert found[0] == found[1]
+    assert [m for m in found[0] if "PYTHN" in m and where in m], found[0]
+    assert entries(Path(os.environ["KVPOLICY_CACHE_DIR"])), "the document passed the schema and was stored"
 
 
 def test_semantic_problems_are_the_same_from_the_cache(policy):
