@@ -433,6 +433,10 @@ def _without_valid_rows(data: Any) -> Any:
     return {**data, "decisions": decisions}
 
 
+#: Unknown keys of one table named in a message; the rest are counted.
+_NAMED_UNKNOWN_KEYS = 10
+
+
 def _extra_keys(error: Any) -> list[str]:
     allowed = set(error.schema.get("properties", {}))
     return sorted(k for k in error.instance if k not in allowed) if isinstance(error.instance, dict) else []
@@ -442,7 +446,12 @@ def _schema_message(error: Any) -> str:
     where = ".".join(str(p) for p in error.absolute_path) or "the top level"
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
-        parts = [f"unknown key {key!r} in {where}{suggest(key, allowed)}" for key in _extra_keys(error)]
+        extra = _extra_keys(error)
+        # A hostile file may hold a million unknown keys: name (and look up suggestions for) the
+        # first few only, so that the message, and the time it takes, stay bounded.
+        parts = [f"unknown key {key!r} in {where}{suggest(key, allowed)}" for key in extra[:_NAMED_UNKNOWN_KEYS]]
+        if len(extra) > _NAMED_UNKNOWN_KEYS:
+            parts.append(f"and {len(extra) - _NAMED_UNKNOWN_KEYS:,} more unknown keys in {where}")
         return "; ".join(parts) + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if error.validator == "required":
         return f"{where}: {error.message}; add it"

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_POLICY_BYTES",
     "MAX_ROWS",
+    "MAX_TABLE_KEYS",
     "allowed_symlink_roots",
     "check_text",
     "display_path",
@@ -124,6 +125,10 @@ MAX_FEATURES = 1_000
 
 #: Table headers in a file: every list of rules and constraints at its bound, rows as ``[[...rows]]``.
 MAX_HEADERS = 150_000
+
+#: Keys of one table, inline or not (a policy's tables hold tens; a thousand features written as
+#: dotted keys of one table, a few thousand).
+MAX_TABLE_KEYS = 10_000
 
 
 def _problem(path: str, message: str, check: str = "size", line: int = 1, column: int = 1) -> PolicyError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from .errors import PolicyError
-from .policyfile import MAX_BARE_VALUE, MAX_KEY_PARTS, MAX_NESTING, _Pattern, _problem
+from .policyfile import MAX_BARE_VALUE, MAX_KEY_PARTS, MAX_NESTING, MAX_TABLE_KEYS, _Pattern, _problem
 
 __all__ = ["SourceMap", "scan"]
 
@@ -102,6 +102,14 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
     def deep(offset: int) -> PolicyError:
         return fail(f"arrays and inline tables nested more than {MAX_NESTING} deep; policies need at most 4", offset)
 
+    # Keys of the current section and of each open inline table: a table of a million unknown
+    # keys would otherwise reach the parser and the schema's messages (seconds, not milliseconds).
+    section_keys = 0
+    table_keys: list[int] = []  # aligned with ``stack`` (counted for inline tables only)
+
+    def many_keys(offset: int) -> PolicyError:
+        return fail(f"more than {MAX_TABLE_KEYS:,} keys in one table; no policy table needs that many", offset)
+
     def resolve(names: list[str]) -> tuple[object, ...]:
         path: tuple[object, ...] = ()
         for name in names:
@@ -129,6 +137,10 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                 continue
             if len(stack) >= MAX_NESTING:
                 raise deep(match.start())
+            if text.count("=", match.start(), match.end()) > MAX_TABLE_KEYS and sum(
+                1 for _ in _INLINE_KEY.finditer(text, match.start(), match.end())
+            ) > MAX_TABLE_KEYS:
+                raise many_keys(match.start())
             if record:
                 start = match.start()
                 path = value_path
@@ -150,6 +162,14 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
             if mode == "key":
                 if parts == 0:
                     parts = 1
+                if stack:
+                    table_keys[-1] += 1
+                    if table_keys[-1] > MAX_TABLE_KEYS:
+                        raise many_keys(match.start())
+                else:
+                    section_keys += 1
+                    if section_keys > MAX_TABLE_KEYS:
+                        raise many_keys(match.start())
                 if record:
                     if not keys:
                         key_start = match.start()
@@ -221,6 +241,14 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
         elif char == "=":
             if mode == "key":
                 mode, parts = "value", 0
+                if stack:
+                    table_keys[-1] += 1
+                    if table_keys[-1] > MAX_TABLE_KEYS:
+                        raise many_keys(match.start())
+                else:
+                    section_keys += 1
+                    if section_keys > MAX_TABLE_KEYS:
+                        raise many_keys(match.start())
                 if record and keys:
                     base = current if not stack else paths[-1]
                     value_path = None if base is None else base + tuple(keys)
@@ -239,6 +267,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
         elif char in "[{":
             if mode == "value":
                 stack.append("a" if char == "[" else "i")
+                table_keys.append(0)
                 if len(stack) > MAX_NESTING:
                     raise deep(match.start())
                 if record:
@@ -266,6 +295,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
         else:  # ] or }
             if mode == "header":
                 mode, parts = "key", 0
+                section_keys = 0
                 if record and keys:
                     at = (line, header_start - line_start + 1)
                     if header_array:
@@ -282,6 +312,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                 keys = []
             elif stack:
                 stack.pop()
+                table_keys.pop()
                 mode = "value"
                 element = False
                 value_path = None

@@ -135,10 +135,29 @@ def _too_many_rows(folder: Path) -> str:
     return "more than 100,000 entries in `rows = [...]`; the schema allows at most 100,000"
 
 
+def _many_keys_in_a_table(folder: Path) -> str:
+    # Unknown keys of one table: each used to cost the parser, jsonschema and a suggestion.
+    keys = "".join(f'k{i} = "v"\n' for i in range(10_001))
+    _write(folder, CLEAN.replace("[decisions.backend]\n", "[decisions.backend]\n" + keys, 1))
+    return "more than 10,000 keys in one table"
+
+
+def _many_keys_in_an_inline_table(folder: Path) -> str:
+    _write(folder, CLEAN + "x = {" + ", ".join(f"k{i} = {i}" for i in range(10_001)) + "}\n")
+    return "more than 10,000 keys in one table"
+
+
+def _many_keys_in_a_row(folder: Path) -> str:
+    row = "{ " + ", ".join(f'k{i} = "v"' for i in range(10_001)) + " },\n"
+    _write(folder, CLEAN.replace("rows = [\n", "rows = [\n" + row, 1))
+    return "more than 10,000 keys in one table"
+
+
 CASES = {f.__name__.lstrip("_"): f for f in (
     _deep_array, _deep_inline, _huge_integer, _dotted_header, _dotted_key, _oversize, _dev_zero, _fifo, _loop,
     _outside, _folder_named_toml, _format_spec, _format_spec_20_digits, _attribute, _bad_date,
     _too_many_constraints, _too_many_inline_constraints, _too_many_features, _too_many_rows,
+    _many_keys_in_a_table, _many_keys_in_an_inline_table, _many_keys_in_a_row,
 )}
 
 

@@ -67,6 +67,16 @@ def test_every_schema_problem_in_a_file_is_reported(tmp_path, policy_text):
     assert misspelt.location.column > 1
 
 
+def test_many_unknown_keys_name_the_first_ten_and_count_the_rest(tmp_path, policy_text):
+    extra = "".join(f"valus{i:02d} = 3\n" for i in range(25))
+    text = policy_text.replace('values = ["CPP", "PYTHON"]', 'values = ["CPP", "PYTHON"]\n' + extra.rstrip("\n"), 1)
+    (problem,) = problems(tmp_path, text)
+    assert problem.message.count("unknown key 'valus") == 10
+    assert "unknown key 'valus09'" in problem.message and "'valus10'" not in problem.message
+    assert "and 15 more unknown keys in " in problem.message
+    assert problem.location.line == line_of(text, "valus00 = 3")
+
+
 def test_semantic_problems_all_reported_with_fix(tmp_path, policy_text):
     text = policy_text.replace('inputs = ["backend"]', 'inputs = ["backnd"]', 1)
     text = text.replace('when = { features = { serialized_state = true }', 'when = { features = { serialised_state = true }')
