@@ -164,12 +164,17 @@ class Remotes:
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
             try:
                 self._on_router_frames(frames)
             except Exception:
                 log.exception("transceiver %s: error handling a frame (dropped)", self.local.name)
                 self.local.stats["internal_errors"] += 1
+            if not self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                break  # drained (asking is half the price of a failed receive)
+        # The results of what was just read go out now, one frame per receiver, not after the rest
+        # of the loop's iteration.
+        self.flush()
 
     def _on_router_frames(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2:
