@@ -124,6 +124,9 @@ class Receiver:
                 return
             self.receives[receive.handle.request_id] = receive
             request = self._request(receive)
+            # The deadline is armed before the frame leaves; the loop is woken for it (rarely: only
+            # if it sleeps past that deadline) after the frame left, off the request's path.
+            receive.timer, wake = loop.call_at_from_caller(receive.handle.deadline, lambda: self._expired(receive))
             for name in receive.peers:
                 sent = self.connections.send_now(name, request)
                 if sent == "sent":
@@ -135,18 +138,11 @@ class Receiver:
             self.direct += 1
             receive.handle._state = RequestState.WAITING
             self._settle(receive)
-            if receive.handle.done:
-                return
-        # The timer goes on the service thread's heap (after the frame left: off the request's path).
-        try:
-            loop.post(lambda: self._arm(receive))
-        except RuntimeError:
-            pass  # the loop stopped meanwhile: its exit failed this receive
-
-    def _arm(self, receive: Receive) -> None:
-        with self.state:
-            if not receive.handle.done and receive.timer is None:
-                receive.timer = self.local.loop.call_at(receive.handle.deadline, lambda: self._expired(receive))
+        if wake and not receive.handle.done:
+            try:
+                loop.wake()
+            except RuntimeError:
+                pass  # the loop stopped meanwhile: its exit failed this receive
 
     def _request(self, receive: Receive) -> control.Request:
         handle = receive.handle
