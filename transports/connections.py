@@ -28,10 +28,13 @@ import zmq
 from . import control
 from .keys import fingerprint, split_address
 from .layout import KVLayout
-from .local import LocalSide
+from .local import LocalSide, recv_parts
 from .mapping import map_ranks, overlap
 
 log = logging.getLogger("kvpolicy.transports")
+
+# Plain ints: pyzmq's flag enums make ``events & POLLIN`` build an enum member (as slow as the call).
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
@@ -182,7 +185,7 @@ class Connections:
         """(Under ``conn.lock``, after a send.) A send processes the socket's pending commands and
         may so consume the descriptor's signal of a frame that arrived: read it on the service thread."""
         try:
-            pending = conn.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN
+            pending = conn.socket.getsockopt(_EVENTS) & _POLLIN
         except zmq.ZMQError:
             return
         if pending:
@@ -194,7 +197,7 @@ class Connections:
                 if conn.closed:
                     return
                 try:
-                    frames = conn.socket.recv_multipart(zmq.NOBLOCK)
+                    frames = recv_parts(conn.socket)
                 except zmq.Again:
                     return  # drained: the descriptor signals the next frame
                 except zmq.ZMQError:
@@ -215,7 +218,7 @@ class Connections:
             self.local.drop("malformed", f"{len(frames)} frames from {conn.endpoint}")
             return
         try:
-            messages = control.decode_many(frames[0])
+            messages = control.decode_many(frames[0].bytes)
         except control.ControlMessageError as exc:
             self.local.drop("malformed", f"from {conn.endpoint}: {exc}")
             return
