@@ -189,7 +189,10 @@ class Connections:
         except zmq.ZMQError:
             return
         if pending:
-            self.local.loop.post(lambda: self._on_dealer(conn))
+            try:
+                self.local.loop.post(lambda: self._on_dealer(conn))
+            except RuntimeError:
+                pass  # the loop has stopped: nothing reads this connection any more
 
     def _on_dealer(self, conn: Connection) -> None:
         for _ in range(256):
