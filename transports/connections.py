@@ -1,5 +1,12 @@
 """Receiver side connections: one DEALER socket per sender, a CURVE client.
 
+A caller's thread may send a request on a DEALER itself (:meth:`Connections.send_now`, no hop to
+the service thread), so every use of a DEALER, the service thread's included, holds its
+connection's lock, and the service loop watches the socket's ``ZMQ_FD`` rather than the socket
+(``zmq_poll`` on a socket would touch it without that lock). That descriptor is edge-triggered: a
+send may consume the signal of a frame that arrived meanwhile, so after every send ``EVENTS`` is
+read again and a pending frame is handed to the service thread (:meth:`Connections._after_send`).
+
 A sender's address carries its public key (``tcp://KEY@HOST:PORT``); it must be on this side's
 allow-list, so a rank record pointing at a rogue sender leads nowhere. A sender that comes back with
 the same key replaces its old connection; :meth:`Connections.close_connection` (``disconnect``)
@@ -21,10 +28,13 @@ import zmq
 from . import control
 from .keys import fingerprint, split_address
 from .layout import KVLayout
-from .local import LocalSide
+from .local import LocalSide, recv_parts
 from .mapping import map_ranks, overlap
 
 log = logging.getLogger("kvpolicy.transports")
+
+# Plain ints: pyzmq's flag enums make ``events & POLLIN`` build an enum member (as slow as the call).
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
@@ -57,6 +67,11 @@ class Connection:
     peer: Peer | None = None
     outbox: list[tuple[control.Message, bytes]] = field(default_factory=list)
     """Requests and cancels (and their encoding) queued to go (sent by :meth:`Connections.flush`)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held for every use of :attr:`socket` (callers send on it too)."""
+    fd: int = -1
+    """The socket's ``ZMQ_FD``, which the service loop watches."""
+    closed: bool = False
 
 
 class Connections:
@@ -130,12 +145,15 @@ class Connections:
             socket.curve_serverkey = key
         socket.connect(endpoint)
         conn = Connection(endpoint, key, key_name, socket, future)
+        conn.fd = socket.getsockopt(zmq.FD)
         self.connections[endpoint] = conn
-        self.local.loop.register(socket, lambda: self._on_dealer(conn))
+        self.local.loop.register(conn.fd, lambda: self._on_dealer(conn))
         conn.timer = self.local.loop.call_at(deadline, lambda: self._connect_expired(conn))
         if self.local.metadata == "etcd":
             self._republish(conn, time.monotonic() + _REFETCH_S * 2)
-        socket.send(control.encode(control.Hello(self.local.rank_info(with_metadata=True))))
+        with conn.lock:
+            socket.send(control.encode(control.Hello(self.local.rank_info(with_metadata=True))))
+            self._after_send(conn)
 
     def _publish(self) -> None:
         # Before every hello and until the welcome: a publication made while etcd was away is lost
@@ -163,14 +181,30 @@ class Connections:
             conn.future.set_exception(TimeoutError(reason))
         self.close_connection(conn)
 
+    def _after_send(self, conn: Connection) -> None:
+        """(Under ``conn.lock``, after a send.) A send processes the socket's pending commands and
+        may so consume the descriptor's signal of a frame that arrived: read it on the service thread."""
+        try:
+            pending = conn.socket.getsockopt(_EVENTS) & _POLLIN
+        except zmq.ZMQError:
+            return
+        if pending:
+            try:
+                self.local.loop.post(lambda: self._on_dealer(conn))
+            except RuntimeError:
+                pass  # the loop has stopped: nothing reads this connection any more
+
     def _on_dealer(self, conn: Connection) -> None:
         for _ in range(256):
-            try:
-                frames = conn.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:  # closed by a handler meanwhile
-                return
+            with conn.lock:
+                if conn.closed:
+                    return
+                try:
+                    frames = recv_parts(conn.socket)
+                except zmq.Again:
+                    return  # drained: the descriptor signals the next frame
+                except zmq.ZMQError:
+                    return
             try:
                 self._on_dealer_frames(conn, frames)
             except Exception:
@@ -178,13 +212,16 @@ class Connections:
                 self.local.stats["internal_errors"] += 1
             if self.connections.get(conn.endpoint) is not conn:
                 return
+        # Bounded, so one chatty sender cannot starve the loop; the descriptor will not signal what
+        # is left, so come back for it.
+        self.local.loop.post(lambda: self._on_dealer(conn))
 
     def _on_dealer_frames(self, conn: Connection, frames: list[bytes]) -> None:
         if len(frames) != 1:
             self.local.drop("malformed", f"{len(frames)} frames from {conn.endpoint}")
             return
         try:
-            messages = control.decode_many(frames[0])
+            messages = control.decode_many(frames[0].bytes)
         except control.ControlMessageError as exc:
             self.local.drop("malformed", f"from {conn.endpoint}: {exc}")
             return
@@ -236,6 +273,26 @@ class Connections:
         conn.outbox.append((message, control.encode(message)))
         return True
 
+    def send_now(self, peer_name: str, message: control.Message) -> str:
+        """Send one message on the caller's thread: ``"sent"``, ``"gone"`` (no live connection) or
+        ``"unsent"`` (its socket refused it: a full send queue; nothing left)."""
+        conn = self.connection_of(peer_name)
+        if conn is None:
+            return "gone"
+        encoded = control.encode(message)
+        with conn.lock:
+            if conn.closed or conn.peer is None:
+                return "gone"
+            try:
+                conn.socket.send(encoded, zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.warning("transceiver %s: could not send a %s to %s: %s", self.local.name, message.kind, conn.endpoint, exc)
+                return "unsent"
+            self.frames_sent += 1
+            self.messages_sent += 1
+            self._after_send(conn)
+        return "sent"
+
     def flush(self) -> None:
         """Send what was queued; a full or gone sender loses it (the requests' deadlines cover that)."""
         if not self._dirty:
@@ -246,23 +303,32 @@ class Connections:
             if self.connections.get(conn.endpoint) is not conn or conn.peer is None:
                 continue
             parts = [encoded for _, encoded in queued]
-            for start, end in control.frame_spans(parts):
-                try:
-                    conn.socket.send(control.batch(parts[start:end]), zmq.NOBLOCK)
-                except zmq.ZMQError as exc:
-                    # Not queued, so never written: the receiver role stops waiting for these at once.
-                    log.warning("transceiver %s: could not send %d message(s) to %s: %s", self.local.name, len(parts) - start, conn.endpoint, exc)
-                    self._on_unsent(conn.peer.name, [message for message, _ in queued[start:]])
-                    break
-                self.frames_sent += 1
-                self.messages_sent += end - start
+            unsent: list[control.Message] = []
+            with conn.lock:
+                if conn.closed:
+                    continue
+                for start, end in control.frame_spans(parts):
+                    try:
+                        conn.socket.send(control.batch(parts[start:end]), zmq.NOBLOCK)
+                    except zmq.ZMQError as exc:
+                        log.warning("transceiver %s: could not send %d message(s) to %s: %s", self.local.name, len(parts) - start, conn.endpoint, exc)
+                        unsent = [message for message, _ in queued[start:]]
+                        break
+                    self.frames_sent += 1
+                    self.messages_sent += end - start
+                self._after_send(conn)
+            if unsent:
+                # Not queued, so never written: the receiver role stops waiting for these at once.
+                self._on_unsent(conn.peer.name, unsent)
 
     def close_connection(self, conn: Connection) -> None:
         """Tear a connection to a sender down; what waited on it is told (``on_peer_gone``)."""
         if self.connections.get(conn.endpoint) is conn:
             del self.connections[conn.endpoint]
-        self.local.loop.unregister(conn.socket)
-        conn.socket.close(0)
+        self.local.loop.unregister(conn.fd)
+        with conn.lock:
+            conn.closed = True
+            conn.socket.close(0)
         if conn.timer is not None:
             conn.timer.cancel()
         if conn.peer is not None:

@@ -19,6 +19,7 @@ import collections
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -31,6 +32,10 @@ import zmq
 log = logging.getLogger("kvpolicy.transports")
 
 _MAX_BACKOFF_S = 200e-6
+
+
+def _nothing() -> None:
+    """A command that only wakes the loop."""
 
 
 class Timer:
@@ -83,6 +88,14 @@ class ServiceLoop:
         """How many times the service thread returned from ``poll`` (an idle loop does not)."""
         self._timers: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()
+        self._timer_lock = threading.Lock()
+        """Guards the heap: callers add timers too (:meth:`call_at_from_caller`)."""
+        self._sleep_until = 0.0
+        """When the loop, asleep in ``poll``, wakes at the latest (inf: never); 0 while it runs."""
+        self._anchor = 0.0
+        """The latest deadline of a cancelled timer dropped from the heap: with nothing else due the
+        loop sleeps until it (one wake-up, then none), so that a caller adding a later deadline,
+        the usual case, need not wake it."""
         self.stopping = False
         self.abandon = False
         """Set by ``close`` when writes did not end in time: stop without waiting for them."""
@@ -126,6 +139,18 @@ class ServiceLoop:
         except OSError:
             raise RuntimeError(f"transceiver {self.name} is closed") from None
 
+    def call_at_from_caller(self, when: float, fn: Callable[[], Any]) -> tuple[Timer, bool]:
+        """(Any thread.) Add a timer; the second value says whether the loop must be woken
+        (:meth:`wake`) to see it in time: a caller may first do what is more urgent."""
+        timer = Timer(when, fn)
+        with self._timer_lock:
+            heapq.heappush(self._timers, (when, next(self._seq), timer))
+            return timer, when < self._sleep_until
+
+    def wake(self) -> None:
+        """(Any thread.) Make the loop look at its timers again."""
+        self.post(_nothing)
+
     def join(self, timeout_s: float) -> bool:
         """Wait for the thread to end; True if it did."""
         if self._thread.is_alive():
@@ -166,7 +191,8 @@ class ServiceLoop:
     def call_at(self, when: float, fn: Callable[[], Any]) -> Timer:
         """Run ``fn`` on the service thread at ``time.monotonic() >= when``."""
         timer = Timer(when, fn)
-        heapq.heappush(self._timers, (when, next(self._seq), timer))
+        with self._timer_lock:
+            heapq.heappush(self._timers, (when, next(self._seq), timer))
         return timer
 
     def pending_commands(self) -> list[Future]:
@@ -181,19 +207,33 @@ class ServiceLoop:
                 futures.append(future)
 
     def _run_timers(self, now: float) -> None:
-        while self._timers and self._timers[0][0] <= now:
-            _, _, timer = heapq.heappop(self._timers)
+        timers, lock = self._timers, self._timer_lock
+        while timers and timers[0][0] <= now:
+            with lock:
+                if not timers or timers[0][0] > now:
+                    return
+                _, _, timer = heapq.heappop(timers)
             if not timer.cancelled:
                 fn = timer.fn
                 timer.cancel()
                 self._guard("timer", fn)
 
     def _timeout_ms(self, now: float) -> int | None:
-        while self._timers and self._timers[0][2].cancelled:
-            heapq.heappop(self._timers)
-        if not self._timers:
-            return None
-        return max(0, int((self._timers[0][0] - now) * 1000) + 1)
+        """The poll timeout; sets :attr:`_sleep_until` under the timer lock, so that a caller adding
+        a timer after this sees when the loop will wake."""
+        timers = self._timers
+        with self._timer_lock:
+            while timers and timers[0][2].cancelled:
+                self._anchor = max(self._anchor, heapq.heappop(timers)[0])
+            if timers:
+                until = timers[0][0]
+            elif self._anchor > now:
+                until = self._anchor
+            else:
+                self._sleep_until = math.inf
+                return None
+            self._sleep_until = until
+        return max(0, int((until - now) * 1000) + 1)
 
     def _guard(self, where: str, fn: Callable[[], Any]) -> None:
         try:
@@ -234,6 +274,7 @@ class ServiceLoop:
                 self.flush()
                 busy = self._busy()
                 events = dict(self._poller.poll(0 if busy else self._timeout_ms(time.monotonic())))
+                self._sleep_until = 0.0
                 self.wakeups += 1
                 progressed = bool(events)
                 if self._wake_r in events:

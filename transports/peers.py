@@ -27,10 +27,13 @@ from zmq.utils import z85
 from . import control
 from .discovery import EtcdClient, RegistryError, nixl_metadata_key
 from .keys import address_with_key, fingerprint
-from .local import LocalSide, quietly
+from .local import LocalSide, quietly, recv_parts
 from .mapping import BlockSegments, block_segments
 
 log = logging.getLogger("kvpolicy.transports")
+
+# Plain ints: pyzmq's flag enums make ``events & POLLIN`` build an enum member (as slow as the call).
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
@@ -130,6 +133,9 @@ class Remotes:
         """Encoded results queued per receiver connection this iteration (sent by :meth:`flush`)."""
         self.frames_sent = self.messages_sent = 0
         """Result frames and the messages in them sent to receivers (batching makes the first smaller)."""
+        self._alone = False
+        """The frame being handled holds one message and no other frame waits: its result has
+        nothing to be batched with, so it leaves at once (before the sender's own bookkeeping)."""
 
     def start(self) -> None:
         """Start serving the ZAP handler and the ROUTER (on the service thread)."""
@@ -162,14 +168,22 @@ class Remotes:
     def _on_router(self) -> None:
         for _ in range(256):  # bounded, so one chatty peer cannot starve the rest of the loop
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_parts(self.router)
             except zmq.Again:
-                return
+                break
+            more = self.router.getsockopt(_EVENTS) & _POLLIN  # (half the price of a failed receive)
+            self._alone = not more
             try:
                 self._on_router_frames(frames)
             except Exception:
                 log.exception("transceiver %s: error handling a frame (dropped)", self.local.name)
                 self.local.stats["internal_errors"] += 1
+            self._alone = False
+            if not more:
+                break
+        # The results of what was just read go out now, one frame per receiver, not after the rest
+        # of the loop's iteration.
+        self.flush()
 
     def _on_router_frames(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2:
@@ -188,9 +202,11 @@ class Remotes:
         except control.ControlMessageError as exc:
             self.local.drop("malformed", str(exc))
             return
-        if len(messages) > 1 and not bucket.take(len(messages) - 1):  # the budget counts messages
-            self.local.stats["dropped_over_budget"] += 1
-            return
+        if len(messages) > 1:
+            self._alone = False
+            if not bucket.take(len(messages) - 1):  # the budget counts messages
+                self.local.stats["dropped_over_budget"] += 1
+                return
         for message in messages:
             if isinstance(message, control.Hello):
                 self._on_hello(identity, key, message)
@@ -334,6 +350,8 @@ class Remotes:
         if parts is None:
             parts = self._outbox[remote.identity] = []
         parts.append(control.encode(message))
+        if self._alone:
+            self._send(remote.identity, self._outbox.pop(remote.identity))
 
     def flush(self) -> None:
         """Send the queued messages; a full or gone peer loses them (their deadlines cover that)."""
@@ -341,14 +359,17 @@ class Remotes:
             return
         outbox, self._outbox = self._outbox, {}
         for identity, parts in outbox.items():
-            self.messages_sent += len(parts)
-            for frame in control.frames(parts):
-                self.frames_sent += 1
-                try:
-                    self.router.send_multipart([identity, frame], zmq.NOBLOCK)
-                except zmq.ZMQError as exc:
-                    log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
-                    break
+            self._send(identity, parts)
+
+    def _send(self, identity: bytes, parts: list[bytes]) -> None:
+        self.messages_sent += len(parts)
+        for frame in control.frames(parts):
+            self.frames_sent += 1
+            try:
+                self.router.send_multipart([identity, frame], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
+                break
 
     def close(self) -> None:
         """Forget every receiver and close the sockets (after the loop stopped)."""

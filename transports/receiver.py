@@ -6,16 +6,22 @@ every writer said its write is over (any result frame: ``ok``, ``error``, ``canc
 ``aborted``) or its connection was torn down (``disconnect``). When the deadline passes first, the
 handle ends ``TIMED_OUT`` at once but its blocks stay fenced (``handle.released`` is False): a new
 receive into them is refused, so a late write can never land in memory given to a later request.
+
+A receive made while no other is open sends its request from the caller's thread
+(:meth:`Receiver.begin`); otherwise the service thread sends it, batched with the others. Either way
+the attempt is recorded (and its writers marked pending) under :attr:`Receiver.state` before its
+frame can be read by anyone, and every handler of a frame, timer or cancel takes that lock too.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +38,17 @@ _nonces = itertools.count(secrets.randbelow(1 << 52) + 1)
 
 def _next_nonce() -> int:
     return next(_nonces) % ((1 << 53) - 1) + 1
+
+
+def _locked(method: Callable) -> Callable:
+    """Run a service-thread handler under :attr:`Receiver.state` (a caller may be starting a receive)."""
+
+    @functools.wraps(method)
+    def run(self: Receiver, *args: Any) -> Any:
+        with self.state:
+            return method(self, *args)
+
+    return run
 
 
 @dataclass
@@ -68,6 +85,11 @@ class Receiver:
         self.lock = threading.Lock()
         self.reserved: set[int] = set()
         """Blocks of open or fenced receives (callers read it under :attr:`lock`)."""
+        self.state = threading.RLock()
+        """Held for every change of :attr:`receives` and :attr:`fences` (a caller may start one)."""
+        self.closed = False
+        self.direct = 0
+        """Requests sent from a caller's thread (the rest went through the service thread)."""
 
     def reserve(self, blocks: Iterable[int]) -> None:
         """Reserve blocks for a new receive (caller's thread); refused if any is held already."""
@@ -85,24 +107,67 @@ class Receiver:
             self.reserved.difference_update(handle.block_ids)
         handle._release()
 
-    def start(self, receive: Receive) -> None:
-        """Send the attempt's request to every writer."""
-        handle = receive.handle
-        if handle.done:  # cancelled before the service thread got to it
-            self._unreserve(handle)
-            return
-        self.receives[handle.request_id] = receive
-        deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
-        request = control.Request(handle.request_id, receive.nonce, handle.block_ids, receive.skip_blocks, deadline_ms)
-        for name in receive.peers:
-            if self.connections.send_to(name, request):
-                receive.pending.add(name)
-            else:
-                receive.errors.append(f"sender {name!r} is no longer connected")
-        handle._state = RequestState.WAITING
-        receive.timer = self.local.loop.call_at(handle.deadline, lambda: self._expired(receive))
-        self._settle(receive)
+    def begin(self, receive: Receive) -> None:
+        """(Caller's thread.) Start a receive: with no other open, send its request from here;
+        otherwise hand it to the service thread, which batches the requests ready together."""
+        loop = self.local.loop
+        with self.state:
+            if self.closed or not loop.alive:
+                self._unreserve(receive.handle)
+                raise RuntimeError(f"transceiver {self.local.name} is closed")
+            if self.receives:
+                try:
+                    loop.post(lambda: self.start(receive))
+                except RuntimeError:
+                    self._unreserve(receive.handle)
+                    raise
+                return
+            self.receives[receive.handle.request_id] = receive
+            request = self._request(receive)
+            # The deadline is armed before the frame leaves; the loop is woken for it (rarely: only
+            # if it sleeps past that deadline) after the frame left, off the request's path.
+            receive.timer, wake = loop.call_at_from_caller(receive.handle.deadline, lambda: self._expired(receive))
+            for name in receive.peers:
+                sent = self.connections.send_now(name, request)
+                if sent == "sent":
+                    receive.pending.add(name)  # its result waits for this lock, so it finds this
+                elif sent == "gone":
+                    receive.errors.append(f"sender {name!r} is no longer connected")
+                else:
+                    receive.errors.append(f"sender {name!r} could not be reached (its send queue is full)")
+            self.direct += 1
+            receive.handle._state = RequestState.WAITING
+            self._settle(receive)
+        if wake and not receive.handle.done:
+            try:
+                loop.wake()
+            except RuntimeError:
+                pass  # the loop stopped meanwhile: its exit failed this receive
 
+    def _request(self, receive: Receive) -> control.Request:
+        handle = receive.handle
+        deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
+        return control.Request(handle.request_id, receive.nonce, handle.block_ids, receive.skip_blocks, deadline_ms)
+
+    def start(self, receive: Receive) -> None:
+        """(Service thread.) Queue the attempt's request to every writer (sent batched)."""
+        with self.state:
+            handle = receive.handle
+            if handle.done:  # cancelled before the service thread got to it
+                self._unreserve(handle)
+                return
+            self.receives[handle.request_id] = receive
+            request = self._request(receive)
+            for name in receive.peers:
+                if self.connections.send_to(name, request):
+                    receive.pending.add(name)
+                else:
+                    receive.errors.append(f"sender {name!r} is no longer connected")
+            handle._state = RequestState.WAITING
+            receive.timer = self.local.loop.call_at(handle.deadline, lambda: self._expired(receive))
+            self._settle(receive)
+
+    @_locked
     def on_result(self, peer: Any, result: control.Result) -> None:
         """A sender's result frame (authenticated, schema-checked)."""
         name = peer.name
@@ -173,6 +238,7 @@ class Receiver:
             del self.fences[(request_id, nonce)]
             self._unreserve(fence.handle)
 
+    @_locked
     def _expired(self, receive: Receive) -> None:
         receive.timer = None
         if receive.handle.done:
@@ -184,6 +250,7 @@ class Receiver:
         else:
             self._end(receive, RequestState.TIMED_OUT, f"no result frame from {missing} in time")
 
+    @_locked
     def cancel(self, request_id: str) -> bool:
         """Cancel a receive; True if it ended now (nothing was pending)."""
         receive = self.receives.get(request_id)
@@ -199,6 +266,7 @@ class Receiver:
         self._send_cancel(receive)
         return False
 
+    @_locked
     def on_unsent(self, name: str, messages: list[control.Message]) -> None:
         """Requests that could not be handed to ``name``'s socket (its queue is full): no write of
         them can come, so those attempts stop waiting for it (and fence nothing for it)."""
@@ -209,6 +277,7 @@ class Receiver:
                 receive.errors.append(f"sender {name!r} could not be reached (its send queue is full)")
                 self._settle(receive)
 
+    @_locked
     def on_peer_gone(self, name: str) -> None:
         """The connection to ``name`` was torn down: no write of it follows; stop waiting for it."""
         for receive in list(self.receives.values()):
@@ -219,14 +288,18 @@ class Receiver:
         for request_id, nonce in [k for k, f in self.fences.items() if name in f.pending]:
             self._unfence(request_id, nonce, name)
 
+    @_locked
     def begin_close(self) -> None:
         """Fail every open receive."""
+        self.closed = True
         for receive in list(self.receives.values()):
             self._send_cancel(receive)
             self._end(receive, RequestState.FAILED, "transceiver closed")
 
+    @_locked
     def fail_all(self, reason: str) -> None:
         """End everything (the loop has stopped; no connection is left to write)."""
+        self.closed = True
         for receive in list(self.receives.values()):
             receive.pending.clear()
             self._end(receive, RequestState.FAILED, reason)

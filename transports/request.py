@@ -88,6 +88,39 @@ class TransferMetrics:
         }
 
 
+class _Flag:
+    """A one-way event: set once, waited on by any number of threads. A plain lock held until
+    :meth:`set`, so that a handle costs one lock, not the two conditions of two ``threading.Event``."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        try:
+            self._lock.release()
+        except RuntimeError:  # set twice at once: the other call released it
+            pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        # Each waiter takes the released lock and hands it on at once, so all of them pass.
+        if self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            self._lock.release()
+            return True
+        return self._set
+
+
 @dataclass
 class TransferHandle:
     """A caller's view of one request on one side. Updated by the transceiver's service thread."""
@@ -100,8 +133,8 @@ class TransferHandle:
     _state: RequestState = RequestState.PENDING
     reason: str = ""
     metrics: TransferMetrics = field(init=False)
-    _done: threading.Event = field(default_factory=threading.Event, repr=False)
-    _released: threading.Event = field(default_factory=threading.Event, repr=False)
+    _done: _Flag = field(default_factory=_Flag, repr=False)
+    _released: _Flag = field(default_factory=_Flag, repr=False)
     _created: float = field(default_factory=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:

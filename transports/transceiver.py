@@ -274,8 +274,11 @@ class NixlTransceiver:
         except ValueError:
             self._forget_handle(handle)
             raise
-        receive = Receive(handle, list(names), skip_blocks)
-        self._submit_or_forget(handle, lambda: self._receiver.start(receive))
+        try:
+            self._receiver.begin(Receive(handle, list(names), skip_blocks))
+        except RuntimeError:
+            self._forget_handle(handle)
+            raise
         return handle
 
     def cancel(self, request_id: str, *, role: str | None = None) -> bool:

@@ -52,6 +52,7 @@ def test_many_concurrent_receives_travel_batched_and_all_land(pair):
     dst = list(range(n))
     sent = [p.send(f"r{i}", [src[i]], to="d") for i in range(n)]
     frames_before, messages_before = d._connections.frames_sent, d._connections.messages_sent
+    direct_before = d._receiver.direct
     gate = hold(d._loop)
     try:
         received = [d.receive(f"r{i}", [dst[i]]) for i in range(n)]
@@ -61,7 +62,10 @@ def test_many_concurrent_receives_travel_batched_and_all_land(pair):
         handle.wait(30)
     assert all(h.state is RequestState.COMPLETED for h in received + sent)
     assert d._connections.messages_sent - messages_before == n
-    assert d._connections.frames_sent - frames_before == 1  # all 200 asks in one frame (<= MAX_BATCH)
+    # The first ask, made with nothing else open, left from the caller's thread; the other 199, made
+    # while it was open, went through the (held) service thread: one frame (<= MAX_BATCH).
+    assert d._receiver.direct - direct_before == 1
+    assert d._connections.frames_sent - frames_before == 2
     assert p._remotes.frames_sent < p._remotes.messages_sent  # results went back batched too
     assert all(h.released for h in received)
     assert d.pool.digests(dst) == p.pool.digests(src)
@@ -165,3 +169,33 @@ def test_a_request_its_socket_refuses_fails_at_once_and_fences_nothing(pair):
     p.send("after", [1], to="d")
     d.receive("after", [3]).wait(10)  # the same block, free again, over the same connection
     assert d.pool.digests([3]) == p.pool.digests([1])
+
+
+@requires_nixl
+def test_receives_from_several_caller_threads_all_land_whichever_thread_sends(pair):
+    """Callers send their own requests when nothing else is open, and hand them to the service
+    thread otherwise; both at once, from four threads: every frame is read (a send on one thread
+    never hides a result that arrived meanwhile from the loop) and every request lands."""
+    p, d = pair
+    per_thread, threads = 40, 4
+    direct_before = d._receiver.direct
+    errors: list[BaseException] = []
+
+    def caller(t: int) -> None:
+        try:
+            for i in range(per_thread):
+                block = t * per_thread + i
+                p.send(f"t{t}-{i}", [block % BLOCKS], to="d")
+                d.receive(f"t{t}-{i}", [block]).wait(30)
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    workers = [threading.Thread(target=caller, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert not errors and not any(w.is_alive() for w in workers)
+    assert d._receiver.direct > direct_before  # some went from a caller's thread
+    blocks = list(range(per_thread * threads))
+    assert d.pool.digests(blocks) == p.pool.digests([b % BLOCKS for b in blocks])
