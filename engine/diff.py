@@ -219,7 +219,8 @@ class Group:
     """How many points of the full product the cubes hold."""
     clauses: tuple[Clause, ...] = ()
     resolved: frozenset = frozenset()
-    """The OLD outcomes of its contexts."""
+    """OLD's outcomes on its contexts, exact in values and deciding rules (diagnostics that both
+    versions share may be left out; see :attr:`Diff.evaluated`)."""
 
 
 @dataclass(frozen=True)
@@ -280,9 +281,10 @@ class Diff:
     total: int
     """How many points the full product holds."""
     evaluated: tuple[tuple[Cube, Outcome, Outcome], ...] = ()
-    """The joint partition of the part of the domain where the versions may differ: cubes on
-    which both policies are constant, changed or not (the whole domain unless the versions differ
-    only in preference rows; see :func:`evaluate_cubes`)."""
+    """Leaves of the part of the domain where the versions may differ: cubes on which the change
+    between them is constant, changed or not (the whole domain unless the versions differ only in
+    preference rows; see :func:`_partition`). Their outcomes are exact in values and deciding
+    rules; diagnostics that both versions share may be left out."""
     evaluated_groups: tuple[int, ...] = ()
     """The index in ``groups`` of each evaluated leaf's group (-1: unchanged)."""
     unchanged: Unchanged | None = field(default=None, compare=False, repr=False)
@@ -292,13 +294,15 @@ class Diff:
     @cached_property
     def leaves(self) -> tuple[tuple[Cube, Outcome, Outcome], ...]:
         """The joint partition of the whole domain: cubes on which both policies are constant,
-        changed or not."""
-        return self.evaluated + (tuple(self.unchanged.leaves()) if self.unchanged else ())
+        changed or not, with whole outcomes (evaluated again when first read: nothing in a diff's
+        own descriptions needs it)."""
+        return tuple(evaluate_cubes(self.old, self.new, self.domain))
 
     @cached_property
     def leaf_groups(self) -> tuple[int, ...]:
         """The index in ``groups`` of each leaf's group (-1: unchanged), aligned with ``leaves``."""
-        return self.evaluated_groups + (-1,) * (len(self.leaves) - len(self.evaluated))
+        index = {group.change: i for i, group in enumerate(self.groups)}
+        return tuple(-1 if first == second else index[Change.between(first, second)] for _, first, second in self.leaves)
 
     @property
     def changed(self) -> int:
@@ -570,7 +574,7 @@ class _Evaluator:
 
 
 def _split_constraints(
-    constraints: tuple, cube: Cube, states: tuple[Any, ...]
+    constraints: tuple, cube: Cube, states: tuple[Any, ...], shared: bool = True
 ) -> list[tuple[Cube, tuple[list[DiagnosticKey], ...]]]:
     """The constraints that hold for each decided state (see :meth:`_Evaluator.decide`; an
     :class:`Outcome` for a rejected context, which no constraint reads), on the pieces of
@@ -580,7 +584,9 @@ def _split_constraints(
     everything decided so far (every earlier test was uniform on the whole cube): the pieces are
     split here instead of evaluating the whole policy again for each. They come out in the order
     that evaluating again would give (the part inside a test first). Two states of versions that
-    differ only in rows share the constraints and split the cube once, for both."""
+    differ only in rows share the constraints and split the cube once, for both; with ``shared``
+    False, a constraint that applies to both (its tests of decided values pass for both) is left
+    out: it holds for both or for neither on every context, so it never changes what differs."""
     # Tests of decided values, and tests the whole cube passes or fails, are the same on every
     # piece: read them once, and split only on the rest.
     width = len(states)
@@ -592,7 +598,7 @@ def _split_constraints(
             and not any((state[3][subject] in accepted) is negate for subject, accepted, negate in decided)
             for state in states
         )
-        if not any(applies):
+        if not any(applies) or (not shared and all(applies)):
             continue
         splitting = []
         for index, accepted in tests:
@@ -791,7 +797,9 @@ def evaluate_cubes(old: Any, new: Any, domain: Domain | None = None) -> Iterator
         yield from unchanged.leaves()
 
 
-def _partition(old: Any, new: Any, domain: Domain | None) -> tuple[Iterator[tuple[Cube, Outcome, Outcome]], Unchanged | None]:
+def _partition(
+    old: Any, new: Any, domain: Domain | None, *, shared: bool = True
+) -> tuple[Iterator[tuple[Cube, Outcome, Outcome]], Unchanged | None]:
     """The joint partition in two parts: leaves where the versions may differ, evaluated with
     both, and (when there is one) a function giving the leaves of the rest, where they provably
     resolve alike, evaluated with OLD alone.
@@ -801,7 +809,11 @@ def _partition(old: Any, new: Any, domain: Domain | None) -> tuple[Iterator[tupl
     row keys: every other part they read compiles to equal tests and values. On a model whose
     row keys are equal in both, the two therefore return equal outcomes on every cube, so only the
     models whose row keys differ need the joint evaluation; the cost follows the rows that
-    changed, not the size of the policies."""
+    changed, not the size of the policies.
+
+    With ``shared`` False, outcomes where the versions differ only in rows leave out the
+    diagnostics of constraints that apply to both: the changes are the same, on far fewer cubes
+    (what :func:`diff_policies` needs; :func:`evaluate_cubes` gives whole outcomes)."""
     old, old_order = _unpack(old)
     new, new_order = _unpack(new)
     domain = domain or domain_of(old, new)
@@ -841,7 +853,7 @@ def _partition(old: Any, new: Any, domain: Domain | None) -> tuple[Iterator[tupl
             return [(cube, _finish(first, mine, ()), _finish(second, theirs, ()))]
         return [
             (piece, _finish(first, mine, found), _finish(second, theirs, other))
-            for piece, (found, other) in _split_constraints(first.constraints, cube, (mine, theirs))
+            for piece, (found, other) in _split_constraints(first.constraints, cube, (mine, theirs), shared)
         ]
 
     def evaluated() -> Iterator[tuple[Cube, Outcome, Outcome]]:
@@ -1148,7 +1160,7 @@ def diff_policies(old: Any, new: Any) -> Diff:
     by_change: dict[Change, list[Cube]] = {}
     resolved: dict[Change, set[Any]] = {}
     memo: dict[tuple[Outcome, Outcome], Change | None] = {}
-    evaluated, unchanged = _partition(old, new, domain)
+    evaluated, unchanged = _partition(old, new, domain, shared=False)
     leaves = tuple(evaluated)
     leaf_changes = []
     for cube, first, second in leaves:
