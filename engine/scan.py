@@ -107,8 +107,19 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
     section_keys = 0
     table_keys: list[int] = []  # aligned with ``stack`` (counted for inline tables only)
 
-    def many_keys(offset: int) -> PolicyError:
+    def too_many_keys(offset: int) -> PolicyError:
         return fail(f"more than {MAX_TABLE_KEYS:,} keys in one table; no policy table needs that many", offset)
+
+    def count_key(offset: int) -> None:
+        nonlocal section_keys
+        if stack:
+            table_keys[-1] += 1
+            count = table_keys[-1]
+        else:
+            section_keys += 1
+            count = section_keys
+        if count > MAX_TABLE_KEYS:
+            raise too_many_keys(offset)
 
     def resolve(names: list[str]) -> tuple[object, ...]:
         path: tuple[object, ...] = ()
@@ -140,7 +151,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
             if text.count("=", match.start(), match.end()) > MAX_TABLE_KEYS and sum(
                 1 for _ in _INLINE_KEY.finditer(text, match.start(), match.end())
             ) > MAX_TABLE_KEYS:
-                raise many_keys(match.start())
+                raise too_many_keys(match.start())
             if record:
                 start = match.start()
                 path = value_path
@@ -162,14 +173,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
             if mode == "key":
                 if parts == 0:
                     parts = 1
-                if stack:
-                    table_keys[-1] += 1
-                    if table_keys[-1] > MAX_TABLE_KEYS:
-                        raise many_keys(match.start())
-                else:
-                    section_keys += 1
-                    if section_keys > MAX_TABLE_KEYS:
-                        raise many_keys(match.start())
+                count_key(match.start())
                 if record:
                     if not keys:
                         key_start = match.start()
@@ -241,14 +245,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
         elif char == "=":
             if mode == "key":
                 mode, parts = "value", 0
-                if stack:
-                    table_keys[-1] += 1
-                    if table_keys[-1] > MAX_TABLE_KEYS:
-                        raise many_keys(match.start())
-                else:
-                    section_keys += 1
-                    if section_keys > MAX_TABLE_KEYS:
-                        raise many_keys(match.start())
+                count_key(match.start())
                 if record and keys:
                     base = current if not stack else paths[-1]
                     value_path = None if base is None else base + tuple(keys)
