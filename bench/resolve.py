@@ -137,6 +137,13 @@ def if_elif_encoding(policy_set: PolicySet) -> Callable[..., tuple[dict[str, str
         if n is not None:
             lines.append(f"{depth}diags.append(({n[0]!r}, {n[1]!r}, {message(n[3], name, preferred)}))")
 
+    def chain(rules: list, name: str, depth: str) -> None:
+        """First matching rule decides: one if/elif chain at ``depth``."""
+        for keyword, r in zip(("if", *["elif"] * len(rules)), rules):
+            lines.append(f"{depth}{keyword} {condition(r['when'])}:")
+            lines.append(f"{depth}    {name} = {r['value']!r}")
+            notice(r["notice"], name, depth + "    ")
+
     decided: set[str] = set()
     for d in data["decisions"]:
         name = d["name"]
@@ -187,12 +194,7 @@ def if_elif_encoding(policy_set: PolicySet) -> Callable[..., tuple[dict[str, str
                 lines.append("                else:")
                 notice(d["on_not_adopted"], name, "                    ", "preferred")
         lines.append(f"        if {name} is None:")
-        keyword = "if"
-        for r in d["conditionals"]:
-            lines.append(f"            {keyword} {condition(r['when'])}:")
-            lines.append(f"                {name} = {r['value']!r}")
-            notice(r["notice"], name, "                ")
-            keyword = "elif"
+        chain(d["conditionals"], name, "            ")
         depth = "                " if d["conditionals"] else "            "
         if d["conditionals"]:
             lines.append("            else:")
@@ -204,12 +206,7 @@ def if_elif_encoding(policy_set: PolicySet) -> Callable[..., tuple[dict[str, str
             name = d["name"]
             undecided = (d["auto"], "null") if d["null_decides"] else (d["auto"],)
             lines.append(f"    if req_{name} in {undecided!r}:")
-            keyword = "if"
-            for r in d["adjustments"]:
-                lines.append(f"        {keyword} {condition(r['when'])}:")
-                lines.append(f"            {name} = {r['value']!r}")
-                notice(r["notice"], name, "            ")
-                keyword = "elif"
+            chain(d["adjustments"], name, "        ")
     for c in data["constraints"]:
         lines.append(f"    if {condition(c['when'])}:")
         lines.append(f"        fix = {message(c['fix'], '')}")
