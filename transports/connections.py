@@ -201,6 +201,9 @@ class Connections:
                     return
                 try:
                     frames = recv_parts(conn.socket)
+                    # Whether another frame waits: half the price of a receive that fails (an
+                    # exception), and reading EVENTS re-arms the descriptor when none does.
+                    more = conn.socket.getsockopt(_EVENTS) & _POLLIN
                 except zmq.Again:
                     return  # drained: the descriptor signals the next frame
                 except zmq.ZMQError:
@@ -210,7 +213,7 @@ class Connections:
             except Exception:
                 log.exception("transceiver %s: error handling a frame from %s (dropped)", self.local.name, conn.endpoint)
                 self.local.stats["internal_errors"] += 1
-            if self.connections.get(conn.endpoint) is not conn:
+            if not more or self.connections.get(conn.endpoint) is not conn:
                 return
         # Bounded, so one chatty sender cannot starve the loop; the descriptor will not signal what
         # is left, so come back for it.

@@ -5,9 +5,11 @@ A receiver says *hello* (its rank info, including its NIXL agent metadata), the 
 into my blocks ..."), either side may send *cancel*, and the sender ends each request with a *result*
 frame. Completion is always a result frame: a NIXL notification alone can be lost.
 
-Several requests, cancels or results bound for one peer may travel in one frame, a *batch*: a
-msgpack array of at most :data:`MAX_BATCH` message maps, each checked exactly as a frame of its own
-(:func:`decode_many`). Hellos and welcomes always travel alone.
+A message is a msgpack array, ``[version, kind, field, ...]`` with the fields in their declared
+order (a map's keys cost three times the decoding, on every request). Several requests, cancels or
+results bound for one peer may travel in one frame, a *batch*: an array of at most
+:data:`MAX_BATCH` messages, each checked exactly as a frame of its own (:func:`decode_many`). Hellos
+and welcomes always travel alone.
 
 Every attempt of a request carries a ``nonce`` chosen by the receiver; requests, cancels and results
 name it, so a frame of one attempt never settles another. Every number is bounded here, at the
@@ -16,15 +18,17 @@ boundary, so that the code behind it works on values that cannot overflow an add
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Union
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple, Union
 
 import msgpack
 
 from .layout import KVLayout
 
-#: 2: bounded fields, nonces, deadlines (issue 11); 3: several messages per frame (batches, issue 13).
-PROTOCOL_VERSION = 3
+#: 2: bounded fields, nonces, deadlines (issue 11); 3: several messages per frame (batches, issue 13);
+#: 4: positional messages, ``[version, kind, field, ...]`` (a third of a map's decoding, issue 13).
+PROTOCOL_VERSION = 4
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
 _MAX_FRAME = 16 << 20
@@ -111,28 +115,24 @@ _RANK_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(NamedTuple):
     """Receiver -> sender: who I am and where my blocks are."""
 
-    kind: ClassVar[str] = "hello"
     rank: RankInfo
+    kind = "hello"
 
 
-@dataclass(frozen=True)
-class Welcome:
+class Welcome(NamedTuple):
     """Sender -> receiver: the answer to :class:`Hello`."""
 
-    kind: ClassVar[str] = "welcome"
     rank: RankInfo
+    kind = "welcome"
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """Receiver -> sender: write the blocks of ``request_id`` (after the first ``skip_blocks``) into
     my ``blocks``."""
 
-    kind: ClassVar[str] = "request"
     request_id: str
     nonce: int
     """This attempt, chosen by the receiver; results and cancels name it."""
@@ -140,22 +140,20 @@ class Request:
     skip_blocks: int
     deadline_ms: int
     """Absolute deadline (Unix time, ms): no write may start after it."""
+    kind = "request"
 
 
-@dataclass(frozen=True)
-class Cancel:
+class Cancel(NamedTuple):
     """Either side: stop attempt ``nonce`` of ``request_id`` (0: every attempt of this peer)."""
 
-    kind: ClassVar[str] = "cancel"
     request_id: str
     nonce: int = 0
+    kind = "cancel"
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     """Sender -> receiver: how ``request_id`` ended for this receiver. The only completion signal."""
 
-    kind: ClassVar[str] = "result"
     request_id: str
     nonce: int
     status: str
@@ -167,35 +165,27 @@ class Result:
     descriptors: int = 0
     queue_us: int = 0
     transfer_us: int = 0
+    kind = "result"
 
 
 Message = Union[Hello, Welcome, Request, Cancel, Result]
 
 RESULT_STATUSES = ("ok", "error", "cancelled", "aborted")
 
-_SCHEMAS: dict[str, tuple[type, dict[str, type | tuple[type, ...]]]] = {
-    "hello": (Hello, {"rank": dict}),
-    "welcome": (Welcome, {"rank": dict}),
-    "request": (
-        Request,
-        {"request_id": str, "nonce": int, "blocks": list, "skip_blocks": int, "deadline_ms": int},
-    ),
-    "cancel": (Cancel, {"request_id": str, "nonce": int}),
+_SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
+    "hello": (Hello, (("rank", dict),)),
+    "welcome": (Welcome, (("rank", dict),)),
+    "request": (Request, (("request_id", str), ("nonce", int), ("blocks", list), ("skip_blocks", int), ("deadline_ms", int))),
+    "cancel": (Cancel, (("request_id", str), ("nonce", int))),
     "result": (
         Result,
-        {
-            "request_id": str,
-            "nonce": int,
-            "status": str,
-            "reason": str,
-            "nbytes": int,
-            "descriptors_before": int,
-            "descriptors": int,
-            "queue_us": int,
-            "transfer_us": int,
-        },
+        (
+            ("request_id", str), ("nonce", int), ("status", str), ("reason", str), ("nbytes", int),
+            ("descriptors_before", int), ("descriptors", int), ("queue_us", int), ("transfer_us", int),
+        ),
     ),
 }
+"""Each kind's class and its fields, in wire order, with their types."""
 
 
 def _check_fields(where: str, data: Any, schema: dict[str, type | tuple[type, ...]]) -> None:
@@ -218,33 +208,22 @@ def _check_text(where: str, value: str, limit: int = MAX_NAME) -> None:
 
 
 def encode(message: Message) -> bytes:
-    """Serialise one message to a msgpack frame."""
-    # The two messages of every request, spelled out: walking dataclass fields costs more than packing.
-    if type(message) is Request:
-        return _packb({
-            "v": PROTOCOL_VERSION, "kind": "request", "request_id": message.request_id, "nonce": message.nonce,
-            "blocks": list(message.blocks), "skip_blocks": message.skip_blocks, "deadline_ms": message.deadline_ms,
-        })
-    if type(message) is Result:
-        m = message
-        return _packb({
-            "v": PROTOCOL_VERSION, "kind": "result", "request_id": m.request_id, "nonce": m.nonce, "status": m.status,
-            "reason": m.reason, "nbytes": m.nbytes, "descriptors_before": m.descriptors_before,
-            "descriptors": m.descriptors, "queue_us": m.queue_us, "transfer_us": m.transfer_us,
-        })
-    body: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": message.kind}
-    for f in fields(message):
-        value = getattr(message, f.name)
-        if isinstance(value, RankInfo):
-            value = value.to_wire()
-        elif isinstance(value, tuple):
-            value = list(value)
-        body[f.name] = value
-    return msgpack.packb(body, use_bin_type=True)
+    """Serialise one message: ``[version, kind, field, ...]``, the fields in their declared order."""
+    if type(message) is Hello or type(message) is Welcome:
+        return _packer().pack((PROTOCOL_VERSION, message.kind, message.rank.to_wire()))
+    return _packer().pack((PROTOCOL_VERSION, message.kind, *message))
 
 
-def _packb(body: dict[str, Any]) -> bytes:
-    return msgpack.packb(body, use_bin_type=True)
+_packers = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's packer: ``packb`` builds one per call, which costs twice the packing."""
+    try:
+        return _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+        return packer
 
 
 def frame_spans(parts: list[bytes]) -> list[tuple[int, int]]:
@@ -297,13 +276,23 @@ def decode_many(frame: bytes) -> list[Message]:
     """Parse a frame holding one message or a batch of them; every message is checked as
     :func:`decode` checks a frame. Any message off-schema refuses the whole frame."""
     body = _unpack(frame)
-    if not isinstance(body, list):
-        return [_check_body(body)]
+    if type(body) is list and body:
+        first = body[0]
+        if first == PROTOCOL_VERSION and type(first) is int:  # one message (the usual frame)
+            kind = body[1] if len(body) > 1 else None
+            message = _request_fast(body) if kind == "request" else _result_fast(body) if kind == "result" else None
+            return [message if message is not None else _check_body(body)]
+        if type(first) is list:
+            return _check_batch(body)
+    return [_check_body(body)]
+
+
+def _check_batch(body: list[Any]) -> list[Message]:
     if not 1 < len(body) <= MAX_BATCH:
         raise ControlMessageError(f"batch of {len(body)} messages, not 2..{MAX_BATCH}")
     messages = []
     for i, item in enumerate(body):
-        if not isinstance(item, dict) or item.get("kind") not in _BATCHABLE:
+        if type(item) is not list or len(item) < 2 or type(item[1]) is not str or item[1] not in _BATCHABLE:
             raise ControlMessageError(f"batch[{i}]: only requests, cancels and results travel in batches")
         try:
             messages.append(_check_body(item))
@@ -313,26 +302,37 @@ def decode_many(frame: bytes) -> list[Message]:
 
 
 def _check_body(body: Any) -> Message:
-    if not isinstance(body, dict):
-        raise ControlMessageError("frame is not a map")
-    if body.get("v") != PROTOCOL_VERSION:
+    """The full check of one message, field by field: every refusal names what is wrong."""
+    if isinstance(body, dict) and "v" in body:  # protocol 1 to 3 sent maps
+        version = body["v"]
         raise ControlMessageError(
-            f"unsupported protocol version {body.get('v')!r} (this side speaks {PROTOCOL_VERSION}); "
+            f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION}); "
             "upgrade both sides of the connection to the same kvpolicy release"
         )
-    kind = body.get("kind")
-    if kind not in _SCHEMAS:
+    if type(body) is not list or len(body) < 2:
+        raise ControlMessageError("frame is not a message: expected an array [version, kind, fields...]")
+    version, kind, values = body[0], body[1], body[2:]
+    if type(version) is list:
+        raise ControlMessageError("a batch of messages where one message was expected")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ControlMessageError(
+            f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION}); "
+            "upgrade both sides of the connection to the same kvpolicy release"
+        )
+    if type(kind) is not str or kind not in _SCHEMAS:
         raise ControlMessageError(f"unknown message kind {kind!r}")
-    if kind == "request" or kind == "result":
-        fast = (_request_fast if kind == "request" else _result_fast)(body)
-        if fast is not None:
-            return fast
     cls, schema = _SCHEMAS[kind]
-    data = {k: v for k, v in body.items() if k not in ("v", "kind")}
-    _check_fields(kind, data, schema)
+    if len(values) != len(schema):
+        names = ", ".join(name for name, _ in schema)
+        raise ControlMessageError(f"{kind}: expected {len(schema)} fields ({names}), got {len(values)}")
+    data = {}
+    for (key, expected), value in zip(schema, values):
+        # bool is an int subclass; a boolean where a count belongs is a foreign or broken sender.
+        if isinstance(value, bool) or not isinstance(value, expected):
+            raise ControlMessageError(f"{kind}.{key}: expected {expected.__name__}, got {type(value).__name__}")
+        data[key] = value
     if kind in ("hello", "welcome"):
-        data["rank"] = RankInfo.from_wire(data["rank"])
-        return cls(**data)
+        return cls(RankInfo.from_wire(data["rank"]))
     _check_text(f"{kind}.request_id", data["request_id"])
     if not 0 <= data["nonce"] < _MAX_COUNT or (kind != "cancel" and data["nonce"] == 0):
         raise ControlMessageError(f"{kind}.nonce {data['nonce']} out of range")
@@ -354,15 +354,15 @@ def _check_body(body: Any) -> Message:
     return cls(**data)
 
 
-def _request_fast(body: dict[str, Any]) -> Request | None:
-    """A well-formed request (``v`` and ``kind`` checked), checked in one expression: the per-request
-    path. It accepts a subset of what the full check does; anything else (None) takes the full
-    check, which words the error. Seven keys, five of them present with these exact types, leave
-    no room for an extra field."""
-    get = body.get
-    rid, nonce, blocks, skip, deadline = get("request_id"), get("nonce"), get("blocks"), get("skip_blocks"), get("deadline_ms")
+def _request_fast(body: list[Any]) -> Request | None:
+    """A well-formed request (version and kind checked), in one expression: the per-request path.
+    It accepts a subset of what the full check does; anything else (None) takes the full check,
+    which words the error."""
+    if len(body) != 7:
+        return None
+    _, _, rid, nonce, blocks, skip, deadline = body
     if (
-        len(body) == 7 and type(rid) is str and 0 < len(rid) <= MAX_NAME and type(nonce) is int and 0 < nonce < _MAX_COUNT
+        type(rid) is str and 0 < len(rid) <= MAX_NAME and type(nonce) is int and 0 < nonce < _MAX_COUNT
         and type(blocks) is list and type(skip) is int and 0 <= skip < MAX_POOL_BLOCKS
         and type(deadline) is int and 0 < deadline < _MAX_COUNT
         and (not blocks or (all(type(b) is int for b in blocks) and min(blocks) >= 0 and max(blocks) < MAX_POOL_BLOCKS))
@@ -371,18 +371,17 @@ def _request_fast(body: dict[str, Any]) -> Request | None:
     return None
 
 
-_RESULT_COUNTS = ("nbytes", "descriptors_before", "descriptors", "queue_us", "transfer_us")
-
-
-def _result_fast(body: dict[str, Any]) -> Result | None:
+def _result_fast(body: list[Any]) -> Result | None:
     """A well-formed result, as :func:`_request_fast` checks a request."""
-    get = body.get
-    rid, nonce, status, reason = get("request_id"), get("nonce"), get("status"), get("reason")
-    counts = [get(k) for k in _RESULT_COUNTS]
+    if len(body) != 11:
+        return None
+    _, _, rid, nonce, status, reason, nbytes, before, descriptors, queue_us, transfer_us = body
     if (
-        len(body) == 11 and type(rid) is str and 0 < len(rid) <= MAX_NAME and type(nonce) is int and 0 < nonce < _MAX_COUNT
+        type(rid) is str and 0 < len(rid) <= MAX_NAME and type(nonce) is int and 0 < nonce < _MAX_COUNT
         and type(status) is str and status in RESULT_STATUSES and type(reason) is str and len(reason) <= MAX_REASON
-        and all(type(c) is int and 0 <= c < _MAX_COUNT for c in counts)
+        and type(nbytes) is int and 0 <= nbytes < _MAX_COUNT and type(before) is int and 0 <= before < _MAX_COUNT
+        and type(descriptors) is int and 0 <= descriptors < _MAX_COUNT
+        and type(queue_us) is int and 0 <= queue_us < _MAX_COUNT and type(transfer_us) is int and 0 <= transfer_us < _MAX_COUNT
     ):
-        return Result(rid, nonce, status, reason, *counts)
+        return Result(rid, nonce, status, reason, nbytes, before, descriptors, queue_us, transfer_us)
     return None

@@ -9,6 +9,8 @@ layer is still one contiguous run.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,9 +88,9 @@ class KVLayout:
         """Bytes of one layer (K and V) of one block."""
         return 2 * self.kv_bytes
 
-    @property
+    @functools.cached_property
     def block_bytes(self) -> int:
-        """Bytes of one block: all layers, K and V, all heads held here."""
+        """Bytes of one block: all layers, K and V, all heads held here (kept: every write asks)."""
         return self.num_layers * self.layer_bytes
 
     @property

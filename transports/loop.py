@@ -101,18 +101,20 @@ class ServiceLoop:
         """Set by ``close`` when writes did not end in time: stop without waiting for them."""
         self._thread = threading.Thread(target=self._run, name=f"kvpolicy-transceiver-{name}", daemon=True)
         self._finally: Callable[[], None] | None = None
+        self._running = False
 
     # -- any thread -------------------------------------------------------------------------------
 
     def start(self, on_exit: Callable[[], None]) -> None:
         """Start the thread; ``on_exit`` runs on it last, whatever made it stop."""
         self._finally = on_exit
+        self._running = True
         self._thread.start()
 
     @property
     def alive(self) -> bool:
-        """True while the service thread runs."""
-        return self._thread.is_alive()
+        """True while the service thread runs (False from the moment it starts to stop)."""
+        return self._running
 
     def submit(self, fn: Callable[[], Any], future: Future | None = None) -> Future:
         """Run ``fn`` on the service thread; its result or exception goes to the returned future."""
@@ -126,7 +128,7 @@ class ServiceLoop:
         self._enqueue(fn, None)
 
     def _enqueue(self, fn: Callable[[], Any], future: Future | None) -> None:
-        if not self._thread.is_alive():
+        if not self._running:
             raise RuntimeError(f"transceiver {self.name} is closed")
         self._commands.append((fn, future))
         # The loop clears the flag *before* draining: a command appended before this check is seen
@@ -299,6 +301,7 @@ class ServiceLoop:
         except Exception:  # pragma: no cover - a bug here must not leave callers hanging
             log.exception("transceiver %s: service loop crashed", self.name)
         finally:
+            self._running = False
             if self._finally is not None:
                 self._finally()
             self.flush()  # what the last step queued (results of requests failed at close)

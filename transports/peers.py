@@ -34,6 +34,7 @@ log = logging.getLogger("kvpolicy.transports")
 
 # Plain ints: pyzmq's flag enums make ``events & POLLIN`` build an enum member (as slow as the call).
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_NOBLOCK, _SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
@@ -348,6 +349,15 @@ class Remotes:
         iteration, several messages per frame (:meth:`flush`)."""
         parts = self._outbox.get(remote.identity)
         if parts is None:
+            if self._alone:  # the usual request: its one result leaves now, in a frame of its own
+                self.messages_sent += 1
+                self.frames_sent += 1
+                try:
+                    self.router.send(remote.identity, _SNDMORE_NOBLOCK)
+                    self.router.send(control.encode(message), _NOBLOCK)
+                except zmq.ZMQError as exc:
+                    log.warning("transceiver %s: could not send a %s to a receiver: %s", self.local.name, message.kind, exc)
+                return
             parts = self._outbox[remote.identity] = []
         parts.append(control.encode(message))
         if self._alone:

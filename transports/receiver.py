@@ -124,9 +124,6 @@ class Receiver:
                 return
             self.receives[receive.handle.request_id] = receive
             request = self._request(receive)
-            # The deadline is armed before the frame leaves; the loop is woken for it (rarely: only
-            # if it sleeps past that deadline) after the frame left, off the request's path.
-            receive.timer, wake = loop.call_at_from_caller(receive.handle.deadline, lambda: self._expired(receive))
             for name in receive.peers:
                 sent = self.connections.send_now(name, request)
                 if sent == "sent":
@@ -137,6 +134,9 @@ class Receiver:
                     receive.errors.append(f"sender {name!r} could not be reached (its send queue is full)")
             self.direct += 1
             receive.handle._state = RequestState.WAITING
+            # The deadline is armed after the frame left (its result waits for this lock, so nothing
+            # can end the receive first); the loop is woken for it only if it sleeps past it.
+            receive.timer, wake = loop.call_at_from_caller(receive.handle.deadline, lambda: self._expired(receive))
             self._settle(receive)
         if wake and not receive.handle.done:
             try:

@@ -25,7 +25,7 @@ from .writes import WritePoster, whole_block_plan
 log = logging.getLogger("kvpolicy.transports")
 
 
-@dataclass
+@dataclass(slots=True)
 class Offer:
     """Blocks offered for one request id."""
 
@@ -45,7 +45,7 @@ class Offer:
         return self.to is None or key in self.to
 
 
-@dataclass
+@dataclass(slots=True)
 class Ask:
     """One receiver's request frame (one attempt)."""
 
@@ -56,7 +56,7 @@ class Ask:
     timer: Any = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Write:
     """One NIXL WRITE in flight."""
 
@@ -225,14 +225,14 @@ class Sender:
             self._refuse(remote, request, "error", "this receiver was already served for this request")
             return
         offer.served_by.add(remote.key)
-        skip = request.skip_blocks
-        source = handle.block_ids[skip:] if skip <= len(handle.block_ids) else ()
+        skip, blocks = request.skip_blocks, request.blocks
+        source = handle.block_ids[skip:] if skip else handle.block_ids
         problem = ""
-        if len(source) != len(request.blocks):
-            problem = f"receiver asked for {len(request.blocks)} blocks after skipping {skip}, but the sender holds {len(handle.block_ids)}"
-        elif any(b >= remote.rank.num_blocks for b in request.blocks) or len(set(request.blocks)) != len(request.blocks):
+        if len(source) != len(blocks):
+            problem = f"receiver asked for {len(blocks)} blocks after skipping {skip}, but the sender holds {len(handle.block_ids)}"
+        elif blocks and (max(blocks) >= remote.rank.num_blocks or (len(blocks) > 1 and len(set(blocks)) != len(blocks))):
             problem = f"receiver block ids out of range or repeated (its pool has {remote.rank.num_blocks})"
-        elif request.blocks and not len(remote.segments.runs):
+        elif blocks and not remote.whole_blocks and not len(remote.segments.runs):
             problem = "sender and receiver share no layers/heads"
         if problem:
             self._refuse(remote, request, "error", problem)

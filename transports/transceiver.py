@@ -135,6 +135,7 @@ class NixlTransceiver:
             self._connections = Connections(local, self._remotes.ctx, on_result=lambda p, r: self._receiver.on_result(p, r),
                                             on_peer_gone=lambda n: self._receiver.on_peer_gone(n), on_unsent=lambda n, m: self._receiver.on_unsent(n, m))
             self._receiver = Receiver(local, self._connections)
+            self._connections._on_result = self._receiver.on_result
         except BaseException:
             agent.deregister_memory(self._registration)
             self._registrations = 0

@@ -100,8 +100,8 @@ def whole_block_plan(remote: Remote, source: Sequence[int], destination: Sequenc
     """Bytes and descriptors of whole blocks to whole blocks: pairs adjacent on both sides merge,
     as :func:`~.mapping.plan_descriptors` would count them."""
     n = len(source)
-    if n == 0:
-        return WholeBlockPlan(0, 0, 0)
+    if n <= 1:
+        return WholeBlockPlan(n * remote.rank.layout.block_bytes, n * remote.segments.unmerged, n)
     pairs = sorted(zip(source, destination))
     runs = 1 + sum(1 for (s0, d0), (s1, d1) in zip(pairs, pairs[1:]) if s1 != s0 + 1 or d1 != d0 + 1)
     return WholeBlockPlan(n * remote.rank.layout.block_bytes, n * remote.segments.unmerged, runs)

@@ -151,15 +151,16 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
     foreign, _ = allowed_dealer(prefill.address)
     try:
         foreign.send(b"\xc1 not msgpack")
-        foreign.send(msgpack.packb({"v": 3, "kind": "request", "request_id": 5}))  # wrong schema
-        foreign.send(msgpack.packb({"v": 99, "kind": "cancel", "request_id": "x"}))  # wrong version
+        foreign.send(msgpack.packb([control.PROTOCOL_VERSION, "request", 5]))  # wrong schema
+        foreign.send(msgpack.packb([99, "cancel", "x", 0]))  # wrong version
+        foreign.send(msgpack.packb({"v": 3, "kind": "cancel", "request_id": "x", "nonce": 0}))  # an older release's map
         # well-formed, but from a peer that never said hello: must not start a write
         foreign.send(control.encode(control.Request("foreign", 7, (0, 1), 0, 1 << 45)))
         foreign.send(control.encode(control.Cancel("served", 0)))
         serve_ok(prefill, decode, "served", [1, 2], [1, 2])
     finally:
         foreign.close(0)
-    eventually(lambda: prefill.call("stats")["dropped_malformed"] == 3)
+    eventually(lambda: prefill.call("stats")["dropped_malformed"] == 4)
     eventually(lambda: prefill.call("stats")["dropped_unknown_peer"] == 2)
 
     # Toward the receiver: a result for a request it never made, garbage, a wrong-kind frame.

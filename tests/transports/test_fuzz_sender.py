@@ -28,9 +28,9 @@ _values = st.one_of(
     st.lists(st.integers(min_value=-(2**63), max_value=2**64 - 1), max_size=8),
     st.none(),
     st.booleans(),
-    st.dictionaries(st.text(max_size=12), st.integers(), max_size=4),
+    st.dictionaries(st.text(max_size=12), st.integers(min_value=-(2**63), max_value=2**64 - 1), max_size=4),
 )
-_fields = sorted({"request_id", "nonce", "blocks", "skip_blocks", "deadline_ms", "status", "reason", "nbytes", "rank", "kind", "v"})
+_rank_fields = sorted({"name", "agent", "metadata", "layout", "base_address", "num_blocks", "memory_type", "device_id", "x"})
 
 
 def _templates(agent: str) -> list[bytes]:
@@ -58,9 +58,18 @@ def _mutate(template: bytes, data: st.DataObject) -> bytes:
         return bytes(frame[: data.draw(st.integers(0, len(frame) - 1))])
     if how == "splice":
         return bytes(frame) + data.draw(st.binary(max_size=32))
+    # A message is [version, kind, field, ...]: replace fields (the version and kind too), add one,
+    # or change a key of a hello's rank map.
     body = msgpack.unpackb(template, raw=False)
-    for key in data.draw(st.lists(st.sampled_from(_fields), min_size=1, max_size=3)):
-        body[key] = data.draw(_values)
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = data.draw(st.integers(0, len(body)))
+        value = data.draw(_values)
+        if where == len(body):
+            body.append(value)
+        elif isinstance(body[where], dict) and data.draw(st.booleans()):
+            body[where][data.draw(st.sampled_from(_rank_fields))] = value
+        else:
+            body[where] = value
     return msgpack.packb(body, use_bin_type=True)
 
 

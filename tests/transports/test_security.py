@@ -131,7 +131,7 @@ def test_corrupted_and_oversized_hellos_and_frames_are_refused_and_the_sender_li
             mutated[offset] ^= 0xFF
             sock.send(bytes(mutated))
         sock.send(control.encode(control.Hello(fake_rank(own, metadata_header(own), num_blocks=1 << 24))))  # 2**24 blocks
-        huge = msgpack.packb({"v": 3, "kind": "hello", "rank": {**fake_rank(own).to_wire(), "num_blocks": 2**64 - 1}})
+        huge = msgpack.packb([control.PROTOCOL_VERSION, "hello", {**fake_rank(own).to_wire(), "num_blocks": 2**64 - 1}])
         sock.send(huge)
         assert recv(sock, 1000) is None
     finally:
@@ -139,8 +139,8 @@ def test_corrupted_and_oversized_hellos_and_frames_are_refused_and_the_sender_li
     # An admitted peer asks for block 2**62 and for a huge skip: dropped at the boundary.
     deadline = int(time.time() * 1000) + 10_000
     insider.call("raw", "prefill", [
-        msgpack.packb({"v": 3, "kind": "request", "request_id": "x", "nonce": 1, "blocks": [2**62], "skip_blocks": 0, "deadline_ms": deadline}),
-        msgpack.packb({"v": 3, "kind": "request", "request_id": "x", "nonce": 1, "blocks": [1], "skip_blocks": 2**63, "deadline_ms": deadline}),
+        msgpack.packb([control.PROTOCOL_VERSION, "request", "x", 1, [2**62], 0, deadline]),
+        msgpack.packb([control.PROTOCOL_VERSION, "request", "x", 1, [1], 2**63, deadline]),
     ])
     eventually(lambda: prefill.call("stats")["dropped_malformed"] >= 3)
     stats = prefill.call("stats")
