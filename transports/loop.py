@@ -180,6 +180,11 @@ class ServiceLoop:
         if self._handlers.pop(socket, None) is not None:
             self._poller.unregister(socket)
 
+    def watch_writes(self, busy: Callable[[], bool], progress: Callable[[], bool]) -> None:
+        """Replace the ``busy`` and ``progress`` given at construction (the roles that own writes
+        are made after the loop)."""
+        self._busy, self._progress = busy, progress
+
     def add_flusher(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` before every ``poll`` (and once more when the loop stops): roles send the
         control frames they queued since, batched."""
@@ -188,7 +193,11 @@ class ServiceLoop:
     def flush(self) -> None:
         """Run the flushers now."""
         for fn in self._flushers:
-            self._guard("flush", fn)
+            try:
+                fn()
+            except Exception:
+                log.exception("transceiver %s: error in flush (dropped; the service goes on)", self.name)
+                self._on_error("flush")
 
     def call_at(self, when: float, fn: Callable[[], Any]) -> Timer:
         """Run ``fn`` on the service thread at ``time.monotonic() >= when``."""
@@ -269,30 +278,35 @@ class ServiceLoop:
 
     def _run(self) -> None:
         backoff = 0.0
+        timers, handlers, poll, wake_r, monotonic = self._timers, self._handlers, self._poller.poll, self._wake_r, time.monotonic
         try:
             while True:
-                self._run_timers(time.monotonic())
+                if timers and timers[0][0] <= monotonic():
+                    self._run_timers(monotonic())
                 # Frames queued by the last iteration or by timers go out before the loop sleeps.
                 self.flush()
                 busy = self._busy()
-                events = dict(self._poller.poll(0 if busy else self._timeout_ms(time.monotonic())))
+                events = poll(0 if busy else self._timeout_ms(monotonic()))
                 self._sleep_until = 0.0
                 self.wakeups += 1
                 progressed = bool(events)
-                if self._wake_r in events:
-                    self._run_commands()
-                for socket, handler in list(self._handlers.items()):
-                    if socket in events and socket in self._handlers:
-                        self._guard("frame handler", handler)
-                if self._busy():
+                for socket, _ in events:  # in registration order: the wake-up pipe first
+                    if socket == wake_r:
+                        self._run_commands()
+                    else:
+                        handler = handlers.get(socket)
+                        if handler is not None:
+                            self._guard("frame handler", handler)
+                if busy or self._busy():
                     try:
                         progressed |= self._progress()
                     except Exception:
                         log.exception("transceiver %s: error while progressing writes", self.name)
                         self._on_error("progress")
-                if self.stopping and (self.abandon or not self._busy()):
+                    busy = self._busy()
+                if self.stopping and (self.abandon or not busy):
                     break
-                if self._busy() and not progressed:
+                if busy and not progressed:
                     # Spinning was measured and lost: on 2 cores it starves ZMQ's I/O threads.
                     backoff = min(max(backoff * 2, 10e-6), _MAX_BACKOFF_S)
                     time.sleep(backoff)

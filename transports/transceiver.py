@@ -113,7 +113,7 @@ class NixlTransceiver:
         self._registration = agent.register_memory([(pool.base_address, pool.nbytes, pool.device_id, "")], pool.memory_type)
         self._registrations = 1
         self._agent_name = agent_name
-        loop = ServiceLoop(self.name, busy=lambda: self._sender.busy(), progress=lambda: self._sender.progress(), on_error=self._on_error)
+        loop = ServiceLoop(self.name, busy=lambda: False, progress=lambda: False, on_error=self._on_error)
         self._local = local = LocalSide(
             name=self.name, pool=pool, agent=agent, agent_name=agent_name, identity=me, allowed=allowed,
             timeout_s=self.timeout_s, limits=limits or Limits(), metadata=metadata, loop=loop, log_requests=log_requests,
@@ -127,6 +127,7 @@ class NixlTransceiver:
             if metadata == "etcd":
                 agent.send_local_metadata()  # after registering: the metadata must describe the pool
             self._sender = Sender(local)
+            loop.watch_writes(self._sender.busy, self._sender.progress)
             self._remotes = Remotes(
                 local, host=host, port=port, on_request=self._sender.on_request, on_cancel=self._sender.on_cancel,
                 on_remote_gone=self._sender.on_remote_gone,
