@@ -294,10 +294,14 @@ def _check_batch(body: list[Any]) -> list[Message]:
     for i, item in enumerate(body):
         if type(item) is not list or len(item) < 2 or type(item[1]) is not str or item[1] not in _BATCHABLE:
             raise ControlMessageError(f"batch[{i}]: only requests, cancels and results travel in batches")
-        try:
-            messages.append(_check_body(item))
-        except ControlMessageError as exc:
-            raise ControlMessageError(f"batch[{i}]: {exc}") from None
+        kind = item[1]
+        message = _request_fast(item) if kind == "request" else _result_fast(item) if kind == "result" else None
+        if message is None or item[0] != PROTOCOL_VERSION or type(item[0]) is not int:
+            try:
+                message = _check_body(item)
+            except ControlMessageError as exc:
+                raise ControlMessageError(f"batch[{i}]: {exc}") from None
+        messages.append(message)
     return messages
 
 

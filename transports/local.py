@@ -138,9 +138,10 @@ class LocalSide:
 
 def remember(table: OrderedDict, key: Any, value: Any) -> None:
     """Record ``key`` in a bounded most-recent table."""
+    if key in table:
+        table.move_to_end(key)
     table[key] = value
-    table.move_to_end(key)
-    while len(table) > REMEMBERED:
+    if len(table) > REMEMBERED:
         table.popitem(last=False)
 
 

@@ -38,20 +38,30 @@ def _nothing() -> None:
     """A command that only wakes the loop."""
 
 
+_COMPACT_AT = 256
+"""Cancelled timers the heap may hold before it is rebuilt without them (once they are half of it)."""
+
+
 class Timer:
-    """A pending call; :meth:`cancel` makes it a no-op (it leaves the heap when it comes due)."""
+    """A pending call; :meth:`cancel` makes it a no-op (it leaves the heap when it comes due, or when
+    cancelled timers are half the heap: a request ended long before its deadline costs nothing)."""
 
-    __slots__ = ("when", "fn", "cancelled")
+    __slots__ = ("when", "fn", "cancelled", "loop")
 
-    def __init__(self, when: float, fn: Callable[[], Any]) -> None:
+    def __init__(self, when: float, fn: Callable[[], Any], loop: ServiceLoop | None = None) -> None:
         self.when = when
         self.fn = fn
         self.cancelled = False
+        self.loop = loop
 
     def cancel(self) -> None:
         """Do not run this timer."""
+        if self.cancelled:
+            return
         self.cancelled = True
         self.fn = None  # type: ignore[assignment]  # drop references to request state early
+        if self.loop is not None:
+            self.loop._cancelled += 1  # a hint for compaction (recounted then), so no lock
 
 
 class ServiceLoop:
@@ -93,6 +103,8 @@ class ServiceLoop:
         self._sleep_until = 0.0
         """When the loop, asleep in ``poll``, wakes at the latest (inf: never); 0 while it runs."""
         self._anchor = 0.0
+        self._cancelled = 0
+        """About how many cancelled timers the heap holds (see :data:`_COMPACT_AT`)."""
         """The latest deadline of a cancelled timer dropped from the heap: with nothing else due the
         loop sleeps until it (one wake-up, then none), so that a caller adding a later deadline,
         the usual case, need not wake it."""
@@ -144,7 +156,7 @@ class ServiceLoop:
     def call_at_from_caller(self, when: float, fn: Callable[[], Any]) -> tuple[Timer, bool]:
         """(Any thread.) Add a timer; the second value says whether the loop must be woken
         (:meth:`wake`) to see it in time: a caller may first do what is more urgent."""
-        timer = Timer(when, fn)
+        timer = Timer(when, fn, self)
         with self._timer_lock:
             heapq.heappush(self._timers, (when, next(self._seq), timer))
             return timer, when < self._sleep_until
@@ -201,7 +213,7 @@ class ServiceLoop:
 
     def call_at(self, when: float, fn: Callable[[], Any]) -> Timer:
         """Run ``fn`` on the service thread at ``time.monotonic() >= when``."""
-        timer = Timer(when, fn)
+        timer = Timer(when, fn, self)
         with self._timer_lock:
             heapq.heappush(self._timers, (when, next(self._seq), timer))
         return timer
@@ -224,9 +236,10 @@ class ServiceLoop:
                 if not timers or timers[0][0] > now:
                     return
                 _, _, timer = heapq.heappop(timers)
-            if not timer.cancelled:
-                fn = timer.fn
-                timer.cancel()
+            if timer.cancelled:
+                self._cancelled -= 1
+            else:
+                fn, timer.fn, timer.cancelled = timer.fn, None, True  # out of the heap: not counted
                 self._guard("timer", fn)
 
     def _timeout_ms(self, now: float) -> int | None:
@@ -234,8 +247,11 @@ class ServiceLoop:
         a timer after this sees when the loop will wake."""
         timers = self._timers
         with self._timer_lock:
+            if self._cancelled > _COMPACT_AT and 2 * self._cancelled > len(timers):
+                self._compact()
             while timers and timers[0][2].cancelled:
                 self._anchor = max(self._anchor, heapq.heappop(timers)[0])
+                self._cancelled -= 1
             if timers:
                 until = timers[0][0]
             elif self._anchor > now:
@@ -245,6 +261,16 @@ class ServiceLoop:
                 return None
             self._sleep_until = until
         return max(0, int((until - now) * 1000) + 1)
+
+    def _compact(self) -> None:
+        """(Under the timer lock.) Drop every cancelled timer: O(heap) once per as many cancels."""
+        timers = self._timers
+        dropped = [entry[0] for entry in timers if entry[2].cancelled]
+        if dropped:
+            self._anchor = max(self._anchor, max(dropped))
+        timers[:] = [entry for entry in timers if not entry[2].cancelled]
+        heapq.heapify(timers)
+        self._cancelled = 0
 
     def _guard(self, where: str, fn: Callable[[], Any]) -> None:
         try:

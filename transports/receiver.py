@@ -229,7 +229,8 @@ class Receiver:
         else:
             self._unreserve(handle)
         self.local.handle_ended(handle)
-        self.local.log_request(handle)
+        if self.local.log_requests:
+            self.local.log_request(handle)
 
     def _unfence(self, request_id: str, nonce: int, name: str) -> None:
         fence = self.fences[(request_id, nonce)]

@@ -148,7 +148,7 @@ class TransferHandle:
     @property
     def done(self) -> bool:
         """True once the request has reached a terminal state (its pages are released)."""
-        return self._done.is_set()
+        return self._done._set
 
     @property
     def released(self) -> bool:
@@ -179,7 +179,7 @@ class TransferHandle:
         return self.metrics
 
     def _finish(self, state: RequestState, reason: str = "") -> None:
-        if self._done.is_set():
+        if self._done._set:
             return
         self._state = state
         self.reason = reason

@@ -357,7 +357,8 @@ class Sender:
         offer.handle._finish(state, reason)
         offer.handle._release()
         self.local.handle_ended(offer.handle)
-        self.local.log_request(offer.handle)
+        if self.local.log_requests:
+            self.local.log_request(offer.handle)
 
     # -- shutdown -----------------------------------------------------------------------------------
 

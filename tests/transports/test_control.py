@@ -32,7 +32,7 @@ def test_round_trip(message):
 
 _field_values = st.one_of(
     st.integers(-2, 2**40), st.text(max_size=5), st.binary(max_size=5), st.lists(st.integers(-1, 9), max_size=3),
-    st.booleans(), st.none(), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.booleans(), st.none(), st.dictionaries(st.text(max_size=4), st.integers(-(2**63), 2**64 - 1), max_size=2),
 )
 _near_frames = st.builds(
     lambda version, kind, fields: msgpack.packb([version, kind, *fields], use_bin_type=True),
@@ -133,15 +133,19 @@ def test_the_fast_checks_of_requests_and_results_refuse_what_the_full_check_refu
         for value in _BAD_VALUES:
             body = [*good[:index], value, *good[index + 1 :]]
             frame = msgpack.packb(body, use_bin_type=True)
+            batch = control.batch([msgpack.packb(good, use_bin_type=True), frame])  # batches take the fast check too
             try:
                 expected = control.decode(frame)
             except ControlMessageError:
                 assert fast(body) is None, (index, value)
                 with pytest.raises(ControlMessageError):
                     control.decode_many(frame)
+                with pytest.raises(ControlMessageError, match=r"batch\[1\]"):
+                    control.decode_many(batch)
             else:
                 assert fast(body) in (None, expected), (index, value)
                 assert control.decode_many(frame) == [expected]
+                assert control.decode_many(batch)[1] == expected
     for body in ([*good, 1], good[:-1]):
         assert fast(body) is None
         with pytest.raises(ControlMessageError, match="fields"):

@@ -56,6 +56,19 @@ def test_memory_stays_bounded_over_100000_requests(lone):
     assert after_100k["ended"] == after_10k["ended"]  # full at 10k already: it does not grow
 
 
+def test_timers_of_requests_that_ended_early_do_not_pile_up(lone):
+    """A request that ends long before its deadline leaves a cancelled timer in the heap; those are
+    dropped once they are half of it, so the heap follows what is pending, not the request rate."""
+    from kvpolicy.transports.loop import _COMPACT_AT
+
+    assert 2 * _COMPACT_AT + 1 < 3000
+    for i in range(3000):
+        handle = lone.send(f"early-{i}", [i % 8], timeout_s=600)
+        assert lone.cancel(f"early-{i}", role="sender")
+        assert handle.state is RequestState.CANCELLED
+    assert len(lone._loop._timers) <= 2 * _COMPACT_AT + 1
+
+
 def test_close_is_idempotent_and_releases_everything_after_an_internal_error(lone):
     lone._loop.submit(lambda: lone._loop.call_at(0.0, lambda: 1 / 0)).result(5)  # a bug in a handler
     handle = lone.send("after-error", [1], timeout_s=0.2)
