@@ -41,6 +41,8 @@ _REFETCH_S = 0.25
 _HANDSHAKE_MS = 5000
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _METADATA_HEADER = b"nixlSerDes|Agent"
+RESULTS_PER_FRAME = 16
+"""While serving a batch of requests, queued results are sent every this many requests."""
 
 
 @dataclass
@@ -208,10 +210,14 @@ class Remotes:
             if not bucket.take(len(messages) - 1):  # the budget counts messages
                 self.local.stats["dropped_over_budget"] += 1
                 return
-        for message in messages:
+        for i, message in enumerate(messages, 1):
             if isinstance(message, control.Hello):
                 self._on_hello(identity, key, message)
                 return
+            if not i % RESULTS_PER_FRAME:
+                # Results leave in frames of a few: the receiver works on them while this side
+                # serves the rest (one frame for a whole batch makes the two sides take turns).
+                self.flush()
             remote = self.remotes.get(identity)
             if remote is None or remote.key != key:
                 self.local.drop("unknown_peer", f"{message.kind} from a connection that never said hello")
