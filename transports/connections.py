@@ -38,6 +38,8 @@ _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
+REQUESTS_PER_FRAME = 16
+"""Queued requests and cancels are sent once this many wait for one sender (and at every loop turn)."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,8 @@ class Connections:
         if not conn.outbox:
             self._dirty.append(conn)
         conn.outbox.append((message, control.encode(message)))
+        if len(conn.outbox) >= REQUESTS_PER_FRAME:
+            self.flush()  # the sender starts on these while this side queues the rest
         return True
 
     def send_now(self, peer_name: str, message: control.Message) -> str:
