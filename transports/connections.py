@@ -15,6 +15,7 @@ tells the receiver role, which fails what waited on it and releases blocks held 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -100,6 +101,9 @@ class Connections:
 
     def default_writers(self, layout: KVLayout) -> tuple[str, ...]:
         """Every connected sender overlapping ``layout`` (caller's thread; cached per peer set)."""
+        cached = self._writers  # one read of a tuple replaced whole: no lock needed to use it
+        if cached is not None and cached[0] == self.version and cached[1] in self._covered:
+            return cached[1]
         with self.lock:
             cached = self._writers
             if cached is None or cached[0] != self.version:
@@ -120,7 +124,6 @@ class Connections:
         if len(self._covered) > 1024:
             self._covered.clear()
         self._covered.add(names)
-
 
     def connect(self, address: str, future: Future, deadline: float) -> None:
         """Connect to the sender at ``address`` (which carries its public key); ``future`` gets the Peer."""
@@ -149,7 +152,7 @@ class Connections:
         conn = Connection(endpoint, key, key_name, socket, future)
         conn.fd = socket.getsockopt(zmq.FD)
         self.connections[endpoint] = conn
-        self.local.loop.register(conn.fd, lambda: self._on_dealer(conn))
+        self.local.loop.register(conn.fd, functools.partial(self._on_dealer, conn))
         conn.timer = self.local.loop.call_at(deadline, lambda: self._connect_expired(conn))
         if self.local.metadata == "etcd":
             self._republish(conn, time.monotonic() + _REFETCH_S * 2)

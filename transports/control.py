@@ -275,7 +275,12 @@ def decode(frame: bytes) -> Message:
 def decode_many(frame: bytes) -> list[Message]:
     """Parse a frame holding one message or a batch of them; every message is checked as
     :func:`decode` checks a frame. Any message off-schema refuses the whole frame."""
-    body = _unpack(frame)
+    try:
+        if len(frame) > _MAX_FRAME:
+            raise ValueError
+        body = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_array_len=_MAX_BLOCKS, max_bin_len=_MAX_FRAME)
+    except Exception:
+        body = _unpack(frame)  # raises, with the reason (also for what is not bytes, or too large)
     if type(body) is list and body:
         first = body[0]
         if first == PROTOCOL_VERSION and type(first) is int:  # one message (the usual frame)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import operator
 import mmap
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -123,12 +124,19 @@ class BlockPool:
         return self.base_address + block_id * self.block_bytes, self.block_bytes
 
     def check_blocks(self, block_ids: Iterable[int]) -> list[int]:
-        """Return ``block_ids`` as a list of ints, or raise ``ValueError`` naming the bad ones."""
-        ids = [int(b) for b in block_ids]
-        bad = [b for b in ids if not 0 <= b < self.num_blocks]
-        if bad:
+        """Return ``block_ids`` as a list of ints, or raise ``ValueError`` naming the bad ones.
+
+        Integers only (numpy's too): a float or a string is refused, not truncated or parsed."""
+        ids = list(block_ids)
+        if not all(type(b) is int for b in ids):
+            wrong = [b for b in ids if isinstance(b, bool) or not hasattr(b, "__index__")]
+            if wrong:
+                raise ValueError(f"block ids must be ints, got {wrong[:8]!r}")
+            ids = [operator.index(b) for b in ids]
+        if ids and (min(ids) < 0 or max(ids) >= self.num_blocks):
+            bad = [b for b in ids if not 0 <= b < self.num_blocks]
             raise ValueError(f"block ids {bad[:8]} out of range for a pool of {self.num_blocks} blocks")
-        if len(set(ids)) != len(ids):
+        if len(ids) > 1 and len(set(ids)) != len(ids):
             raise ValueError("block ids must be distinct")
         return ids
 

@@ -167,10 +167,12 @@ class Receiver:
             receive.timer = self.local.loop.call_at(handle.deadline, lambda: self._expired(receive))
             self._settle(receive)
 
-    @_locked
     def on_result(self, peer: Any, result: control.Result) -> None:
         """A sender's result frame (authenticated, schema-checked)."""
-        name = peer.name
+        with self.state:  # (not @_locked: this is the per-request path, and a wrapper costs a call)
+            self._on_result(peer.name, result)
+
+    def _on_result(self, name: str, result: control.Result) -> None:
         receive = self.receives.get(result.request_id)
         if receive is None or receive.nonce != result.nonce or name not in receive.pending:
             fence = self.fences.get((result.request_id, result.nonce))

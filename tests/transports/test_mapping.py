@@ -142,3 +142,17 @@ def test_adjacent_blocks_merge_whatever_the_request_order():
         dst_base=0, dst_block_bytes=LLAMA.block_bytes,
     )
     assert plan.descriptors == 1 and plan.descriptors_before == 3 * 64
+
+
+def test_block_ids_are_ints_in_range_and_distinct():
+    """A pool takes block ids as ints (numpy's too); a float or a string is refused, not truncated."""
+    from kvpolicy.transports import BlockPool
+
+    pool = BlockPool(KVLayout(num_layers=1, kv_heads=1, tokens_per_block=4, head_dim=8), 8, huge_pages=False)
+    assert pool.check_blocks([3, 1]) == [3, 1]
+    assert pool.check_blocks(np.array([2, 5])) == [2, 5]
+    assert all(type(b) is int for b in pool.check_blocks(np.array([2, 5])))
+    for bad, match in (([1.5], "must be ints"), (["3"], "must be ints"), ([True], "must be ints"),
+                       ([8], "out of range"), ([-1], "out of range"), ([2, 2], "distinct")):
+        with pytest.raises(ValueError, match=match):
+            pool.check_blocks(bad)
