@@ -206,9 +206,6 @@ class Connections:
                     return
                 try:
                     frames = recv_parts(conn.socket)
-                    # Whether another frame waits: half the price of a receive that fails (an
-                    # exception), and reading EVENTS re-arms the descriptor when none does.
-                    more = conn.socket.getsockopt(_EVENTS) & _POLLIN
                 except zmq.Again:
                     return  # drained: the descriptor signals the next frame
                 except zmq.ZMQError:
@@ -218,8 +215,18 @@ class Connections:
             except Exception:
                 log.exception("transceiver %s: error handling a frame from %s (dropped)", self.local.name, conn.endpoint)
                 self.local.stats["internal_errors"] += 1
-            if not more or self.connections.get(conn.endpoint) is not conn:
+            if self.connections.get(conn.endpoint) is not conn:
                 return
+            with conn.lock:
+                if conn.closed:
+                    return
+                try:
+                    # Whether another frame waits (asked after this one was handled, off its path):
+                    # half the price of a receive that fails, and it re-arms the descriptor if none does.
+                    if not conn.socket.getsockopt(_EVENTS) & _POLLIN:
+                        return
+                except zmq.ZMQError:
+                    return
         # Bounded, so one chatty sender cannot starve the loop; the descriptor will not signal what
         # is left, so come back for it.
         self.local.loop.post(lambda: self._on_dealer(conn))
@@ -229,7 +236,7 @@ class Connections:
             self.local.drop("malformed", f"{len(frames)} frames from {conn.endpoint}")
             return
         try:
-            messages = control.decode_many(frames[0].bytes)
+            messages = control.decode_many(frames[0])  # (a Frame is a buffer: no copy)
         except control.ControlMessageError as exc:
             self.local.drop("malformed", f"from {conn.endpoint}: {exc}")
             return

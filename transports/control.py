@@ -256,9 +256,13 @@ def batch(parts: list[bytes]) -> bytes:
     return header + b"".join(parts)
 
 
-def _unpack(frame: bytes) -> Any:
-    if not isinstance(frame, (bytes, bytearray, memoryview)) or len(frame) > _MAX_FRAME:
-        raise ControlMessageError("frame is not bytes or is too large")
+def _unpack(frame: Any) -> Any:
+    try:
+        size = memoryview(frame).nbytes  # bytes, or anything holding them (a zmq.Frame)
+    except TypeError:
+        raise ControlMessageError("frame is not bytes") from None
+    if size > _MAX_FRAME:
+        raise ControlMessageError(f"frame of {size} bytes is too large (at most {_MAX_FRAME})")
     try:
         return msgpack.unpackb(
             frame, raw=False, strict_map_key=True, max_array_len=_MAX_BLOCKS, max_bin_len=_MAX_FRAME

@@ -27,7 +27,7 @@ from zmq.utils import z85
 from . import control
 from .discovery import EtcdClient, RegistryError, nixl_metadata_key
 from .keys import address_with_key, fingerprint
-from .local import LocalSide, quietly, recv_parts
+from .local import LocalSide, quietly
 from .mapping import BlockSegments, block_segments
 
 log = logging.getLogger("kvpolicy.transports")
@@ -137,8 +137,7 @@ class Remotes:
         self.frames_sent = self.messages_sent = 0
         """Result frames and the messages in them sent to receivers (batching makes the first smaller)."""
         self._alone = False
-        """The frame being handled holds one message and no other frame waits: its result has
-        nothing to be batched with, so it leaves at once (before the sender's own bookkeeping)."""
+        """The frame being handled holds one message: its result leaves at once (:meth:`reply`)."""
 
     def start(self) -> None:
         """Start serving the ZAP handler and the ROUTER (on the service thread)."""
@@ -169,30 +168,37 @@ class Remotes:
     # -- sender side: frames on the ROUTER --------------------------------------------------------
 
     def _on_router(self) -> None:
+        router = self.router
         for _ in range(256):  # bounded, so one chatty peer cannot starve the rest of the loop
             try:
-                frames = recv_parts(self.router)
+                # A ROUTER delivers the peer's identity as the first part of every message.
+                identity = router.recv(_NOBLOCK)
+                frame = router.recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            more = self.router.getsockopt(_EVENTS) & _POLLIN  # (half the price of a failed receive)
-            self._alone = not more
+            parts = 2
+            while frame.more:  # more parts than a control message has: read them all, then drop
+                frame = router.recv(_NOBLOCK, copy=False)
+                parts += 1
+            # A frame of one message is answered at once (its result leaves before the sender's own
+            # bookkeeping, and before this side even asks whether more frames wait).
+            self._alone = True
             try:
-                self._on_router_frames(frames)
+                if parts != 2:
+                    self.local.drop("malformed", f"{parts} frames")
+                else:
+                    self._on_router_frame(identity, frame)
             except Exception:
                 log.exception("transceiver %s: error handling a frame (dropped)", self.local.name)
                 self.local.stats["internal_errors"] += 1
             self._alone = False
-            if not more:
+            if not router.getsockopt(_EVENTS) & _POLLIN:  # (half the price of a failed receive)
                 break
         # The results of what was just read go out now, one frame per receiver, not after the rest
         # of the loop's iteration.
         self.flush()
 
-    def _on_router_frames(self, frames: list[zmq.Frame]) -> None:
-        if len(frames) != 2:
-            self.local.drop("malformed", f"{len(frames)} frames")
-            return
-        identity, frame = frames[0].bytes, frames[1]
+    def _on_router_frame(self, identity: bytes, frame: zmq.Frame) -> None:
         key = b"plaintext" if self.local.plaintext else frame.get("User-Id").encode()
         bucket = self._frames.get(key)
         if bucket is None:
@@ -201,7 +207,7 @@ class Remotes:
             self.local.stats["dropped_over_budget"] += 1
             return
         try:
-            messages = control.decode_many(frame.bytes)
+            messages = control.decode_many(frame)  # (a Frame is a buffer: no copy)
         except control.ControlMessageError as exc:
             self.local.drop("malformed", str(exc))
             return
@@ -353,20 +359,9 @@ class Remotes:
     def reply(self, remote: Remote, message: control.Message) -> None:
         """Queue one message to a receiver; the loop sends what was queued at the end of this
         iteration, several messages per frame (:meth:`flush`)."""
-        parts = self._outbox.get(remote.identity)
-        if parts is None:
-            if self._alone:  # the usual request: its one result leaves now, in a frame of its own
-                self.messages_sent += 1
-                self.frames_sent += 1
-                try:
-                    self.router.send(remote.identity, _SNDMORE_NOBLOCK)
-                    self.router.send(control.encode(message), _NOBLOCK)
-                except zmq.ZMQError as exc:
-                    log.warning("transceiver %s: could not send a %s to a receiver: %s", self.local.name, message.kind, exc)
-                return
-            parts = self._outbox[remote.identity] = []
+        parts = self._outbox.setdefault(remote.identity, [])
         parts.append(control.encode(message))
-        if self._alone:
+        if self._alone:  # the frame held one request: its result leaves now, before the bookkeeping
             self._send(remote.identity, self._outbox.pop(remote.identity))
 
     def flush(self) -> None:
@@ -379,10 +374,11 @@ class Remotes:
 
     def _send(self, identity: bytes, parts: list[bytes]) -> None:
         self.messages_sent += len(parts)
-        for frame in control.frames(parts):
+        for frame in parts if len(parts) == 1 else control.frames(parts):
             self.frames_sent += 1
             try:
-                self.router.send_multipart([identity, frame], zmq.NOBLOCK)
+                self.router.send(identity, _SNDMORE_NOBLOCK)
+                self.router.send(frame, _NOBLOCK)
             except zmq.ZMQError as exc:
                 log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
                 break
