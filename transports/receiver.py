@@ -222,15 +222,16 @@ class Receiver:
         handle = receive.handle
         if self.receives.get(handle.request_id) is receive:
             del self.receives[handle.request_id]
-        if receive.timer is not None:
-            receive.timer.cancel()
-        remember(self.ended, handle.request_id, state)
-        handle._finish(state, reason)
         if receive.pending:
             self.fences[(handle.request_id, receive.nonce)] = Fence(handle, set(receive.pending))
         else:
             self._unreserve(handle)
         self.local.handle_ended(handle)
+        # Done last: a caller who sees it may at once reuse the request id and, once released, the blocks.
+        handle._finish(state, reason)
+        if receive.timer is not None:
+            receive.timer.cancel()
+        remember(self.ended, handle.request_id, state)
         if self.local.log_requests:
             self.local.log_request(handle)
 

@@ -351,12 +351,12 @@ class Sender:
         request_id = offer.handle.request_id
         if self.offers.get(request_id) is offer:
             del self.offers[request_id]
+        self.local.handle_ended(offer.handle)
+        offer.handle._release()
+        offer.handle._finish(state, reason)  # last: whoever sees it done may reuse the request id
         if offer.timer is not None:
             offer.timer.cancel()
         remember(self.ended, request_id, (state, reason, offer.to))
-        offer.handle._finish(state, reason)
-        offer.handle._release()
-        self.local.handle_ended(offer.handle)
         if self.local.log_requests:
             self.local.log_request(offer.handle)
 

@@ -200,3 +200,29 @@ def test_receives_from_several_caller_threads_all_land_whichever_thread_sends(pa
     assert d._receiver.direct > direct_before  # some went from a caller's thread
     blocks = list(range(per_thread * threads))
     assert d.pool.digests(blocks) == p.pool.digests([b % BLOCKS for b in blocks])
+
+
+@requires_nixl
+def test_a_request_seen_done_is_already_released_and_forgotten(pair, monkeypatch):
+    """Done is the last thing a request's end records: whoever sees it may at once reuse the request
+    id (both sides) and, for a completed receive, the same blocks."""
+    from kvpolicy.transports.request import TransferHandle
+
+    p, d = pair
+    seen = []
+    finish = TransferHandle._finish
+
+    def recording_finish(handle, state, reason=""):
+        owner = p if handle.role == "sender" else d
+        seen.append((handle.role, handle.released, (handle.role, handle.request_id) in owner._handles))
+        finish(handle, state, reason)
+
+    monkeypatch.setattr(TransferHandle, "_finish", recording_finish)
+    for i in range(50):
+        sent = p.send("again", [i % BLOCKS], to="d")
+        received = d.receive("again", [3])
+        received.wait(30)
+        assert received.released and received.state is RequestState.COMPLETED
+        sent.wait(30)
+    assert sorted(seen) == [("receiver", True, False)] * 50 + [("sender", True, False)] * 50
+    assert d.pool.digests([3]) == p.pool.digests([49])
