@@ -34,8 +34,9 @@ from .mapping import map_ranks, overlap
 
 log = logging.getLogger("kvpolicy.transports")
 
-# Plain ints: pyzmq's flag enums make ``events & POLLIN`` build an enum member (as slow as the call).
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+# POLLIN as a plain int (pyzmq's flag enums make ``events & POLLIN`` build a member, as slow as the
+# call), EVENTS as its member (``get`` looks an int option up in the enum, a member it passes through).
+_EVENTS, _POLLIN = zmq.EVENTS, int(zmq.POLLIN)
 
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25

@@ -32,8 +32,9 @@ from .mapping import BlockSegments, block_segments
 
 log = logging.getLogger("kvpolicy.transports")
 
-# Plain ints: pyzmq's flag enums make ``events & POLLIN`` build an enum member (as slow as the call).
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+# POLLIN as a plain int (pyzmq's flag enums make ``events & POLLIN`` build a member, as slow as the
+# call), EVENTS as its member (``get`` looks an int option up in the enum, a member it passes through).
+_EVENTS, _POLLIN = zmq.EVENTS, int(zmq.POLLIN)
 _NOBLOCK, _SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 
 _MAX_FRAME = 16 << 20
