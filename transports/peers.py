@@ -169,7 +169,7 @@ class Remotes:
     # -- sender side: frames on the ROUTER --------------------------------------------------------
 
     def _on_router(self) -> None:
-        router = self.router
+        router, first = self.router, True
         for _ in range(256):  # bounded, so one chatty peer cannot starve the rest of the loop
             try:
                 # A ROUTER delivers the peer's identity as the first part of every message.
@@ -181,9 +181,11 @@ class Remotes:
             while frame.more:  # more parts than a control message has: read them all, then drop
                 frame = router.recv(_NOBLOCK, copy=False)
                 parts += 1
-            # A frame of one message is answered at once (its result leaves before the sender's own
-            # bookkeeping, and before this side even asks whether more frames wait).
-            self._alone = True
+            # The first frame of a wake-up, if it holds one message, is answered at once (its result
+            # leaves before the sender's own bookkeeping); the results of frames that were waiting
+            # behind it (load) are batched.
+            self._alone = first
+            first = False
             try:
                 if parts != 2:
                     self.local.drop("malformed", f"{parts} frames")
