@@ -51,7 +51,7 @@ def _locked(method: Callable) -> Callable:
     return run
 
 
-@dataclass
+@dataclass(slots=True)
 class Receive:
     """One attempt waiting for its writers' result frames."""
 
@@ -65,7 +65,7 @@ class Receive:
     timer: Any = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Fence:
     """An attempt that ended while writers had not confirmed: its blocks stay reserved."""
 
@@ -94,8 +94,8 @@ class Receiver:
     def reserve(self, blocks: Iterable[int]) -> None:
         """Reserve blocks for a new receive (caller's thread); refused if any is held already."""
         with self.lock:
-            busy = sorted(self.reserved.intersection(blocks))
-            if busy:
+            if not self.reserved.isdisjoint(blocks):
+                busy = sorted(self.reserved.intersection(blocks))
                 raise ValueError(
                     f"blocks {busy[:8]} are still held by another receive (open, or ended while a sender may "
                     "still write them); wait for that handle's `released`, or use other blocks"
