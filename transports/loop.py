@@ -103,11 +103,11 @@ class ServiceLoop:
         self._sleep_until = 0.0
         """When the loop, asleep in ``poll``, wakes at the latest (inf: never); 0 while it runs."""
         self._anchor = 0.0
-        self._cancelled = 0
-        """About how many cancelled timers the heap holds (see :data:`_COMPACT_AT`)."""
         """The latest deadline of a cancelled timer dropped from the heap: with nothing else due the
         loop sleeps until it (one wake-up, then none), so that a caller adding a later deadline,
         the usual case, need not wake it."""
+        self._cancelled = 0
+        """About how many cancelled timers the heap holds (see :data:`_COMPACT_AT`)."""
         self.stopping = False
         self.abandon = False
         """Set by ``close`` when writes did not end in time: stop without waiting for them."""

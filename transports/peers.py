@@ -138,7 +138,8 @@ class Remotes:
         self.frames_sent = self.messages_sent = 0
         """Result frames and the messages in them sent to receivers (batching makes the first smaller)."""
         self._alone = False
-        """The frame being handled holds one message: its result leaves at once (:meth:`reply`)."""
+        """The frame being handled is the first of a wake-up and holds one message: its result
+        leaves at once (:meth:`reply`)."""
 
     def start(self) -> None:
         """Start serving the ZAP handler and the ROUTER (on the service thread)."""
@@ -223,7 +224,7 @@ class Remotes:
             if isinstance(message, control.Hello):
                 self._on_hello(identity, key, message)
                 return
-            if not i % RESULTS_PER_FRAME:
+            if i > 1 and not (i - 1) % RESULTS_PER_FRAME:
                 # Results leave in frames of a few: the receiver works on them while this side
                 # serves the rest (one frame for a whole batch makes the two sides take turns).
                 self.flush()
