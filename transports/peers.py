@@ -43,7 +43,7 @@ _HANDSHAKE_MS = 5000
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _METADATA_HEADER = b"nixlSerDes|Agent"
 RESULTS_PER_FRAME = 16
-"""While serving a batch of requests, queued results are sent every this many requests."""
+"""Queued results are sent once this many wait for one receiver (and at the end of every read)."""
 
 
 @dataclass
@@ -220,14 +220,10 @@ class Remotes:
             if not bucket.take(len(messages) - 1):  # the budget counts messages
                 self.local.stats["dropped_over_budget"] += 1
                 return
-        for i, message in enumerate(messages, 1):
+        for message in messages:
             if isinstance(message, control.Hello):
                 self._on_hello(identity, key, message)
                 return
-            if i > 1 and not (i - 1) % RESULTS_PER_FRAME:
-                # Results leave in frames of a few: the receiver works on them while this side
-                # serves the rest (one frame for a whole batch makes the two sides take turns).
-                self.flush()
             remote = self.remotes.get(identity)
             if remote is None or remote.key != key:
                 self.local.drop("unknown_peer", f"{message.kind} from a connection that never said hello")
@@ -366,6 +362,10 @@ class Remotes:
         parts = self._outbox.setdefault(remote.identity, [])
         parts.append(control.encode(message))
         if self._alone:  # the frame held one request: its result leaves now, before the bookkeeping
+            self._send(remote.identity, self._outbox.pop(remote.identity))
+        elif len(parts) >= RESULTS_PER_FRAME:
+            # Results leave in frames of a few: the receiver works on them while this side serves
+            # the rest (one frame for everything read in a turn makes the two sides take turns).
             self._send(remote.identity, self._outbox.pop(remote.identity))
 
     def flush(self) -> None:

@@ -15,6 +15,7 @@ from conftest import requires_nixl
 
 from kvpolicy.transports import BlockPool, KVLayout, RequestState, control
 from kvpolicy.transports.connections import REQUESTS_PER_FRAME
+from kvpolicy.transports.peers import RESULTS_PER_FRAME
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
 BLOCKS = 256
@@ -53,6 +54,7 @@ def test_many_concurrent_receives_travel_batched_and_all_land(pair):
     dst = list(range(n))
     sent = [p.send(f"r{i}", [src[i]], to="d") for i in range(n)]
     frames_before, messages_before = d._connections.frames_sent, d._connections.messages_sent
+    results_before = p._remotes.frames_sent
     direct_before = d._receiver.direct
     gate = hold(d._loop)
     try:
@@ -67,7 +69,8 @@ def test_many_concurrent_receives_travel_batched_and_all_land(pair):
     # while it was open, went through the (held) service thread, in frames of REQUESTS_PER_FRAME.
     assert d._receiver.direct - direct_before == 1
     assert d._connections.frames_sent - frames_before == 1 + -(-(n - 1) // REQUESTS_PER_FRAME)
-    assert p._remotes.frames_sent < p._remotes.messages_sent  # results went back batched too
+    assert p._remotes.frames_sent < p._remotes.messages_sent  # results went back batched too, in frames of a few
+    assert RESULTS_PER_FRAME <= 32 and p._remotes.frames_sent - results_before >= -(-(n - 1) // RESULTS_PER_FRAME)
     assert all(h.released for h in received)
     assert d.pool.digests(dst) == p.pool.digests(src)
 
