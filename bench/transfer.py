@@ -265,7 +265,10 @@ def _rank(
             elif op == "echo":  # sender: a bare CURVE ROUTER echoing every message (zmq_rtt_us)
                 echo = Echo(host)
                 result = echo.address
-            elif op == "rtt":  # receiver: one bare round trip to the sender's echo, timed here
+            elif op in ("rtt", "rtt_after_idle"):  # receiver: one bare round trip to the sender's echo, timed here
+                if op == "rtt_after_idle":  # (echo, seconds): first sleep that long, both sides idle
+                    args, idle_s = args
+                    time.sleep(idle_s)
                 if dealer is None:
                     dealer = dealer_to(*args)
                     dealer.send(b"warm-up")
@@ -419,10 +422,18 @@ def bench_nixl(
     device: str,
     placements: tuple[dict[str, Any], dict[str, Any]] | None = None,
     link_bytes: Any = None,
+    floor: tuple[str, ...] = (),
 ) -> dict[str, dict[str, Any]]:
     """Raw NIXL and the transceiver between two processes. ``placements``: where the sender and the
     receiver run (see :func:`_rank`); ``link_bytes()``: bytes the link has carried so far, read
-    around each payload's repetitions to show how much of it crossed the link."""
+    around each payload's repetitions to show how much of it crossed the link.
+
+    ``floor``: payloads that also get the floor of any design that tells its receiver over ZMQ: a
+    raw write, then one bare round trip (:class:`Echo`) from the receiver right after it, as a
+    request's own messages run right after a write (``rtt_after_write_us``); and one after both sides
+    slept as long as that write took, with no copy (``rtt_after_idle_us``). Both run several times
+    slower than :func:`bench_requests`' back-to-back round trip: threads idle for milliseconds on
+    these shared cores start cold, whether or not a copy ran meanwhile."""
     import zmq
 
     keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
@@ -434,6 +445,7 @@ def bench_nixl(
         sender("peer", receiver.info)
         receiver("connect", sender.info["addresses"])
         counter = 0
+        echo = None
         for payload in payloads:
             raw_times, tx_metrics = [], []
             crossed = link_bytes() if link_bytes else 0
@@ -448,6 +460,17 @@ def bench_nixl(
                     raw_times.append(raw_t)
                     tx_metrics.append(metrics)
             crossed = (link_bytes() - crossed) if link_bytes else 0
+            floor_raw, floor_rtt, idle_rtt = [], [], []
+            if payload.name in floor:  # after the pairs above, so that the round trip warms nothing of theirs
+                echo = echo or sender("echo")
+                for rep in range(reps + 1):
+                    raw_t = sender("raw", payload.name)
+                    rtt_t = receiver("rtt", echo)
+                    idle_t = receiver("rtt_after_idle", (echo, raw_t))  # idle as long, no copy
+                    if rep:
+                        floor_raw.append(raw_t)
+                        floor_rtt.append(rtt_t)
+                        idle_rtt.append(idle_t)
             identical = receiver("digests", (payload.layout, list(payload.dst))) == sender("digests", (payload.layout, list(payload.src)))
             total = statistics.median(m["total_us"] for m in tx_metrics) / 1e6
             raw_s = statistics.median(raw_times)
@@ -464,6 +487,11 @@ def bench_nixl(
                 # payload bytes moved (raw + transceiver, warm-up included) vs bytes the link carried
                 "link_vs_payload": crossed / (2 * (reps + 1) * payload.nbytes) if link_bytes else None,
             }
+            if floor_rtt:
+                rtt_s = statistics.median(floor_rtt)
+                results[payload.name]["rtt_after_write_us"] = rtt_s * 1e6
+                results[payload.name]["rtt_after_idle_us"] = statistics.median(idle_rtt) * 1e6
+                results[payload.name]["floor_vs_nixl"] = statistics.median(floor_raw) / (statistics.median(floor_raw) + rtt_s)
     finally:
         receiver.stop()
         sender.stop()
@@ -702,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     torch_results = bench_torch(payloads, block_pool, layer_pool, reps, args.device)
-    nixl_results = bench_nixl(payloads, block_pool, layer_pool, reps, args.device)
+    nixl_results = bench_nixl(payloads, block_pool, layer_pool, reps, args.device, floor=("contiguous 64 MiB",))
     curve = bench_curve([p for p in payloads if p.name in ("contiguous 64 MiB", "one block (4 MiB)")], reps, args.device)
     requests = bench_requests(args.quick, args.device)
     idle = bench_idle(5.0 if args.quick else 10.0, args.device)
@@ -726,6 +754,11 @@ def main(argv: list[str] | None = None) -> int:
         "transceiver_gbps": round(contiguous["transceiver_gbps"], 3),
         "scattered_gbps": round(scattered["transceiver_gbps"], 3),
         "transceiver_vs_nixl": round(contiguous["transceiver_vs_nixl"], 3),
+        # the floor on 64 MiB: the raw write plus one bare round trip right after it (see bench_nixl)
+        "rtt_after_write_us": round(contiguous["rtt_after_write_us"], 1),
+        "rtt_after_idle_us": round(contiguous["rtt_after_idle_us"], 1),
+        "floor_vs_nixl": round(contiguous["floor_vs_nixl"], 3),
+        "overhead_64mib_in_rtts_after_write": round((contiguous["transceiver_us"] - contiguous["nixl_us"]) / contiguous["rtt_after_write_us"], 2),
         "transceiver_vs_nixl_min": round(min(r["transceiver_vs_nixl"] for r in bulk), 3),
         "scattered_vs_contiguous": round(scattered["transceiver_gbps"] / contiguous["transceiver_gbps"], 3),
         "scattered_512_vs_contiguous": round(
@@ -770,6 +803,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scattered / contiguous (kvpolicy):  {summary['scattered_vs_contiguous']:.2f}  (512 blocks: {summary['scattered_512_vs_contiguous']:.2f})")
         print(f"kvpolicy / NIXL, worst payload:     {summary['transceiver_vs_nixl_min']:.2f}")
         print(f"one-block request overhead:         {summary['one_block_overhead_us']:.0f} us")
+        print(
+            f"64 MiB floor (raw write + one bare round trip right after it, {summary['rtt_after_write_us']:.0f} us; "
+            f"{summary['rtt_after_idle_us']:.0f} us after as long idle, {summary['zmq_rtt_us']:.0f} us back to back): "
+            f"kv/NIXL {summary['floor_vs_nixl']:.2f}; kvpolicy's overhead = {summary['overhead_64mib_in_rtts_after_write']:.2f} such round trips"
+        )
         print(
             f"CURVE on / plaintext control plane (interleaved): 64 MiB kv/NIXL {curve['transceiver_vs_nixl_curve']:.2f} / "
             f"{curve['transceiver_vs_nixl_plaintext']:.2f}; one-block overhead {curve['one_block_overhead_us_curve']:.0f} / "
