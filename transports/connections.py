@@ -82,11 +82,12 @@ class Connections:
     """The senders this side connected to. Runs on the service thread, except :attr:`peers` (read
     by callers under :attr:`lock`)."""
 
-    def __init__(self, local: LocalSide, ctx: zmq.Context, *, on_result: Callable, on_peer_gone: Callable,
-                 on_unsent: Callable = lambda name, messages: None) -> None:
+    def __init__(self, local: LocalSide, ctx: zmq.Context) -> None:
         self.local = local
         self.ctx = ctx
-        self._on_result, self._on_peer_gone, self._on_unsent = on_result, on_peer_gone, on_unsent
+        self._on_result: Callable = lambda peer, result: None
+        self._on_peer_gone: Callable = lambda name: None
+        self._on_unsent: Callable = lambda name, messages: None
         self.connections: dict[str, Connection] = {}
         self.peers: dict[str, Peer] = {}
         self.lock = threading.Lock()
@@ -99,6 +100,10 @@ class Connections:
         self.frames_sent = self.messages_sent = 0
         """Control frames and the messages in them sent to senders (batching makes the first smaller)."""
         local.loop.add_flusher(self.flush)
+
+    def deliver_to(self, on_result: Callable, on_peer_gone: Callable, on_unsent: Callable) -> None:
+        """Where results, lost senders and unsent messages go (the receiver role, made after this)."""
+        self._on_result, self._on_peer_gone, self._on_unsent = on_result, on_peer_gone, on_unsent
 
     def default_writers(self, layout: KVLayout) -> tuple[str, ...]:
         """Every connected sender overlapping ``layout`` (caller's thread; cached per peer set)."""

@@ -257,18 +257,20 @@ def batch(parts: list[bytes]) -> bytes:
 
 
 def _unpack(frame: Any) -> Any:
+    """The frame's msgpack value; a frame that does not parse is looked at again, for the reason."""
+    error: Exception | None = None
+    try:
+        if len(frame) <= _MAX_FRAME:
+            return msgpack.unpackb(frame, raw=False, strict_map_key=True, max_array_len=_MAX_BLOCKS, max_bin_len=_MAX_FRAME)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage input
+        error = exc
     try:
         size = memoryview(frame).nbytes  # bytes, or anything holding them (a zmq.Frame)
     except TypeError:
         raise ControlMessageError("frame is not bytes") from None
     if size > _MAX_FRAME:
         raise ControlMessageError(f"frame of {size} bytes is too large (at most {_MAX_FRAME})")
-    try:
-        return msgpack.unpackb(
-            frame, raw=False, strict_map_key=True, max_array_len=_MAX_BLOCKS, max_bin_len=_MAX_FRAME
-        )
-    except Exception as exc:  # msgpack raises several unrelated types for garbage input
-        raise ControlMessageError(f"not a msgpack frame: {type(exc).__name__}") from None
+    raise ControlMessageError(f"not a msgpack frame: {type(error).__name__}")
 
 
 def decode(frame: bytes) -> Message:
@@ -279,12 +281,7 @@ def decode(frame: bytes) -> Message:
 def decode_many(frame: bytes) -> list[Message]:
     """Parse a frame holding one message or a batch of them; every message is checked as
     :func:`decode` checks a frame. Any message off-schema refuses the whole frame."""
-    try:
-        if len(frame) > _MAX_FRAME:
-            raise ValueError
-        body = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_array_len=_MAX_BLOCKS, max_bin_len=_MAX_FRAME)
-    except Exception:
-        body = _unpack(frame)  # raises, with the reason (also for what is not bytes, or too large)
+    body = _unpack(frame)
     if type(body) is list and body:
         first = body[0]
         if first == PROTOCOL_VERSION and type(first) is int:  # one message (the usual frame)

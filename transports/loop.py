@@ -205,11 +205,7 @@ class ServiceLoop:
     def flush(self) -> None:
         """Run the flushers now."""
         for fn in self._flushers:
-            try:
-                fn()
-            except Exception:
-                log.exception("transceiver %s: error in flush (dropped; the service goes on)", self.name)
-                self._on_error("flush")
+            self._guard("flush", fn)
 
     def call_at(self, when: float, fn: Callable[[], Any]) -> Timer:
         """Run ``fn`` on the service thread at ``time.monotonic() >= when``."""

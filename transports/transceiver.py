@@ -133,10 +133,9 @@ class NixlTransceiver:
                 on_remote_gone=self._sender.on_remote_gone,
             )
             self._sender.remotes = self._remotes
-            self._connections = Connections(local, self._remotes.ctx, on_result=lambda p, r: self._receiver.on_result(p, r),
-                                            on_peer_gone=lambda n: self._receiver.on_peer_gone(n), on_unsent=lambda n, m: self._receiver.on_unsent(n, m))
+            self._connections = Connections(local, self._remotes.ctx)
             self._receiver = Receiver(local, self._connections)
-            self._connections._on_result = self._receiver.on_result
+            self._connections.deliver_to(self._receiver.on_result, self._receiver.on_peer_gone, self._receiver.on_unsent)
         except BaseException:
             agent.deregister_memory(self._registration)
             self._registrations = 0
