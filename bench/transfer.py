@@ -157,6 +157,16 @@ def _pools(block_pool: int, layer_pool: int) -> dict[str, tuple[dict[str, Any], 
     return {"block": (LLAMA, block_pool), "layer": (LLAMA_LAYER, layer_pool)}
 
 
+def wait_for_announcement(tx: Any, request_id: str, timeout_s: float = 2.0) -> bool:
+    """Wait (bounded) until the offer of ``request_id`` was announced to ``tx``; True if it had not been yet."""
+    if request_id in tx._receiver.reads.offers:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while request_id not in tx._receiver.reads.offers and time.monotonic() < deadline:
+        time.sleep(50e-6)
+    return True
+
+
 def _rank(
     role: str,
     conn: Any,
@@ -196,14 +206,22 @@ def _rank(
     settings = NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in env))
     # CURVE on, as in production: each rank's key pair was made by the parent, both on both allow-lists.
     keys = placement["keys"]
-    transceivers = {
-        kind: NixlTransceiver(
-            pool, name=f"{role}-{kind}", timeout_s=60, host=host, settings=settings,
-            identity=keys[role], allowed_peers={r: public for r, (public, _) in keys.items()},
-            _plaintext=placement.get("plaintext", False),
-        )
-        for kind, pool in pools.items()
+    plaintext = placement.get("plaintext", False)
+    # A second transceiver per pool with reads allowed (its own agent over the same memory), measured
+    # interleaved with the first: the receiver reads what the sender announced (transports.reads).
+    modes = ("writes", "reads") if placement.get("reads", True) and not plaintext else ("writes",)
+    by_mode = {
+        mode: {
+            kind: NixlTransceiver(
+                pool, name=f"{role}-{kind}-{mode}", timeout_s=60, host=host, settings=settings,
+                identity=keys[role], allowed_peers={r: public for r, (public, _) in keys.items()},
+                allow_reads=mode == "reads", _plaintext=plaintext,
+            )
+            for kind, pool in pools.items()
+        }
+        for mode in modes
     }
+    transceivers = by_mode["writes"]
     raw = create_agent(f"raw-{role}-{os.getpid()}", settings) if placement.get("raw", True) else None
     registrations = [
         raw.register_memory([(p.base_address, p.nbytes, p.device_id, "")], p.memory_type) for p in pools.values()
@@ -211,6 +229,7 @@ def _rank(
     conn.send(
         {
             "addresses": {k: t.address for k, t in transceivers.items()},
+            "reads_addresses": {k: t.address for k, t in by_mode.get("reads", {}).items()},
             "metadata": raw.get_agent_metadata() if raw is not None else b"",
             "bases": {k: p.base_address for k, p in pools.items()},
         }
@@ -240,9 +259,9 @@ def _rank(
                         "WRITE", raw.get_xfer_descs(local, pool.memory_type), raw.get_xfer_descs(far, pool.memory_type), remote
                     )
                 result: Any = None
-            elif op == "connect":
-                for kind, address in args.items():
-                    transceivers[kind].connect(address)
+            elif op == "connect":  # (addresses, mode)
+                for kind, address in args[0].items():
+                    by_mode[args[1]][kind].connect(address)
                 result = None
             elif op == "raw":
                 handle = handles[args]
@@ -254,14 +273,16 @@ def _rank(
                 if state != "DONE":
                     raise RuntimeError(f"raw NIXL transfer {state}")
                 result = elapsed
-            elif op == "offer":
-                payload, request_id = args
-                transceivers[payload.layout].send(request_id, payload.src, to=None if placement.get("plaintext") else "receiver")
+            elif op == "offer":  # (payload, request id[, mode])
+                payload, request_id, *mode = args
+                by_mode[mode[0] if mode else "writes"][payload.layout].send(request_id, payload.src, to=None if plaintext else "receiver")
                 result = None
             elif op == "receive":
-                payload, request_id = args
-                metrics = transceivers[payload.layout].receive(request_id, payload.dst).wait()
-                result = metrics.as_dict()
+                payload, request_id, *mode = args
+                tx = by_mode[mode[0] if mode else "writes"][payload.layout]
+                if mode == ["reads"]:  # timed once the offer's announcement is here, the usual order (see bench_nixl)
+                    waited = wait_for_announcement(tx, request_id)
+                result = {**tx.receive(request_id, payload.dst).wait().as_dict(), "waited_for_announcement": mode == ["reads"] and waited}
             elif op == "echo":  # sender: a bare CURVE ROUTER echoing every message (zmq_rtt_us)
                 echo = Echo(host)
                 result = echo.address
@@ -281,7 +302,7 @@ def _rank(
                 kind, prefix, count = args
                 blocks = pools[kind].num_blocks
                 for i in range(count):
-                    transceivers[kind].send(f"{prefix}-{i}", [i % blocks], to=None if placement.get("plaintext") else "receiver")
+                    transceivers[kind].send(f"{prefix}-{i}", [i % blocks], to=None if plaintext else "receiver")
                 result = None
             elif op == "rps":  # receiver: those requests, `window` in flight at once; requests per second
                 kind, prefix, count, window = args
@@ -443,22 +464,30 @@ def bench_nixl(
     results: dict[str, dict[str, Any]] = {}
     try:
         sender("peer", receiver.info)
-        receiver("connect", sender.info["addresses"])
+        receiver("connect", (sender.info["addresses"], "writes"))
+        reads = bool(sender.info["reads_addresses"])
+        if reads:
+            receiver("connect", (sender.info["reads_addresses"], "reads"))
         counter = 0
         echo = None
         for payload in payloads:
-            raw_times, tx_metrics = [], []
+            raw_times, tx_metrics, read_metrics = [], [], []
             crossed = link_bytes() if link_bytes else 0
-            # one warm-up each, then alternate so that both see the same machine state
+            # one warm-up each, then alternate so that all see the same machine state
             for rep in range(reps + 1):
                 raw_t = sender("raw", payload.name)
                 counter += 1
                 request_id = f"bench-{counter}"
                 sender("offer", (payload, request_id))
                 metrics = receiver("receive", (payload, request_id))
+                if reads:  # the same blocks again, read by the receiver's reads transceiver
+                    sender("offer", (payload, request_id, "reads"))
+                    read_metrics.append(receiver("receive", (payload, request_id, "reads")))
                 if rep:
                     raw_times.append(raw_t)
                     tx_metrics.append(metrics)
+                elif reads:
+                    read_metrics.clear()
             crossed = (link_bytes() - crossed) if link_bytes else 0
             floor_raw, floor_rtt, idle_rtt = [], [], []
             if payload.name in floor:  # after the pairs above, so that the round trip warms nothing of theirs
@@ -485,8 +514,12 @@ def bench_nixl(
                 "descriptors": tx_metrics[-1]["descriptors"],
                 "bit_identical": identical,
                 # payload bytes moved (raw + transceiver, warm-up included) vs bytes the link carried
-                "link_vs_payload": crossed / (2 * (reps + 1) * payload.nbytes) if link_bytes else None,
+                "link_vs_payload": crossed / ((3 if reads else 2) * (reps + 1) * payload.nbytes) if link_bytes else None,
             }
+            if read_metrics:
+                reads_s = statistics.median(m["total_us"] for m in read_metrics) / 1e6
+                results[payload.name]["reads_us"] = reads_s * 1e6
+                results[payload.name]["reads_vs_nixl"] = raw_s / reads_s
             if floor_rtt:
                 rtt_s = statistics.median(floor_rtt)
                 results[payload.name]["rtt_after_write_us"] = rtt_s * 1e6
@@ -508,11 +541,11 @@ def bench_curve(payloads: list[Payload], reps: int, device: str) -> dict[str, fl
     try:
         for plaintext in (False, True):
             keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
-            at = {"keys": keys, "plaintext": plaintext}
+            at = {"keys": keys, "plaintext": plaintext, "reads": False}
             sender = Rank("sender", _pools(32, 8), device, payloads, at)
             receiver = Rank("receiver", _pools(32, 8), device, payloads, at)
             pairs[plaintext] = (sender, receiver)
-            receiver("connect", sender.info["addresses"])
+            receiver("connect", (sender.info["addresses"], "writes"))
         pairs[False][0]("peer", pairs[False][1].info)
         times: dict[tuple[str, str], list[float]] = {}
         for payload in payloads:
@@ -563,11 +596,11 @@ def bench_requests(quick: bool, device: str) -> dict[str, Any]:
     keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
     spec = {"small": (SMALL, 256)}
     one = Payload("one 4 KiB block", "small", (7,), (9,))
-    sender = Rank("sender", spec, device, [one], {"keys": keys})
-    receiver = Rank("receiver", spec, device, [one], {"keys": keys})
+    sender = Rank("sender", spec, device, [one], {"keys": keys, "reads": False})
+    receiver = Rank("receiver", spec, device, [one], {"keys": keys, "reads": False})
     try:
         sender("peer", receiver.info)
-        receiver("connect", sender.info["addresses"])
+        receiver("connect", (sender.info["addresses"], "writes"))
         echo = sender("echo")
         warm, n = 20, (150 if quick else 500)
         raw, rtt, request = [], [], []
@@ -619,11 +652,11 @@ def bench_idle(seconds: float, device: str) -> dict[str, float]:
     keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
     spec = {"small": (SMALL, 16)}
     one = Payload("one 4 KiB block", "small", (1,), (2,))
-    at = {"keys": keys, "raw": False}
+    at = {"keys": keys, "raw": False, "reads": False}
     sender = Rank("sender", spec, device, [one], at)
     receiver = Rank("receiver", spec, device, [one], at)
     try:
-        receiver("connect", sender.info["addresses"])
+        receiver("connect", (sender.info["addresses"], "writes"))
         sender("offer", (one, "idle-warm-up"))
         receiver("receive", (one, "idle-warm-up"))
         time.sleep(1.0)  # let whatever the request started settle

@@ -88,6 +88,7 @@ class Connections:
         self._on_result: Callable = lambda peer, result: None
         self._on_peer_gone: Callable = lambda name: None
         self._on_unsent: Callable = lambda name, messages: None
+        self._reads: Any = None
         self.connections: dict[str, Connection] = {}
         self.peers: dict[str, Peer] = {}
         self.lock = threading.Lock()
@@ -101,9 +102,11 @@ class Connections:
         """Control frames and the messages in them sent to senders (batching makes the first smaller)."""
         local.loop.add_flusher(self.flush)
 
-    def deliver_to(self, on_result: Callable, on_peer_gone: Callable, on_unsent: Callable) -> None:
-        """Where results, lost senders and unsent messages go (the receiver role, made after this)."""
-        self._on_result, self._on_peer_gone, self._on_unsent = on_result, on_peer_gone, on_unsent
+    def deliver_to(self, receiver: Any) -> None:
+        """Where results, offers, welcomes, lost senders and unsent messages go: the receiver role
+        (made after this)."""
+        self._on_result, self._on_peer_gone, self._on_unsent = receiver.on_result, receiver.on_peer_gone, receiver.on_unsent
+        self._reads = receiver
 
     def default_writers(self, layout: KVLayout) -> tuple[str, ...]:
         """Every connected sender overlapping ``layout`` (caller's thread; cached per peer set)."""
@@ -253,6 +256,10 @@ class Connections:
                 self.local.drop("unknown_peer", f"{message.kind} from {conn.endpoint} before its welcome")
             elif isinstance(message, control.Result):
                 self._on_result(conn.peer, message)
+            elif isinstance(message, control.Offer):
+                self._reads.on_offer(conn.peer, message)
+            elif isinstance(message, control.Cancel):  # a sender withdraws an offer it announced
+                self._reads.on_withdraw(conn.peer, message)
             else:
                 self.local.drop("unexpected", f"{message.kind} sent to a receiver")
             if self.connections.get(conn.endpoint) is not conn:
@@ -273,6 +280,7 @@ class Connections:
             self.version += 1
         if conn.timer is not None:
             conn.timer.cancel()
+        self._reads.on_welcome(conn.peer, conn.key, rank)
         if not conn.future.done():
             conn.future.set_result(conn.peer)
 

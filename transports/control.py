@@ -5,6 +5,11 @@ A receiver says *hello* (its rank info, including its NIXL agent metadata), the 
 into my blocks ..."), either side may send *cancel*, and the sender ends each request with a *result*
 frame. Completion is always a result frame: a NIXL notification alone can be lost.
 
+Reads (protocol 5): a sender that allows them puts its NIXL metadata in the welcome and announces
+each offer naming a receiver to it (*offer*: its blocks and deadline). The receiver may then read the
+blocks itself and answers every announcement with exactly one *release* (read, declined, cancelled
+or failed); the sender keeps the blocks until then. See :mod:`.reads`.
+
 A message is a msgpack array, ``[version, kind, field, ...]`` with the fields in their declared
 order (a map's keys cost three times the decoding, on every request). Several requests, cancels or
 results bound for one peer may travel in one frame, a *batch*: an array of at most
@@ -19,100 +24,31 @@ boundary, so that the code behind it works on values that cannot overflow an add
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Union
 
 import msgpack
 
-from .layout import KVLayout
+from .rank import MAX_METADATA, MAX_NAME, MAX_POOL_BLOCKS, ControlMessageError, RankInfo, _check_text
+
+__all__ = ["MAX_METADATA", "MAX_NAME", "MAX_POOL_BLOCKS", "ControlMessageError", "RankInfo"]
 
 #: 2: bounded fields, nonces, deadlines (issue 11); 3: several messages per frame (batches, issue 13);
-#: 4: positional messages, ``[version, kind, field, ...]`` (a third of a map's decoding, issue 13).
-PROTOCOL_VERSION = 4
+#: 4: positional messages, ``[version, kind, field, ...]`` (a third of a map's decoding, issue 13);
+#: 5: offers and releases (receivers may read, issue 13).
+PROTOCOL_VERSION = 5
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
 _MAX_FRAME = 16 << 20
 _MAX_BLOCKS = 1 << 20
-MAX_METADATA = 1 << 20
-"""Largest NIXL agent metadata accepted in a hello (a UCX agent's is a few KiB)."""
-MAX_NAME = 256
-"""Longest transceiver name, agent name, request id."""
 MAX_REASON = 2048
-MAX_POOL_BLOCKS = 1 << 24
-"""Largest pool a peer may declare; a sender may lower it (``max_peer_blocks``)."""
-_MAX_LAYOUT_FIELD = 1 << 16
-_ADDRESS_SPACE = 1 << 64
 MAX_BATCH = 256
 """Most messages in one batch frame."""
 BATCH_BYTES = 1 << 20
 """A sender of batches starts a new frame once this many bytes are queued (far below the 16 MiB bound)."""
-_BATCHABLE = frozenset(("request", "cancel", "result"))
+_BATCHABLE = frozenset(("request", "cancel", "result", "offer", "release"))
 _MAX_COUNT = 1 << 53
 """Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
 _INT_ONLY = frozenset((int,))  # issuperset(map(type, xs)): all exact ints, in C (no frame per item)
-
-
-class ControlMessageError(ValueError):
-    """A control frame that does not match the schema. It is dropped and counted, never acted on."""
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """What one side tells the other about itself when they connect."""
-
-    name: str
-    """Transceiver name, for logs."""
-    agent: str
-    """NIXL agent name."""
-    metadata: bytes
-    """NIXL agent metadata (empty when the peer need not write to this side)."""
-    layout: KVLayout
-    base_address: int
-    num_blocks: int
-    memory_type: str
-    device_id: int
-
-    def to_wire(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["layout"] = self.layout.to_wire()
-        return data
-
-    @classmethod
-    def from_wire(cls, data: Any) -> RankInfo:
-        _check_fields("rank", data, _RANK_FIELDS)
-        try:
-            layout = KVLayout.from_wire(data["layout"])
-        except ValueError as exc:
-            raise ControlMessageError(f"rank.layout: {exc}") from None
-        for key, value in data["layout"].items():
-            if isinstance(value, int) and not 0 <= value < _MAX_LAYOUT_FIELD:
-                raise ControlMessageError(f"rank.layout.{key} {value} out of range")
-        if data["memory_type"] not in ("DRAM", "VRAM"):
-            raise ControlMessageError(f"rank.memory_type {data['memory_type']!r} is not DRAM or VRAM")
-        _check_text("rank.name", data["name"])
-        _check_text("rank.agent", data["agent"])
-        if len(data["metadata"]) > MAX_METADATA:
-            raise ControlMessageError(f"rank.metadata: {len(data['metadata'])} bytes, more than {MAX_METADATA}")
-        if not 0 < data["num_blocks"] <= MAX_POOL_BLOCKS:
-            raise ControlMessageError(f"rank.num_blocks {data['num_blocks']} not in 1..{MAX_POOL_BLOCKS}")
-        if not 0 <= data["device_id"] < _MAX_LAYOUT_FIELD:
-            raise ControlMessageError(f"rank.device_id {data['device_id']} out of range")
-        end = data["base_address"] + data["num_blocks"] * layout.block_bytes
-        if data["base_address"] <= 0 or end > _ADDRESS_SPACE:
-            raise ControlMessageError("rank: the pool [base_address, + num_blocks * block_bytes) is not in the address space")
-        return cls(**{**data, "layout": layout})
-
-
-_RANK_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "name": str,
-    "agent": str,
-    "metadata": bytes,
-    "layout": dict,
-    "base_address": int,
-    "num_blocks": int,
-    "memory_type": str,
-    "device_id": int,
-}
 
 
 class Hello(NamedTuple):
@@ -168,9 +104,38 @@ class Result(NamedTuple):
     kind = "result"
 
 
-Message = Union[Hello, Welcome, Request, Cancel, Result]
+class Offer(NamedTuple):
+    """Sender -> receiver (reads only): the blocks of ``request_id`` may be read until ``deadline_ms``."""
+
+    request_id: str
+    token: int
+    """This offer, chosen by the sender; the release names it."""
+    blocks: tuple[int, ...]
+    """The sender's block ids, all of the request's blocks."""
+    deadline_ms: int
+    """Absolute deadline (Unix time, ms): no read may start after it."""
+    kind = "offer"
+
+
+class Release(NamedTuple):
+    """Receiver -> sender (reads only): the one answer to an :class:`Offer`; no read of it follows."""
+
+    request_id: str
+    token: int
+    status: str
+    """``"ok"`` (read), ``"declined"`` (nothing read: the receive asked for a write, or the offer
+    expired, was cancelled by the sender or was over budget), ``"cancelled"`` (the receive was
+    cancelled or timed out) or ``"error"`` (the read failed)."""
+    reason: str = ""
+    nbytes: int = 0
+    transfer_us: int = 0
+    kind = "release"
+
+
+Message = Union[Hello, Welcome, Request, Cancel, Result, Offer, Release]
 
 RESULT_STATUSES = ("ok", "error", "cancelled", "aborted")
+RELEASE_STATUSES = ("ok", "declined", "cancelled", "error")
 
 _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
     "hello": (Hello, (("rank", dict),)),
@@ -184,27 +149,10 @@ _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
             ("descriptors_before", int), ("descriptors", int), ("queue_us", int), ("transfer_us", int),
         ),
     ),
+    "offer": (Offer, (("request_id", str), ("token", int), ("blocks", list), ("deadline_ms", int))),
+    "release": (Release, (("request_id", str), ("token", int), ("status", str), ("reason", str), ("nbytes", int), ("transfer_us", int))),
 }
 """Each kind's class and its fields, in wire order, with their types."""
-
-
-def _check_fields(where: str, data: Any, schema: dict[str, type | tuple[type, ...]]) -> None:
-    if not isinstance(data, dict):
-        raise ControlMessageError(f"{where}: expected a map, got {type(data).__name__}")
-    if set(data) != set(schema):
-        missing = sorted(set(schema) - set(data))
-        extra = sorted(map(str, set(data) - set(schema)))
-        raise ControlMessageError(f"{where}: missing fields {missing}, unexpected fields {extra}")
-    for key, expected in schema.items():
-        value = data[key]
-        # bool is an int subclass; a boolean where a count belongs is a foreign or broken sender.
-        if isinstance(value, bool) or not isinstance(value, expected):
-            raise ControlMessageError(f"{where}.{key}: expected {expected}, got {type(value).__name__}")
-
-
-def _check_text(where: str, value: str, limit: int = MAX_NAME) -> None:
-    if not value or len(value) > limit:
-        raise ControlMessageError(f"{where}: empty or longer than {limit} characters")
 
 
 def encode(message: Message) -> bytes:
@@ -299,7 +247,7 @@ def _check_batch(body: list[Any]) -> list[Message]:
     messages = []
     for i, item in enumerate(body):
         if type(item) is not list or len(item) < 2 or type(item[1]) is not str or item[1] not in _BATCHABLE:
-            raise ControlMessageError(f"batch[{i}]: only requests, cancels and results travel in batches")
+            raise ControlMessageError(f"batch[{i}]: only requests, cancels, results, offers and releases travel in batches")
         kind = item[1]
         message = _request_fast(item) if kind == "request" else _result_fast(item) if kind == "result" else None
         if message is None or item[0] != PROTOCOL_VERSION or type(item[0]) is not int:
@@ -344,23 +292,25 @@ def _check_body(body: Any) -> Message:
     if kind in ("hello", "welcome"):
         return cls(RankInfo.from_wire(data["rank"]))
     _check_text(f"{kind}.request_id", data["request_id"])
-    if not 0 <= data["nonce"] < _MAX_COUNT or (kind != "cancel" and data["nonce"] == 0):
-        raise ControlMessageError(f"{kind}.nonce {data['nonce']} out of range")
-    if kind == "request":
+    nonce = "token" if kind in ("offer", "release") else "nonce"
+    if not 0 <= data[nonce] < _MAX_COUNT or (kind != "cancel" and data[nonce] == 0):
+        raise ControlMessageError(f"{kind}.{nonce} {data[nonce]} out of range")
+    if kind in ("request", "offer"):
         blocks = data["blocks"]
         if not all(type(b) is int and 0 <= b < MAX_POOL_BLOCKS for b in blocks):
-            raise ControlMessageError(f"request.blocks: expected ints in 0..{MAX_POOL_BLOCKS - 1}")
-        if not 0 <= data["skip_blocks"] < MAX_POOL_BLOCKS or not 0 < data["deadline_ms"] < _MAX_COUNT:
-            raise ControlMessageError("request: skip_blocks or deadline_ms out of range")
+            raise ControlMessageError(f"{kind}.blocks: expected ints in 0..{MAX_POOL_BLOCKS - 1}")
+        if not 0 <= data.get("skip_blocks", 0) < MAX_POOL_BLOCKS or not 0 < data["deadline_ms"] < _MAX_COUNT:
+            raise ControlMessageError(f"{kind}: skip_blocks or deadline_ms out of range")
         data["blocks"] = tuple(blocks)
-    elif kind == "result":
-        if data["status"] not in RESULT_STATUSES:
-            raise ControlMessageError(f"result.status {data['status']!r} not in {RESULT_STATUSES}")
+    elif kind in ("result", "release"):
+        statuses = RESULT_STATUSES if kind == "result" else RELEASE_STATUSES
+        if data["status"] not in statuses:
+            raise ControlMessageError(f"{kind}.status {data['status']!r} not in {statuses}")
         if len(data["reason"]) > MAX_REASON:
-            raise ControlMessageError(f"result.reason longer than {MAX_REASON} characters")
-        for key in ("nbytes", "descriptors_before", "descriptors", "queue_us", "transfer_us"):
-            if not 0 <= data[key] < _MAX_COUNT:
-                raise ControlMessageError(f"result.{key} {data[key]} out of range")
+            raise ControlMessageError(f"{kind}.reason longer than {MAX_REASON} characters")
+        for key, value in data.items():
+            if key not in ("request_id", "nonce", "token", "status", "reason") and not 0 <= value < _MAX_COUNT:
+                raise ControlMessageError(f"{kind}.{key} {value} out of range")
     return cls(**data)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class Limits:
     hello_burst: int = 20
     fetches: int = 8
     """Metadata reads from etcd in flight at once (one per peer key at most)."""
+    offers_per_peer: int = 4096
+    """Offers a sender may have announced to this receiver and not yet seen taken; more are declined."""
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -89,6 +92,7 @@ class LocalSide:
         loop: ServiceLoop,
         log_requests: bool,
         plaintext: bool = False,
+        reads: bool = False,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -104,9 +108,36 @@ class LocalSide:
         self.log_requests = log_requests
         self.plaintext = plaintext
         """Benchmarks only: no CURVE, no allow-list, every peer is one anonymous key."""
+        self.reads = reads
+        """Receivers named in an offer may read its blocks (the sender's metadata goes in the welcome)."""
+        self._agents: dict[str, int] = {}
         self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
         self.handle_ended: Callable[[TransferHandle], None] = lambda handle: None
         """Told of every handle that ended (the facade forgets it: memory stays bounded)."""
+
+    def load_agent(self, blob: bytes) -> str:
+        """Load a peer's NIXL metadata, or count one more use of an agent already loaded (a peer may
+        be both a receiver of this side and a sender to it); the agent name NIXL loaded."""
+        name = agent_of_metadata(blob)
+        if name is not None and name in self._agents:
+            self._agents[name] += 1
+            return name
+        loaded = self.agent.add_remote_agent(blob)
+        loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+        self._agents[loaded] = self._agents.get(loaded, 0) + 1
+        return loaded
+
+    def unload_agent(self, name: str) -> None:
+        """One use of a loaded agent ended; NIXL forgets it with the last."""
+        uses = self._agents.get(name, 0) - 1
+        if uses > 0:
+            self._agents[name] = uses
+            return
+        self._agents.pop(name, None)
+        try:
+            self.agent.remove_remote_agent(name)
+        except Exception as exc:
+            log.debug("transceiver %s: removing agent %s failed: %s", self.name, name, exc)
 
     def drop(self, reason: str, detail: str) -> None:
         """Count a dropped frame under ``dropped_<reason>`` (or ``reason`` itself) and log it."""
@@ -134,6 +165,23 @@ class LocalSide:
             if handle.reason:
                 line["reason"] = handle.reason
             log.info(json.dumps(line, sort_keys=True))
+
+
+_METADATA_HEADER = b"nixlSerDes|Agent"
+
+
+def agent_of_metadata(blob: bytes) -> str | None:
+    """The agent name NIXL metadata declares (its first field), read without loading it."""
+    start = len(_METADATA_HEADER)
+    if not blob.startswith(_METADATA_HEADER) or len(blob) < start + 8:
+        return None
+    (length,) = struct.unpack_from("<Q", blob, start)
+    if length > control.MAX_NAME or len(blob) < start + 8 + length:
+        return None
+    try:
+        return blob[start + 8 : start + 8 + length].decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def remember(table: OrderedDict, key: Any, value: Any) -> None:

@@ -13,10 +13,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import struct
 import threading
 import time
-from collections.abc import Callable
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +25,7 @@ from zmq.utils import z85
 from . import control
 from .discovery import EtcdClient, RegistryError, nixl_metadata_key
 from .keys import address_with_key, fingerprint
-from .local import LocalSide, quietly
+from .local import LocalSide, agent_of_metadata, quietly
 from .mapping import BlockSegments, block_segments
 
 log = logging.getLogger("kvpolicy.transports")
@@ -41,7 +39,6 @@ _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
 _HANDSHAKE_MS = 5000
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-_METADATA_HEADER = b"nixlSerDes|Agent"
 RESULTS_PER_FRAME = 16
 """Queued results are sent once this many wait for one receiver (and at the end of every read)."""
 
@@ -60,7 +57,9 @@ class Remote:
     kept: OrderedDict = field(default_factory=OrderedDict)
     """Finished whole-block transfer handles to this receiver, by block lists (see :mod:`.writes`)."""
     writes: int = 0
+    """Writes to it (or, for a sender this side reads from, reads from it) in flight."""
     gone: bool = False
+    unloaded: bool = False
 
     @functools.cached_property
     def whole_blocks(self) -> bool:
@@ -88,27 +87,15 @@ class Bucket:
         return True
 
 
-def agent_of_metadata(blob: bytes) -> str | None:
-    """The agent name NIXL metadata declares (its first field), read without loading it."""
-    start = len(_METADATA_HEADER)
-    if not blob.startswith(_METADATA_HEADER) or len(blob) < start + 8:
-        return None
-    (length,) = struct.unpack_from("<Q", blob, start)
-    if length > control.MAX_NAME or len(blob) < start + 8 + length:
-        return None
-    try:
-        return blob[start + 8 : start + 8 + length].decode()
-    except UnicodeDecodeError:
-        return None
-
-
 class Remotes:
     """Sender side: the ROUTER socket, its ZAP handler, and the receivers that said hello, with
     their NIXL state. Runs on the service thread."""
 
-    def __init__(self, local: LocalSide, *, host: str, port: int, on_request: Callable, on_cancel: Callable, on_remote_gone: Callable) -> None:
+    def __init__(self, local: LocalSide, *, host: str, port: int, sender: Any) -> None:
+        """``sender``: the sender role, told of asks, cancels, releases and receivers forgotten."""
         self.local = local
-        self._on_request, self._on_cancel, self._on_remote_gone = on_request, on_cancel, on_remote_gone
+        self._on_request, self._on_cancel, self._on_remote_gone = sender.on_request, sender.on_cancel, sender.on_remote_gone
+        self._on_release = sender.on_release
         identity = local.identity
         # A context of our own: the ZAP endpoint is per context, and a process may hold several transceivers.
         self.ctx = zmq.Context()
@@ -231,6 +218,8 @@ class Remotes:
                 self._on_request(remote, message)
             elif isinstance(message, control.Cancel):
                 self._on_cancel(remote, message)
+            elif isinstance(message, control.Release):
+                self._on_release(remote, message)
             else:
                 self.local.drop("unexpected", f"{message.kind} sent to a sender")
 
@@ -314,12 +303,11 @@ class Remotes:
         for remote in stale:
             self.forget(remote)
         try:
-            loaded = self.local.agent.add_remote_agent(blob)
+            loaded = self.local.load_agent(blob)
         except Exception as exc:
             return self._refuse(key, rank, f"NIXL rejected its metadata: {exc}")
-        loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         if loaded != rank.agent:
-            self._remove_agent(loaded)
+            self.local.unload_agent(loaded)
             return self._refuse(key, rank, f"NIXL loaded agent {loaded!r}, not {rank.agent!r}")
         key_name = self.local.allowed.name_of(key) or fingerprint(key)
         self.remotes[identity] = Remote(identity, key, key_name, rank, segments)
@@ -328,7 +316,8 @@ class Remotes:
             self.local.agent.make_connection(rank.agent)
         except Exception as exc:
             log.debug("transceiver %s: early connection to %s failed: %s", self.local.name, rank.name, exc)
-        welcome = control.Welcome(self.local.rank_info(with_metadata=False))
+        # With reads allowed, the welcome carries this side's metadata: the receiver reads offers itself.
+        welcome = control.Welcome(self.local.rank_info(with_metadata=self.local.reads))
         self.router.send_multipart([identity, control.encode(welcome)])
 
     def forget(self, remote: Remote) -> None:
@@ -341,20 +330,8 @@ class Remotes:
             self.release(remote)
 
     def release(self, remote: Remote) -> None:
-        """Drop a forgotten receiver's kept handles, prepared list and NIXL's record of its agent."""
-        while remote.kept:
-            quietly(self.local.name, "a kept transfer handle", remote.kept.popitem()[1].release)
-        if remote.prepped is not None:
-            quietly(self.local.name, "a prepared list", self.local.agent.release_dlist_handle, remote.prepped)
-            remote.prepped = None
-        if not any(r.rank.agent == remote.rank.agent for r in self.remotes.values()):
-            self._remove_agent(remote.rank.agent)
-
-    def _remove_agent(self, agent: str) -> None:
-        try:
-            self.local.agent.remove_remote_agent(agent)
-        except Exception as exc:
-            log.debug("transceiver %s: removing agent %s failed: %s", self.local.name, agent, exc)
+        """Drop a forgotten receiver's kept handles, prepared list and its use of its NIXL agent."""
+        release_remote(self.local, remote)
 
     def reply(self, remote: Remote, message: control.Message) -> None:
         """Queue one message to a receiver; the loop sends what was queued at the end of this
@@ -395,3 +372,15 @@ class Remotes:
         self._fetching.clear()
         for socket in (self.router, self.zap):
             socket.close(0)
+
+
+def release_remote(local: LocalSide, remote: Remote) -> None:
+    """Release a peer's kept transfer handles and prepared list, and its use of its NIXL agent (once)."""
+    while remote.kept:
+        quietly(local.name, "a kept transfer handle", remote.kept.popitem()[1].release)
+    if remote.prepped is not None:
+        quietly(local.name, "a prepared list", local.agent.release_dlist_handle, remote.prepped)
+        remote.prepped = None
+    if not remote.unloaded:
+        remote.unloaded = True
+        local.unload_agent(remote.rank.agent)

@@ -8,7 +8,9 @@ handle ends ``TIMED_OUT`` at once but its blocks stay fenced (``handle.released`
 receive into them is refused, so a late write can never land in memory given to a later request.
 
 A receive made while no other is open sends its request from the caller's thread
-(:meth:`Receiver.begin`); otherwise the service thread sends it, batched with the others. Either way
+(:meth:`Receiver.begin`); otherwise the service thread sends it, batched with the others. A receive
+whose senders all announced the request reads it instead (:mod:`.reads`): the service thread posts
+the READs, their end stands for the writers' results, and its fence waits for them. Either way
 the attempt is recorded (and its writers marked pending) under :attr:`Receiver.state` before its
 frame can be read by anyone, and every handler of a frame, timer or cancel takes that lock too.
 """
@@ -28,6 +30,7 @@ from typing import Any
 from . import control
 from .connections import Connections
 from .local import LocalSide, remember
+from .reads import Reads
 from .request import RequestState, TransferHandle
 
 
@@ -63,6 +66,8 @@ class Receive:
     errors: list[str] = field(default_factory=list)
     cancelled: bool = False
     timer: Any = None
+    reads: bool = False
+    """Read from its senders (their announcements), not written by them."""
 
 
 @dataclass(slots=True)
@@ -87,6 +92,7 @@ class Receiver:
         """Blocks of open or fenced receives (callers read it under :attr:`lock`)."""
         self.state = threading.RLock()
         """Held for every change of :attr:`receives` and :attr:`fences` (a caller may start one)."""
+        self.reads = Reads(local, connections)
         self.closed = False
         self.direct = 0
         """Requests sent from a caller's thread (the rest went through the service thread)."""
@@ -115,7 +121,7 @@ class Receiver:
             if self.closed or not loop.alive:
                 self._unreserve(receive.handle)
                 raise RuntimeError(f"transceiver {self.local.name} is closed")
-            if self.receives:
+            if self.receives or receive.handle.request_id in self.reads.offers:  # (reads are posted there)
                 try:
                     loop.post(lambda: self.start(receive))
                 except RuntimeError:
@@ -157,6 +163,9 @@ class Receiver:
                 self._unreserve(handle)
                 return
             self.receives[handle.request_id] = receive
+            if self.reads.offers and self._start_reads(receive):
+                return
+            self.reads.decline_all(handle.request_id, self.connections.send_to)  # (sent before the ask)
             request = self._request(receive)
             for name in receive.peers:
                 if self.connections.send_to(name, request):
@@ -166,6 +175,54 @@ class Receiver:
             handle._state = RequestState.WAITING
             receive.timer = self.local.loop.call_at(handle.deadline, lambda: self._expired(receive))
             self._settle(receive)
+
+    def _start_reads(self, receive: Receive) -> bool:
+        """Read the request if every sender announced it; False if not (the receive asks instead)."""
+        handle = receive.handle
+        offers = self.reads.take(handle.request_id, receive.peers, len(handle.block_ids) + receive.skip_blocks)
+        if offers is None:
+            return False
+        receive.reads = True
+        for name, offer in offers.items():
+            problem = self.reads.start(receive, name, offer)
+            if problem:
+                receive.errors.append(f"sender {name!r}: {problem}")
+                self.reads.release(name, offer, "declined", problem)
+            elif problem is not None:
+                receive.pending.add(name)
+        handle._state = RequestState.TRANSFERRING if receive.pending else RequestState.WAITING
+        receive.timer = self.local.loop.call_at(handle.deadline, lambda: self._expired(receive))
+        self._settle(receive)
+        return True
+
+    def progress_reads(self) -> bool:
+        """(Service thread.) Poll the READs in flight; True if any ended."""
+        if not self.reads.inflight:
+            return False
+        with self.state:
+            ended = self.reads.progress()
+            for read, ok, reason in ended:
+                self._read_ended(read, ok, reason)
+        return bool(ended)
+
+    def _read_ended(self, read: Any, ok: bool, reason: str) -> None:
+        receive, name = read.receive, read.peer
+        request_id = receive.handle.request_id
+        if self.receives.get(request_id) is not receive or name not in receive.pending:
+            fence = self.fences.get((request_id, receive.nonce))
+            if fence is not None and name in fence.pending:
+                self._unfence(request_id, receive.nonce, name)
+            return
+        receive.pending.discard(name)
+        metrics = receive.handle.metrics
+        metrics.writers += 1
+        metrics.nbytes += read.nbytes if ok else 0
+        metrics.descriptors_before += read.descriptors_before
+        metrics.descriptors += read.descriptors
+        metrics.transfer_s = max(metrics.transfer_s, time.perf_counter() - read.posted)
+        if not ok:
+            receive.errors.append(f"{name}: {reason}")
+        self._settle(receive)
 
     def on_result(self, peer: Any, result: control.Result) -> None:
         """A sender's result frame (authenticated, schema-checked)."""
@@ -204,6 +261,9 @@ class Receiver:
         self._settle(receive)
 
     def _send_cancel(self, receive: Receive) -> None:
+        if receive.reads:  # abort the READs; the release of each tells its sender, once it ended
+            receive.pending.difference_update(self.reads.abort(receive))
+            return
         cancel = control.Cancel(receive.handle.request_id, receive.nonce)
         for name in receive.pending:
             self.connections.send_to(name, cancel)
@@ -251,6 +311,8 @@ class Receiver:
         missing = sorted(receive.pending)
         if receive.handle.state is RequestState.CANCELLING:
             self._end(receive, RequestState.CANCELLED, f"cancelled; no confirmation from {missing} in time")
+        elif receive.reads:
+            self._end(receive, RequestState.TIMED_OUT, f"the read from {missing} did not end in time")
         else:
             self._end(receive, RequestState.TIMED_OUT, f"no result frame from {missing} in time")
 
@@ -268,7 +330,9 @@ class Receiver:
             return True
         handle._state = RequestState.CANCELLING
         self._send_cancel(receive)
-        return False
+        if not receive.pending:  # (reads stopped at once)
+            self._settle(receive)
+        return not receive.pending
 
     @_locked
     def on_unsent(self, name: str, messages: list[control.Message]) -> None:
@@ -283,14 +347,35 @@ class Receiver:
 
     @_locked
     def on_peer_gone(self, name: str) -> None:
-        """The connection to ``name`` was torn down: no write of it follows; stop waiting for it."""
+        """The connection to ``name`` was torn down: no write of it follows; stop waiting for it
+        (but not for a READ of it in flight: that ends here, when NIXL reports it)."""
+        reading = self.reads.reading
         for receive in list(self.receives.values()):
-            if name in receive.pending:
+            if name in receive.pending and not reading(receive.handle, name):
                 receive.pending.discard(name)
                 receive.errors.append(f"sender {name!r} was disconnected")
                 self._settle(receive)
-        for request_id, nonce in [k for k, f in self.fences.items() if name in f.pending]:
+        for request_id, nonce in [k for k, f in self.fences.items() if name in f.pending and not reading(f.handle, name)]:
             self._unfence(request_id, nonce, name)
+        self.reads.peer_gone(name)
+
+    @_locked
+    def on_offer(self, peer: Any, offer: control.Offer) -> None:
+        """A sender announced an offer (:mod:`.reads`); one for a receive already asking is declined."""
+        if offer.request_id in self.receives:
+            self.reads.release(peer.name, offer, "declined", "the receiver had asked for a write already")
+        else:
+            self.reads.on_offer(peer, offer)
+
+    @_locked
+    def on_withdraw(self, peer: Any, cancel: control.Cancel) -> None:
+        """A sender withdrew an announcement."""
+        self.reads.withdraw(peer, cancel)
+
+    @_locked
+    def on_welcome(self, peer: Any, key: bytes, rank: control.RankInfo) -> None:
+        """A sender welcomed this side: read from it if it allows reads."""
+        self.reads.add_source(peer, key, rank)
 
     @_locked
     def begin_close(self) -> None:

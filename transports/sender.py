@@ -5,6 +5,9 @@ treated exactly like an ask for a request that does not exist, so it learns noth
 requests not offered yet wait, within a per-peer budget and their own deadline. A write never starts
 after the ask's absolute deadline or the offer's; a write still in flight at the offer's deadline is
 aborted and reported as ``aborted``. Every result names the attempt (nonce) it answers.
+
+With reads allowed, an offer is also announced to the named receivers connected now (:mod:`.reads`);
+one that ends before they released it keeps its blocks fenced (``released`` False) until they do.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import control
+from . import control, reads
 from .local import LocalSide, remember
 from .mapping import plan_descriptors
 from .peers import Remote, Remotes
@@ -40,6 +43,8 @@ class Offer:
     cancel_requested: bool = False
     served_by: set[bytes] = field(default_factory=set)
     timer: Any = None
+    token: int = 0  # (reads) this offer's announcements, and receivers that owe a release:
+    announced: dict[bytes, Remote] = field(default_factory=dict)
 
     def for_key(self, key: bytes) -> bool:
         return self.to is None or key in self.to
@@ -80,7 +85,9 @@ class Sender:
         self._parked_per_key: Counter[bytes] = Counter()
         self.writes: list[Write] = []
         self.ended: OrderedDict[str, tuple[RequestState, str, frozenset[bytes] | None]] = OrderedDict()
-        self._post = WritePoster(local)
+        self.fenced: dict[tuple[str, int], Offer] = {}
+        """Ended offers whose blocks wait for the releases of receivers they were announced to."""
+        self._post = WritePoster(local, "WRITE")
 
     def busy(self) -> bool:
         """True while a write is in flight."""
@@ -96,6 +103,8 @@ class Sender:
         handle._state = RequestState.WAITING
         self.offers[handle.request_id] = offer
         offer.timer = self.local.loop.call_at(handle.deadline, lambda: self._offer_expired(offer))
+        if to is not None and self.local.reads:
+            reads.announce(self, offer)
         waiting = self.parked.pop(handle.request_id, [])
         for ask in waiting:
             self._unpark(ask, keep_listed=True)
@@ -104,6 +113,10 @@ class Sender:
                 self._start_write(offer, ask)
             else:
                 self._park(ask)  # not for this peer: it waits and expires like any unknown id
+
+    def on_release(self, remote: Remote, release: control.Release) -> None:
+        """A receiver's one answer to an announced offer (see :func:`.reads.on_release`)."""
+        reads.on_release(self, remote, release)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel an offer; True if it ended now (no write in flight)."""
@@ -205,10 +218,11 @@ class Sender:
         self._settle(offer)
 
     def on_remote_gone(self, remote: Remote) -> None:
-        """A receiver was forgotten: its waiting asks go with it."""
+        """A receiver was forgotten: its waiting asks, and the announcements it owed a release, go with it."""
         for asks in list(self.parked.values()):
             for ask in [a for a in asks if a.remote is remote]:
                 self._unpark(ask)
+        reads.remote_gone(self, remote)
 
     # -- writes -------------------------------------------------------------------------------------
 
@@ -352,7 +366,8 @@ class Sender:
         if self.offers.get(request_id) is offer:
             del self.offers[request_id]
         self.local.handle_ended(offer.handle)
-        offer.handle._release()
+        if not reads.fence(self, offer):  # (a receiver may still read: its release lifts the fence)
+            offer.handle._release()
         offer.handle._finish(state, reason)  # last: whoever sees it done may reuse the request id
         if offer.timer is not None:
             offer.timer.cancel()
@@ -370,9 +385,13 @@ class Sender:
                 self._end(offer, RequestState.FAILED, "transceiver closed")
 
     def fail_all(self, reason: str) -> None:
-        """End everything still open (the loop has stopped)."""
+        """End everything still open (the loop has stopped; no receiver can read any more)."""
         for offer in list(self.offers.values()):
+            offer.announced.clear()
             self._end(offer, RequestState.FAILED, reason)
+        for offer in self.fenced.values():
+            offer.handle._release()
+        self.fenced.clear()
         self.writes.clear()
 
     def close(self) -> None:

@@ -1,10 +1,11 @@
-"""The PYTHON transceiver over NIXL: an authenticated ZMQ control plane, NIXL WRITE data plane.
+"""The PYTHON transceiver over NIXL: an authenticated ZMQ control plane, NIXL WRITE (or READ) data plane.
 
 :class:`NixlTransceiver` is a thin facade over one module per role: :mod:`.peers` (the ROUTER, its
 ZAP handler, receivers that said hello), :mod:`.connections` (DEALERs to senders), :mod:`.sender`
-(offers and writes), :mod:`.receiver` (receives, results and the fence over their blocks) and
-:mod:`.loop` (the service thread and its timers). Only the service thread touches sockets and the
-NIXL agent after start-up; public methods hand it work, so they are thread-safe.
+(offers and writes), :mod:`.receiver` (receives, results and the fence over their blocks),
+:mod:`.reads` (receivers reading announced offers) and :mod:`.loop` (the service thread, timers).
+Only the service thread touches sockets and the NIXL agent after start-up, so public methods are
+thread-safe.
 
 Flow of one request::
 
@@ -14,6 +15,8 @@ Flow of one request::
     receive(id, dst)  -- request(id, nonce, dst, skip, deadline) -->  send(id, src, to=receiver)
                                                          deadline not passed: one NIXL WRITE
                       <-- result(id, nonce, ok, metrics) -- when NIXL reports the write done
+    with allow_reads:  <-- offer(id, token, src, deadline) -- at send(); receive(): one NIXL READ
+                       -- release(id, token, ok) --> when NIXL reports the read done
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class NixlTransceiver:
             there, and loads it only if its agent name is bound to the authenticated key. NIXL's own
             etcd client has no TLS and no users, so anyone who reaches that etcd could read remote
             keys: this mode is refused unless every endpoint is a loopback address (tests).
+        allow_reads: receivers named in ``send(to=...)`` read the blocks themselves (NIXL READ), so
+            no control message is on a request's path. They get this side's NIXL metadata, and with
+            it read access to the whole pool: allow it only for receivers trusted that far (:mod:`.reads`).
         _plaintext: for bench/transfer.py only, to measure what CURVE costs: no authentication, no
             encryption, no per-receiver binding. Never use it on a network.
     """
@@ -83,6 +89,7 @@ class NixlTransceiver:
         log_requests: bool = False,
         metadata: str = "inline",
         limits: Limits | None = None,
+        allow_reads: bool = False,
         _plaintext: bool = False,
     ) -> None:
         if not isinstance(pool, BlockPool):
@@ -93,6 +100,8 @@ class NixlTransceiver:
             raise ValueError(f"metadata must be 'inline' or 'etcd', got {metadata!r}")
         if metadata == "etcd":
             check_nixl_etcd(os.environ.get("NIXL_ETCD_ENDPOINTS", ""))
+            if allow_reads:
+                raise ValueError("allow_reads needs metadata='inline' (the welcome carries the metadata a reader loads)")
         allowed = AllowList(allowed_peers)
         me = Identity.load(identity)
         self.pool = pool
@@ -117,7 +126,7 @@ class NixlTransceiver:
         self._local = local = LocalSide(
             name=self.name, pool=pool, agent=agent, agent_name=agent_name, identity=me, allowed=allowed,
             timeout_s=self.timeout_s, limits=limits or Limits(), metadata=metadata, loop=loop, log_requests=log_requests,
-            plaintext=bool(_plaintext),
+            plaintext=bool(_plaintext), reads=bool(allow_reads),
         )
         local.handle_ended = self._forget_handle
         self.stats: dict[str, int] = local.stats
@@ -126,16 +135,12 @@ class NixlTransceiver:
         try:
             if metadata == "etcd":
                 agent.send_local_metadata()  # after registering: the metadata must describe the pool
-            self._sender = Sender(local)
-            loop.watch_writes(self._sender.busy, self._sender.progress)
-            self._remotes = Remotes(
-                local, host=host, port=port, on_request=self._sender.on_request, on_cancel=self._sender.on_cancel,
-                on_remote_gone=self._sender.on_remote_gone,
-            )
-            self._sender.remotes = self._remotes
+            self._sender = sender = Sender(local)
+            sender.remotes = self._remotes = Remotes(local, host=host, port=port, sender=sender)
             self._connections = Connections(local, self._remotes.ctx)
-            self._receiver = Receiver(local, self._connections)
-            self._connections.deliver_to(self._receiver.on_result, self._receiver.on_peer_gone, self._receiver.on_unsent)
+            self._receiver = receiver = Receiver(local, self._connections)
+            self._connections.deliver_to(receiver)
+            loop.watch_writes(lambda: sender.busy() or receiver.reads.busy(), lambda: sender.progress() | receiver.progress_reads())
         except BaseException:
             agent.deregister_memory(self._registration)
             self._registrations = 0
@@ -382,7 +387,7 @@ class NixlTransceiver:
                 return
             self._released = True
         agent = self._local.agent
-        steps = [self._connections.close, self._remotes.close, self._sender.close, lambda: self._remotes.ctx.destroy(0)]
+        steps = [self._connections.close, self._receiver.reads.close, self._remotes.close, self._sender.close, lambda: self._remotes.ctx.destroy(0)]
         if self.metadata == "etcd":
             steps.append(agent.invalidate_local_metadata)  # etcd may be gone: the entry is then stale, not harmful
         steps += [lambda: agent.deregister_memory(self._registration), self._loop.close_pipe]

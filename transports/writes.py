@@ -1,4 +1,4 @@
-"""Building NIXL WRITEs: by index into descriptor lists prepared once per side (whole blocks), or
+"""Building NIXL WRITEs (and a receiver's READs): by index into descriptor lists prepared once per side (whole blocks), or
 from the planned, coalesced runs (any head or layer split).
 
 A whole-block transfer handle that finished cleanly is kept per receiver and block lists (a bounded
@@ -24,16 +24,18 @@ _KEPT_BLOCKS = 64
 
 
 class WritePoster:
-    """Makes the transfer handle of one write; owns the local prepared list."""
+    """Makes the transfer handle of one write (or, with ``op="READ"``, read); owns the local prepared list."""
 
-    def __init__(self, local: LocalSide) -> None:
+    def __init__(self, local: LocalSide, op: str) -> None:
         self.local = local
+        self.op = op
         self._local_prepped: Any = None
         self._in_use: dict[int, tuple[Remote, tuple]] = {}
         """Handles in flight that may be kept when they finish: ``id(handle) -> (receiver, key)``."""
 
     def whole_blocks(self, remote: Remote, source: Sequence[int], destination: Sequence[int]) -> Any:
-        """Whole blocks to whole blocks: by index into descriptor lists prepared once per side."""
+        """Whole blocks to whole blocks: by index into descriptor lists prepared once per side.
+        ``source`` are local blocks, ``destination`` the remote's (a READ moves them the other way)."""
         agent, pool = self.local.agent, self.local.pool
         if self._local_prepped is None:
             self._local_prepped = agent.prep_xfer_dlist(
@@ -48,7 +50,7 @@ class WritePoster:
         xfer = remote.kept.pop(key, None) if key is not None else None
         if xfer is None:
             xfer = agent.make_prepped_xfer(
-                "WRITE", self._local_prepped, np.asarray(source, dtype=np.int32), remote.prepped, np.asarray(destination, dtype=np.int32)
+                self.op, self._local_prepped, np.asarray(source, dtype=np.int32), remote.prepped, np.asarray(destination, dtype=np.int32)
             )
         if key is not None:
             self._in_use[id(xfer)] = (remote, key)
@@ -78,7 +80,7 @@ class WritePoster:
         far = np.empty((len(runs), 3), dtype=np.uint64)
         far[:, 0], far[:, 1], far[:, 2] = runs[:, 1], runs[:, 2], remote.rank.device_id
         return agent.initialize_xfer(
-            "WRITE", agent.get_xfer_descs(local, self.local.pool.memory_type), agent.get_xfer_descs(far, remote.rank.memory_type), remote.rank.agent
+            self.op, agent.get_xfer_descs(local, self.local.pool.memory_type), agent.get_xfer_descs(far, remote.rank.memory_type), remote.rank.agent
         )
 
     def close(self) -> None:

@@ -128,7 +128,7 @@ def test_a_batch_is_checked_message_by_message():
 def test_hellos_never_travel_in_a_batch():
     rank = control.RankInfo("d", "agent-1", b"meta", LAYOUT, 1 << 40, 64, "DRAM", 0)
     frame = control.batch([control.encode(control.Hello(rank)), control.encode(control.Cancel("a", 0))])
-    with pytest.raises(control.ControlMessageError, match="only requests, cancels and results"):
+    with pytest.raises(control.ControlMessageError, match="only requests, cancels, results, offers and releases"):
         control.decode_many(frame)
 
 

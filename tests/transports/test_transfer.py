@@ -16,23 +16,36 @@ LAYOUT = KVLayout(num_layers=4, kv_heads=4, tokens_per_block=8, head_dim=32)
 BLOCKS = 64
 
 
-@pytest.fixture(scope="module")
-def pair():
-    """A prefill and a decode rank with the same layout, the decode rank connected to the prefill."""
+@pytest.fixture(scope="module", params=["writes", "reads"])
+def pair(request):
+    """A prefill and a decode rank with the same layout, the decode rank connected to the prefill.
+    Twice: the sender writes (the default), and the sender allows reads and names the receiver, so
+    the decode rank reads every request it can (:mod:`kvpolicy.transports.reads`)."""
     from transfer_worker import Worker
 
-    prefill = Worker("prefill", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1)
+    reads = request.param == "reads"
+    prefill = Worker("prefill", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1, allow_reads=reads)
     decode = Worker("decode", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=2)
+    # Only a sender that names the receiver announces to it; the same calls then take either path.
+    prefill.to = decode.key_name if reads else None
     try:
         assert decode.call("connect", prefill.address) == "prefill"
+        assert decode.call("stats")["read_sources"] == int(reads)
         yield prefill, decode
+        stats = decode.call("stats")
+        assert stats["dropped_malformed"] == stats["dropped_unknown_request"] == 0
+        assert prefill.call("stats")["dropped_unknown_request"] == 0
     finally:
         decode.stop()
         prefill.stop()
 
 
+def offer(prefill, request_id, src):
+    prefill.call("send", request_id, src, to=prefill.to)
+
+
 def transfer(prefill, decode, request_id, src, dst, **receive_options):
-    prefill.call("send", request_id, src)
+    offer(prefill, request_id, src)
     decode.call("receive", request_id, dst, **receive_options)
     return prefill.call("wait", request_id), decode.call("wait", request_id)
 
@@ -79,7 +92,7 @@ def test_receiver_may_ask_before_the_sender_offers(pair):
     prefill, decode = pair
     decode.call("receive", "early", [60, 61])
     assert decode.call("state", "early") in ("pending", "waiting")
-    prefill.call("send", "early", [30, 31])
+    offer(prefill, "early", [30, 31])
     assert decode.call("wait", "early")["state"] == "completed"
     assert prefill.call("wait", "early")["state"] == "completed"
     assert decode.call("digests", [60, 61]) == prefill.call("digests", [30, 31])
@@ -92,8 +105,9 @@ def test_many_concurrent_requests_every_block_checked(pair):
     src_all = rng.sample(range(BLOCKS), 48)
     dst_all = rng.sample(range(BLOCKS), 48)
     requests = {f"many-{i}": (src_all[i * 2 : i * 2 + 2], dst_all[i * 2 : i * 2 + 2]) for i in range(24)}
+    reads_before = decode.call("stats")["reads"]
     for request_id, (src, _) in requests.items():
-        prefill.call("send", request_id, src)
+        offer(prefill, request_id, src)
     for request_id, (_, dst) in requests.items():
         decode.call("receive", request_id, dst)
     for request_id in requests:
@@ -103,6 +117,8 @@ def test_many_concurrent_requests_every_block_checked(pair):
     stats = decode.call("stats")
     assert stats["registrations"] == 1
     assert stats["dropped_malformed"] == stats["dropped_unknown_request"] == 0
+    # With reads, every one was read (each announcement reached decode long before its receive).
+    assert stats["reads"] - reads_before == (len(requests) if prefill.to else 0)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

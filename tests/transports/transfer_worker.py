@@ -78,6 +78,7 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
         identity=config["identity"],
         allowed_peers=config["allowed_peers"],
         limits=Limits(**config["limits"]) if config.get("limits") else None,
+        allow_reads=config.get("allow_reads", False),
         # Defaults only for what the test's environment leaves alone (e.g. no CMA tuning over TCP).
         settings=NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in config.get("env", {}))),
     )
@@ -151,7 +152,15 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 fill_pattern(pool, args[0])
                 result = None
             elif op == "stats":
-                result = {**tx.stats, "registrations": tx.registrations}
+                reads = tx._receiver.reads
+                result = {**tx.stats, "registrations": tx.registrations, "reads": reads.done, "read_sources": len(reads.sources)}
+            elif op == "announce_raw":  # (frames): send frames as they are to every receiver that said hello
+                def announce() -> None:
+                    for identity in list(tx._remotes.remotes):
+                        for frame in args[0]:
+                            tx._remotes.router.send_multipart([identity, frame])
+
+                result = tx._loop.submit(announce).result(10)
             elif op == "register":  # publish this rank in etcd: (endpoints, namespace, ttl_s)
                 from kvpolicy.transports.discovery import EtcdRegistry
 

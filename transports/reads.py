@@ -1,0 +1,371 @@
+"""Reads: receivers that take announced offers with a NIXL READ instead of asking for a write.
+
+A write costs two control messages on a request's critical path: the receiver's ask and the
+sender's result, each a wake-up chain of four threads across two processes. A sender opened with
+``allow_reads`` instead *announces* each offer to the receivers it names (``offer``: its blocks and
+deadline, sent at ``send()``, off the critical path) and puts its NIXL metadata in its welcome. A
+receive whose senders all announced the request reads the blocks itself, and tells each sender
+afterwards (``release``), again off the critical path: nothing crosses the network between
+``receive()`` and its completion.
+
+Every announcement gets exactly one release: ``ok`` (read), ``declined`` (nothing read and nothing
+will be: the receive asked for a write instead, or the announcement expired, was withdrawn, was
+superseded or was over budget), ``cancelled`` (the receive was cancelled or timed out and its read
+ended or was aborted) or ``error`` (the read failed). The sender keeps the blocks until then (its
+handle may end first, with ``released`` False), or until the receiver disconnects.
+
+Trust: a receiver that loaded a sender's metadata can read all of that sender's registered pool,
+not only the blocks announced to it, as a sender that loaded a receiver's metadata can already
+write (and read) all of the receiver's pool. Reads are therefore off unless the sender allows them,
+and only receivers whose key is on the sender's allow-list ever get its metadata.
+
+:class:`Reads` (receiver side) runs under the receiver's lock; :func:`announce` and
+:func:`on_release` are the sender side.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import control
+from .keys import fingerprint
+from .local import LocalSide, agent_of_metadata
+from .mapping import block_segments
+from .peers import Remote, release_remote
+from .writes import WritePoster, whole_block_plan
+
+if TYPE_CHECKING:
+    from .connections import Connections, Peer
+    from .sender import Offer, Sender
+
+log = logging.getLogger("kvpolicy.transports")
+
+_tokens = itertools.count(secrets.randbelow(1 << 52) + 1)
+
+
+# -- sender side ------------------------------------------------------------------------------------
+
+
+def announce(sender: Sender, offer: Offer) -> None:
+    """Announce ``offer`` to every connected receiver it names whose layout is this side's."""
+    handle = offer.handle
+    offer.token = next(_tokens) % ((1 << 53) - 1) + 1
+    deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
+    message = control.Offer(handle.request_id, offer.token, handle.block_ids, deadline_ms)
+    for remote in sender.remotes.remotes.values():
+        if offer.for_key(remote.key) and remote.whole_blocks:  # (a split layout needs a plan: writes)
+            offer.announced[remote.identity] = remote
+            sender.remotes.reply(remote, message)
+
+
+def on_release(sender: Sender, remote: Remote, release: control.Release) -> None:
+    """A receiver's one answer to an offer announced to it."""
+    offer = sender.offers.get(release.request_id)
+    if offer is None or offer.token != release.token:
+        offer = sender.fenced.get((release.request_id, release.token))
+    if offer is None or offer.announced.get(remote.identity) is not remote:
+        sender.local.drop("unknown_request", f"release of {release.request_id!r}, not announced to this peer")
+        return
+    del offer.announced[remote.identity]
+    if offer.handle.done:  # ended meanwhile: its blocks waited for this release
+        unfence(sender, offer)
+    elif release.status == "error":
+        sender._writer_ended(offer, ok=False, reason=f"the receiver's read failed: {release.reason}")
+    elif release.status == "declined" or remote.key in offer.served_by:
+        sender._settle(offer)
+    elif release.status == "cancelled":
+        offer.served_by.add(remote.key)
+        offer.cancelled += 1
+        sender._settle(offer)
+    else:
+        offer.served_by.add(remote.key)
+        metrics = offer.handle.metrics
+        metrics.nbytes += release.nbytes
+        metrics.transfer_s = max(metrics.transfer_s, release.transfer_us / 1e6)
+        sender._writer_ended(offer, ok=True, reason="")
+
+
+def fence(sender: Sender, offer: Offer) -> bool:
+    """An offer ends while receivers may still read it: keep its blocks until they release them,
+    and withdraw the announcements not taken yet. False if nothing is pending (release now)."""
+    if not offer.announced:
+        return False
+    sender.fenced[(offer.handle.request_id, offer.token)] = offer
+    for remote in offer.announced.values():
+        sender.remotes.reply(remote, control.Cancel(offer.handle.request_id, offer.token))
+    return True
+
+
+def unfence(sender: Sender, offer: Offer) -> None:
+    if not offer.announced and sender.fenced.pop((offer.handle.request_id, offer.token), None) is offer:
+        offer.handle._release()
+
+
+def remote_gone(sender: Sender, remote: Remote) -> None:
+    """A receiver was forgotten: it owes no release any more."""
+    for offer in [o for o in [*sender.offers.values(), *sender.fenced.values()] if remote.identity in o.announced]:
+        del offer.announced[remote.identity]
+        if offer.handle.done:
+            unfence(sender, offer)
+        else:
+            sender._settle(offer)
+
+
+# -- receiver side ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Announced:
+    """An offer announced to this side, not taken yet."""
+
+    offer: control.Offer
+    peer: str
+    timer: Any = None
+
+
+@dataclass(slots=True)
+class Read:
+    """One NIXL READ in flight."""
+
+    receive: Any
+    peer: str
+    offer: control.Offer
+    xfer: Any
+    nbytes: int
+    descriptors_before: int
+    descriptors: int
+    posted: float
+
+
+class Reads:
+    """Receiver side: the senders this side may read from, their announcements, READs in flight.
+    Every method runs under the receiver's lock; all but :meth:`take` on the service thread."""
+
+    def __init__(self, local: LocalSide, connections: Connections) -> None:
+        self.local = local
+        self.connections = connections
+        self.offers: dict[str, dict[str, Announced]] = {}
+        """Announcements not taken yet: request id -> sender name -> announcement."""
+        self._per_peer: Counter[str] = Counter()
+        self.sources: dict[str, Remote] = {}
+        """Senders whose metadata this side loaded (from their welcome), by name."""
+        self.inflight: list[Read] = []
+        self.done = 0
+        """READs that completed (receives served by reads)."""
+        self._post = WritePoster(local, "READ")
+
+    def busy(self) -> bool:
+        return bool(self.inflight)
+
+    def add_source(self, peer: Peer, key: bytes, rank: control.RankInfo) -> None:
+        """A sender's welcome: load its metadata if it carries any (it allows reads) and its layout
+        is this side's; otherwise every announcement of it is declined (it writes instead)."""
+        if not rank.metadata:
+            return
+        parts = rank.agent.rsplit("-", 3)
+        problem = ""
+        if not self.local.plaintext and (len(parts) != 4 or parts[1] != fingerprint(key)):
+            problem = f"its agent name {rank.agent!r} does not carry its key's fingerprint"
+        elif agent_of_metadata(rank.metadata) != rank.agent:
+            problem = "its NIXL metadata names another agent"
+        elif rank.layout != self.local.layout:
+            problem = "its layout is not this side's (a split layout is written, not read)"
+        else:
+            try:
+                loaded = self.local.load_agent(rank.metadata)
+            except Exception as exc:
+                loaded, problem = "", f"NIXL rejected its metadata: {exc}"
+            if loaded and loaded != rank.agent:
+                self.local.unload_agent(loaded)
+                problem = f"NIXL loaded agent {loaded!r}, not {rank.agent!r}"
+        if problem:
+            log.warning("transceiver %s: will not read from sender %s: %s", self.local.name, peer.name, problem)
+            return
+        self.sources[peer.name] = Remote(b"", key, peer.key_name, rank, block_segments(rank.layout, self.local.layout))
+        try:
+            self.local.agent.make_connection(rank.agent)  # now, not inside the first read
+        except Exception as exc:
+            log.debug("transceiver %s: early connection to %s failed: %s", self.local.name, peer.name, exc)
+
+    def on_offer(self, peer: Peer, offer: control.Offer) -> None:
+        """An announcement: keep it (bounded, until its deadline) for a receive to take."""
+        source = self.sources.get(peer.name)
+        remaining = offer.deadline_ms / 1000.0 - time.time()
+        problem = ""
+        if source is None:
+            problem = "this receiver does not read from this sender"
+        elif offer.blocks and max(offer.blocks) >= source.rank.num_blocks:
+            self.local.drop("malformed", f"offer of {offer.request_id!r} from {peer.name} names blocks beyond its pool")
+            problem = f"block ids beyond the sender's pool of {source.rank.num_blocks}"
+        elif remaining <= 0:
+            problem = "its deadline passed before the receiver read it"
+        elif self._per_peer[peer.name] >= self.local.limits.offers_per_peer:
+            self.local.stats["dropped_over_budget"] += 1
+            problem = "too many offers from this sender waiting to be taken"
+        if problem:
+            self.release(peer.name, offer, "declined", problem)
+            return
+        waiting = self.offers.setdefault(offer.request_id, {})
+        old = waiting.get(peer.name)
+        if old is not None:
+            self._forget(old)
+            self.release(peer.name, old.offer, "declined", "superseded by a newer offer of the same request")
+            waiting = self.offers.setdefault(offer.request_id, {})
+        announced = waiting[peer.name] = Announced(offer, peer.name)
+        self._per_peer[peer.name] += 1
+        expiry = time.monotonic() + min(remaining, self.local.limits.park_s)
+        announced.timer = self.local.loop.call_at(expiry, lambda: self._expired(announced))
+
+    def _forget(self, announced: Announced) -> None:
+        waiting = self.offers.get(announced.offer.request_id, {})
+        if waiting.get(announced.peer) is announced:
+            del waiting[announced.peer]
+            if not waiting:
+                del self.offers[announced.offer.request_id]
+            self._per_peer[announced.peer] -= 1
+            if self._per_peer[announced.peer] <= 0:
+                del self._per_peer[announced.peer]
+        if announced.timer is not None:
+            announced.timer.cancel()
+
+    def _expired(self, announced: Announced) -> None:
+        announced.timer = None
+        if self.offers.get(announced.offer.request_id, {}).get(announced.peer) is announced:
+            self._forget(announced)
+            self.release(announced.peer, announced.offer, "declined", "no receive took it in time")
+
+    def withdraw(self, peer: Peer, cancel: control.Cancel) -> None:
+        """The sender withdrew an announcement (its offer ended): decline it if not taken."""
+        announced = self.offers.get(cancel.request_id, {}).get(peer.name)
+        if announced is not None and announced.offer.token == cancel.nonce:
+            self._forget(announced)
+            self.release(peer.name, announced.offer, "declined", "withdrawn by the sender")
+        else:
+            self.local.stats["late_frames"] += 1  # taken already: its read's release follows
+
+    def take(self, request_id: str, peers: list[str], blocks: int) -> dict[str, control.Offer] | None:
+        """The announcements of ``request_id`` by every one of ``peers`` (taken: no timer declines
+        them any more), if each holds ``blocks`` blocks; None otherwise (the receive asks for writes)."""
+        waiting = self.offers.get(request_id)
+        if not waiting or any(p not in waiting or len(waiting[p].offer.blocks) != blocks for p in peers):
+            return None
+        taken = {}
+        for peer in peers:
+            announced = waiting[peer]
+            self._forget(announced)
+            taken[peer] = announced.offer
+        return taken
+
+    def decline_all(self, request_id: str, send: Any) -> None:
+        """The receive of ``request_id`` asks for writes: decline its announcements (before the ask)."""
+        for announced in list(self.offers.get(request_id, {}).values()):
+            self._forget(announced)
+            send(announced.peer, self._release(announced.offer, "declined", "the receiver asked for a write"))
+
+    def start(self, receive: Any, peer: str, offer: control.Offer) -> str | None:
+        """Post the READ of ``offer`` into ``receive``'s blocks: "" if posted, None if there was
+        nothing to read, or why it could not start (nothing was read)."""
+        source = self.sources.get(peer)
+        if source is None or source.gone:
+            return "the sender is no longer connected"
+        if offer.deadline_ms / 1000.0 <= time.time():
+            return "the sender's offer expired before the read started"
+        handle = receive.handle
+        remote_blocks = offer.blocks[receive.skip_blocks :]
+        if not remote_blocks:
+            self.release(peer, offer, "ok")
+            return None
+        plan = whole_block_plan(source, remote_blocks, handle.block_ids)
+        posted = time.perf_counter()  # (a READ over CMA may be done when transfer() returns)
+        try:
+            xfer = self._post.whole_blocks(source, handle.block_ids, remote_blocks)
+            status = self.local.agent.transfer(xfer)
+        except Exception as exc:
+            return f"NIXL: {exc}"
+        if status == "ERR":
+            self._post.finished(xfer, ok=False)
+            return "NIXL reported an error posting the read"
+        source.writes += 1
+        self.inflight.append(Read(receive, peer, offer, xfer, plan.nbytes, plan.descriptors_before, plan.descriptors, posted))
+        return ""
+
+    def progress(self) -> list[tuple[Read, bool, str]]:
+        """Poll NIXL for the READs in flight: the finished ones, each released to its sender."""
+        finished = []
+        for read in list(self.inflight):
+            try:
+                status = self.local.agent.check_xfer_state(read.xfer)
+            except Exception as exc:
+                status, error = "ERR", str(exc)
+            else:
+                error = "NIXL reported an error during the read"
+            if status == "PROC":
+                continue
+            ok = status == "DONE"
+            self._ended(read, "ok" if ok else "error", "" if ok else error)
+            self._post.finished(read.xfer, ok=ok)
+            finished.append((read, ok, "" if ok else error))
+        return finished
+
+    def abort(self, receive: Any) -> set[str]:
+        """Stop ``receive``'s READs; the senders whose READ is confirmed stopped (the rest end when
+        NIXL reports them)."""
+        stopped = set()
+        for read in [r for r in self.inflight if r.receive is receive]:
+            try:
+                read.xfer.release()
+            except Exception:
+                continue
+            self._post.forget(read.xfer)
+            self._ended(read, "cancelled", "the receive ended before the read did")
+            stopped.add(read.peer)
+        return stopped
+
+    def reading(self, handle: Any, peer: str) -> bool:
+        """Whether a READ from ``peer`` into ``handle``'s blocks is in flight."""
+        return any(r.receive.handle is handle and r.peer == peer for r in self.inflight)
+
+    def _ended(self, read: Read, status: str, reason: str) -> None:
+        self.inflight.remove(read)
+        self.done += status == "ok"
+        transfer_us = int((time.perf_counter() - read.posted) * 1e6)
+        self.release(read.peer, read.offer, status, reason, read.nbytes if status == "ok" else 0, transfer_us)
+        source = self.sources.get(read.peer)
+        if source is not None:
+            source.writes -= 1
+        if source is not None and source.gone and not source.writes:
+            del self.sources[read.peer]
+            release_remote(self.local, source)
+
+    def peer_gone(self, name: str) -> None:
+        """The connection to sender ``name`` is gone: its announcements go (no release can reach
+        it); its metadata goes once no READ of it is in flight."""
+        for waiting in list(self.offers.values()):
+            if name in waiting:
+                self._forget(waiting[name])
+        source = self.sources.get(name)
+        if source is not None:
+            source.gone = True
+            if not source.writes:
+                del self.sources[name]
+                release_remote(self.local, source)
+
+    def _release(self, offer: control.Offer, status: str, reason: str = "", nbytes: int = 0, transfer_us: int = 0) -> control.Release:
+        return control.Release(offer.request_id, offer.token, status, reason[: control.MAX_REASON], nbytes, transfer_us)
+
+    def release(self, peer: str, offer: control.Offer, status: str, reason: str = "", nbytes: int = 0, transfer_us: int = 0) -> None:
+        """(Service thread.) Queue the release of ``offer`` to its sender."""
+        self.connections.send_to(peer, self._release(offer, status, reason, nbytes, transfer_us))
+
+    def close(self) -> None:
+        """Release every source's NIXL state and the local prepared list (after the loop stopped)."""
+        for source in self.sources.values():
+            release_remote(self.local, source)
+        self.sources.clear()
+        self._post.close()
