@@ -299,14 +299,16 @@ def _rank(
                 dealer.recv()
                 result = time.perf_counter() - t0
             elif op == "offer_many":  # sender: offers for ids PREFIX-0 .. PREFIX-(count-1), one block each
-                kind, prefix, count = args
+                kind, prefix, count, mode = args
                 blocks = pools[kind].num_blocks
                 for i in range(count):
-                    transceivers[kind].send(f"{prefix}-{i}", [i % blocks], to=None if plaintext else "receiver")
+                    by_mode[mode][kind].send(f"{prefix}-{i}", [i % blocks], to=None if plaintext else "receiver")
                 result = None
             elif op == "rps":  # receiver: those requests, `window` in flight at once; requests per second
-                kind, prefix, count, window = args
-                result = requests_per_second(transceivers[kind], prefix, count, window)
+                kind, prefix, count, window, mode = args
+                if mode == "reads":  # (announcements arrive in order: the last one means all)
+                    wait_for_announcement(by_mode[mode][kind], f"{prefix}-{count - 1}", 10.0)
+                result = requests_per_second(by_mode[mode][kind], prefix, count, window)
             elif op == "cpu":  # CPU seconds of this whole process so far (every thread; ns, not 10 ms ticks)
                 result = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
             elif op == "digests":
@@ -596,38 +598,48 @@ def bench_requests(quick: bool, device: str) -> dict[str, Any]:
     keys = {"sender": zmq.curve_keypair(), "receiver": zmq.curve_keypair()}
     spec = {"small": (SMALL, 256)}
     one = Payload("one 4 KiB block", "small", (7,), (9,))
-    sender = Rank("sender", spec, device, [one], {"keys": keys, "reads": False})
-    receiver = Rank("receiver", spec, device, [one], {"keys": keys, "reads": False})
+    sender = Rank("sender", spec, device, [one], {"keys": keys})
+    receiver = Rank("receiver", spec, device, [one], {"keys": keys})
     try:
         sender("peer", receiver.info)
         receiver("connect", (sender.info["addresses"], "writes"))
+        receiver("connect", (sender.info["reads_addresses"], "reads"))
         echo = sender("echo")
         warm, n = 20, (150 if quick else 500)
-        raw, rtt, request = [], [], []
+        raw, rtt, request, read = [], [], [], []
         for rep in range(warm + n):
             raw_t = sender("raw", one.name)
             rtt_t = receiver("rtt", echo)
             sender("offer", (one, f"one-{rep}"))
             total = receiver("receive", (one, f"one-{rep}"))["total_us"]
+            sender("offer", (one, f"one-{rep}", "reads"))  # the same request, read (allow_reads)
+            read_total = receiver("receive", (one, f"one-{rep}", "reads"))["total_us"]
             if rep >= warm:
                 raw.append(raw_t * 1e6)
                 rtt.append(rtt_t * 1e6)
                 request.append(total)
-        rps: dict[int, float] = {}
+                read.append(read_total)
+        rps: dict[tuple[str, int], float] = {}
         count = 150 if quick else 400
         for window in (1, 8, 64):
-            runs = []
-            for run in range(3):
-                prefix = f"rps{window}-{run}"
-                sender("offer_many", ("small", prefix, count * (1 + window // 8)))
-                runs.append(receiver("rps", ("small", prefix, count * (1 + window // 8), window)))
-            rps[window] = statistics.median(runs)
+            for mode in ("writes", "reads"):
+                runs = []
+                for run in range(3):
+                    prefix = f"rps{window}-{run}"
+                    sender("offer_many", ("small", prefix, count * (1 + window // 8), mode))
+                    runs.append(receiver("rps", ("small", prefix, count * (1 + window // 8), window, mode)))
+                rps[(mode, window)] = statistics.median(runs)
     finally:
         receiver.stop()
         sender.stop()
-    raw_us, rtt_us, request_us = (statistics.median(v) for v in (raw, rtt, request))
+    raw_us, rtt_us, request_us, read_us = (statistics.median(v) for v in (raw, rtt, request, read))
     overhead = request_us - raw_us
     return {
+        # the same, read by the receiver from a sender with allow_reads (interleaved with the above)
+        "reads_request_overhead_us": round(read_us - raw_us, 1),
+        "reads_overhead_in_rtts": round((read_us - raw_us) / rtt_us, 2),
+        "reads_rps_1": round(rps[("reads", 1)]),
+        "reads_rps_64": round(rps[("reads", 64)]),
         "request_overhead_us": round(overhead, 1),
         "request_p50_us": round(request_us, 1),
         "request_p99_us": round(_percentile(request, 0.99), 1),
@@ -635,10 +647,10 @@ def bench_requests(quick: bool, device: str) -> dict[str, Any]:
         "zmq_rtt_us": round(rtt_us, 1),
         "zmq_rtt_p99_us": round(_percentile(rtt, 0.99), 1),
         "overhead_in_rtts": round(overhead / rtt_us, 2),
-        "rps_1": round(rps[1]),
-        "rps_8": round(rps[8]),
-        "rps_64": round(rps[64]),
-        "rps_64_vs_1": round(rps[64] / rps[1], 2),
+        "rps_1": round(rps[("writes", 1)]),
+        "rps_8": round(rps[("writes", 8)]),
+        "rps_64": round(rps[("writes", 64)]),
+        "rps_64_vs_1": round(rps[("writes", 64)] / rps[("writes", 1)], 2),
         "request_samples": n,
     }
 
@@ -798,6 +810,10 @@ def main(argv: list[str] | None = None) -> int:
             min(r["transceiver_gbps"] for r in bulk if r["payload"].startswith("scattered 512")) / contiguous["transceiver_gbps"], 3
         ),
         "one_block_overhead_us": round(one["transceiver_us"] - one["nixl_us"], 1),
+        # the same payloads read by the receiver (a sender with allow_reads), interleaved with the above
+        "reads_vs_nixl": round(contiguous["reads_vs_nixl"], 3),
+        "reads_vs_nixl_min": round(min(r["reads_vs_nixl"] for r in bulk), 3),
+        "reads_one_block_overhead_us": round(one["reads_us"] - one["nixl_us"], 1),
         "bit_identical": all(r["bit_identical"] for r in rows),
         "seconds": round(time.perf_counter() - started, 1),
         "payloads": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
@@ -822,20 +838,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary))
     else:
         print(f"KV transfer, {args.device}, median of {reps} (GB/s = 10^9 B/s; ratios are within this run)\n")
-        header = f"{'payload':<26}{'torch':>8}{'NIXL':>8}{'kvpolicy':>10}{'kv/NIXL':>9}{'descs':>12}{'NIXL us':>10}{'kv us':>10}  bits"
+        header = f"{'payload':<26}{'torch':>8}{'NIXL':>8}{'kvpolicy':>10}{'kv/NIXL':>9}{'reads/NIXL':>11}{'descs':>12}{'NIXL us':>10}{'kv us':>10}  bits"
         print(header)
         print("-" * len(header))
         for r in rows:
             descs = f"{r['descriptors_before']}->{r['descriptors']}"
             print(
                 f"{r['payload']:<26}{r['torch_gbps']:>8.2f}{r['nixl_gbps']:>8.2f}{r['transceiver_gbps']:>10.2f}"
-                f"{r['transceiver_vs_nixl']:>9.2f}{descs:>12}{r['nixl_us']:>10.0f}{r['transceiver_us']:>10.0f}  "
+                f"{r['transceiver_vs_nixl']:>9.2f}{r['reads_vs_nixl']:>11.2f}{descs:>12}{r['nixl_us']:>10.0f}{r['transceiver_us']:>10.0f}  "
                 f"{'ok' if r['bit_identical'] else 'MISMATCH'}"
             )
         print()
         print(f"scattered / contiguous (kvpolicy):  {summary['scattered_vs_contiguous']:.2f}  (512 blocks: {summary['scattered_512_vs_contiguous']:.2f})")
         print(f"kvpolicy / NIXL, worst payload:     {summary['transceiver_vs_nixl_min']:.2f}")
-        print(f"one-block request overhead:         {summary['one_block_overhead_us']:.0f} us")
+        print(f"one-block request overhead:         {summary['one_block_overhead_us']:.0f} us ({summary['reads_one_block_overhead_us']:.0f} us read)")
+        print(f"reads (allow_reads) / NIXL:         {summary['reads_vs_nixl']:.2f} on 64 MiB, {summary['reads_vs_nixl_min']:.2f} worst payload")
         print(
             f"64 MiB floor (raw write + one bare round trip right after it, {summary['rtt_after_write_us']:.0f} us; "
             f"{summary['rtt_after_idle_us']:.0f} us after as long idle, {summary['zmq_rtt_us']:.0f} us back to back): "
@@ -857,6 +874,10 @@ def main(argv: list[str] | None = None) -> int:
             f"requests/s, 4 KiB: {summary['rps_1']:,} (1 in flight), {summary['rps_8']:,} (8), {summary['rps_64']:,} (64): "
             f"x{summary['rps_64_vs_1']:.2f}; idle CPU per transceiver {summary['idle_cpu_pct']:.2f}% of a core "
             f"(sender {summary['idle_cpu_pct_each']['sender']:.2f}, receiver {summary['idle_cpu_pct_each']['receiver']:.2f})"
+        )
+        print(
+            f"read by the receiver (allow_reads), same run: overhead {summary['reads_request_overhead_us']:.0f} us = "
+            f"{summary['reads_overhead_in_rtts']:.2f} round trips; requests/s {summary['reads_rps_1']:,} (1), {summary['reads_rps_64']:,} (64)"
         )
         for target, met in summary["targets"].items():
             print(f"  {'met' if met else 'MISSED':<7}{target}")

@@ -147,9 +147,11 @@ class Reads:
     """Receiver side: the senders this side may read from, their announcements, READs in flight.
     Every method runs under the receiver's lock; all but :meth:`take` on the service thread."""
 
-    def __init__(self, local: LocalSide, connections: Connections) -> None:
+    def __init__(self, local: LocalSide, connections: Connections, lock: Any) -> None:
         self.local = local
         self.connections = connections
+        self.lock = lock
+        """The receiver's lock (its timers take it too)."""
         self.offers: dict[str, dict[str, Announced]] = {}
         """Announcements not taken yet: request id -> sender name -> announcement."""
         self._per_peer: Counter[str] = Counter()
@@ -235,10 +237,11 @@ class Reads:
             announced.timer.cancel()
 
     def _expired(self, announced: Announced) -> None:
-        announced.timer = None
-        if self.offers.get(announced.offer.request_id, {}).get(announced.peer) is announced:
-            self._forget(announced)
-            self.release(announced.peer, announced.offer, "declined", "no receive took it in time")
+        with self.lock:
+            announced.timer = None
+            if self.offers.get(announced.offer.request_id, {}).get(announced.peer) is announced:
+                self._forget(announced)
+                self.release(announced.peer, announced.offer, "declined", "no receive took it in time")
 
     def withdraw(self, peer: Peer, cancel: control.Cancel) -> None:
         """The sender withdrew an announcement (its offer ended): decline it if not taken."""

@@ -92,7 +92,7 @@ class Receiver:
         """Blocks of open or fenced receives (callers read it under :attr:`lock`)."""
         self.state = threading.RLock()
         """Held for every change of :attr:`receives` and :attr:`fences` (a caller may start one)."""
-        self.reads = Reads(local, connections)
+        self.reads = Reads(local, connections, self.state)
         self.closed = False
         self.direct = 0
         """Requests sent from a caller's thread (the rest went through the service thread)."""

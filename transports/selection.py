@@ -165,7 +165,7 @@ def open_transceiver(resolution: Any, pool: BlockPool, **options: Any) -> Transc
 
     ``options`` go to the implementation (for PYTHON + NIXL: ``allowed_peers`` (required) and
     ``identity`` (the CURVE keys, see ``kvpolicy keys``), ``timeout_s``, ``name``, ``host``, ``port``,
-    ``settings``, ``limits``, ``log_requests``, ``metadata``). The request timeout defaults to the
+    ``settings``, ``limits``, ``log_requests``, ``metadata``, ``allow_reads``). The request timeout defaults to the
     resolution's ``kv_transfer_timeout_ms``.
 
     Raises :class:`TransceiverSelectionError` if the resolution has errors, turns disaggregation off,

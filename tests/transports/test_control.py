@@ -24,6 +24,10 @@ RANK = control.RankInfo("decode", "agent-1", b"\x00meta", LAYOUT, 1 << 40, 64, "
         control.Result("r1", 9, "ok", "", 4096, 64, 1, 12, 34),
         control.Result("r1", 9, "error", "boom"),
         control.Result("r1", 9, "aborted", "deadline"),
+        control.Offer("r1", 5, (4, 2), 1_700_000_000_000),
+        control.Offer("r1", 5, (), 1_700_000_000_000),
+        control.Release("r1", 5, "ok", "", 4096, 12),
+        control.Release("r1", 5, "declined", "no receive took it in time"),
     ],
 )
 def test_round_trip(message):
@@ -37,7 +41,7 @@ _field_values = st.one_of(
 _near_frames = st.builds(
     lambda version, kind, fields: msgpack.packb([version, kind, *fields], use_bin_type=True),
     st.sampled_from([control.PROTOCOL_VERSION, control.PROTOCOL_VERSION, 3, True, 4.0]),
-    st.sampled_from(["hello", "welcome", "request", "cancel", "result", "nope"]),
+    st.sampled_from(["hello", "welcome", "request", "cancel", "result", "offer", "release", "nope"]),
     st.lists(_field_values, max_size=10),
 )
 
@@ -67,6 +71,14 @@ def _result(**fields):
 
 def _request(**fields):
     return _frame("request", *{**dict(request_id="x", nonce=1, blocks=[1], skip_blocks=0, deadline_ms=10), **fields}.values())
+
+
+def _offer(**fields):
+    return _frame("offer", *{**dict(request_id="x", token=1, blocks=[1], deadline_ms=10), **fields}.values())
+
+
+def _release(**fields):
+    return _frame("release", *{**dict(request_id="x", token=1, status="ok", reason="", nbytes=0, transfer_us=0), **fields}.values())
 
 
 def _hello(**rank):
@@ -101,6 +113,19 @@ def _hello(**rank):
         (_result(nbytes=-1), "nbytes"),
         (_result(transfer_us=2**60), "transfer_us"),
         (_result(reason="x" * 5000), "reason"),
+        (_offer(token=0), "token"),
+        (_offer(token=2**60), "token"),
+        (_offer(blocks=[1, -1]), "blocks"),
+        (_offer(blocks=[False]), "blocks"),
+        (_offer(blocks=[2**30]), "blocks"),
+        (_offer(deadline_ms=0), "deadline_ms"),
+        (_frame("offer", "x", 1, [1]), "expected 4 fields"),
+        (_release(status="written"), "status"),
+        (_release(status="aborted"), "status"),  # a result's status, not a release's
+        (_release(nbytes=-5), "nbytes"),
+        (_release(transfer_us=2**60), "transfer_us"),
+        (_release(reason="x" * 5000), "reason"),
+        (_release(token=0), "token"),
         (_hello(**{"memory_type": "DISK"}), "memory_type"),
         (_hello(**{"layout": {"num_layers": 1}}), "layout"),
         (_hello(**{"num_blocks": 2**64 - 1}), "num_blocks"),

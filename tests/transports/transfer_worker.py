@@ -154,6 +154,8 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
             elif op == "stats":
                 reads = tx._receiver.reads
                 result = {**tx.stats, "registrations": tx.registrations, "reads": reads.done, "read_sources": len(reads.sources)}
+            elif op == "announced":  # request ids announced to this side and not taken yet
+                result = sorted(tx._receiver.reads.offers)
             elif op == "announce_raw":  # (frames): send frames as they are to every receiver that said hello
                 def announce() -> None:
                     for identity in list(tx._remotes.remotes):

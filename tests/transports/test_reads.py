@@ -1,0 +1,181 @@
+"""Reads (protocol 5): receivers that read announced offers themselves, and what guards them.
+
+Real processes and NIXL, as in test_transfer; the byte-level paths are also run in both modes there
+(its ``pair`` fixture). These tests are about the announcement's life: who gets one, that each gets
+exactly one release, that the sender keeps its blocks until then, and hostile announcements.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+from conftest import requires_nixl
+
+from kvpolicy.transports import KVLayout, control
+
+pytestmark = requires_nixl
+
+LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
+BLOCKS = 32
+
+
+def until(predicate, timeout_s: float = 10.0) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def ranks(workers):
+    """A prefill rank that allows reads and a decode rank connected to it."""
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1, allow_reads=True)
+    decode = workers("decode", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=2, limits={"offers_per_peer": 4})
+    decode.call("connect", prefill.address)
+    assert decode.call("stats")["read_sources"] == 1
+    return prefill, decode
+
+
+def test_an_announced_offer_is_read_and_released(ranks):
+    prefill, decode = ranks
+    prefill.call("send", "r1", [3, 4, 5], to=decode.key_name)
+    assert until(lambda: decode.call("announced") == ["r1"])
+    decode.call("receive", "r1", [10, 11, 12])
+    received, sent = decode.call("wait", "r1"), prefill.call("wait", "r1")
+    assert received["state"] == sent["state"] == "completed", (received, sent)
+    assert decode.call("digests", [10, 11, 12]) == prefill.call("digests", [3, 4, 5])
+    assert decode.call("stats")["reads"] == 1
+    assert received["metrics"]["bytes"] == sent["metrics"]["bytes"] == 3 * LAYOUT.block_bytes
+    assert prefill.call("released", "r1") and decode.call("released", "r1")
+    assert decode.call("announced") == []
+
+
+def test_a_skipped_prefix_is_not_read(ranks):
+    prefill, decode = ranks
+    decode.call("fill", 7)
+    held = decode.call("digests", [20])
+    prefill.call("send", "prefix", [1, 2, 3], to=decode.key_name)
+    assert until(lambda: decode.call("announced") == ["prefix"])
+    decode.call("receive", "prefix", [21, 22], skip_blocks=1)
+    assert decode.call("wait", "prefix")["state"] == "completed"
+    assert decode.call("digests", [21, 22]) == prefill.call("digests", [2, 3])
+    assert decode.call("digests", [20]) == held
+    assert prefill.call("wait", "prefix")["metrics"]["bytes"] == 2 * LAYOUT.block_bytes
+
+
+def test_a_receive_before_the_announcement_is_written_and_the_announcement_declined(ranks):
+    prefill, decode = ranks
+    decode.call("receive", "early", [8, 9])
+    time.sleep(0.2)  # the ask reaches the sender first
+    prefill.call("send", "early", [1, 2], to=decode.key_name)
+    assert decode.call("wait", "early")["state"] == "completed"
+    assert prefill.call("wait", "early")["state"] == "completed"
+    assert decode.call("digests", [8, 9]) == prefill.call("digests", [1, 2])
+    assert decode.call("stats")["reads"] == 0
+    # The announcement crossed the ask: decode declined it, which released the sender's blocks.
+    assert until(lambda: prefill.call("released", "early"))
+
+
+def test_a_sender_cancel_withdraws_the_announcement_before_releasing_the_blocks(ranks):
+    prefill, decode = ranks
+    prefill.call("send", "withdrawn", [4, 5], to=decode.key_name)
+    assert until(lambda: decode.call("announced") == ["withdrawn"])
+    prefill.call("cancel", "withdrawn", role="sender")
+    assert prefill.call("wait", "withdrawn")["state"] == "cancelled"
+    # Released only once decode answered the withdrawal: it can no longer start a read.
+    assert until(lambda: prefill.call("released", "withdrawn"))
+    assert decode.call("announced") == []
+    decode.call("receive", "withdrawn", [6, 7], timeout_s=5.0)
+    outcome = decode.call("wait", "withdrawn")
+    assert outcome["state"] == "cancelled", outcome
+    assert decode.call("stats")["reads"] == 0
+
+
+def test_an_announcement_nobody_takes_ends_with_the_offer(ranks):
+    prefill, decode = ranks
+    prefill.call("send", "orphan", [9], to=decode.key_name, timeout_s=1.0)
+    assert until(lambda: decode.call("announced") == ["orphan"])
+    assert prefill.call("wait", "orphan")["state"] == "timed_out"
+    assert until(lambda: prefill.call("released", "orphan"))
+    assert until(lambda: decode.call("announced") == [])
+
+
+def test_only_the_named_receiver_gets_the_announcement(workers):
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1, allow_reads=True)
+    named = workers("named", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=2)
+    other = workers("other", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=3)
+    for decode in (named, other):
+        decode.call("connect", prefill.address)
+    prefill.call("send", "private", [1, 2], to=named.key_name)
+    assert until(lambda: named.call("announced") == ["private"])
+    assert other.call("announced") == []
+    other.call("receive", "private", [3, 4], timeout_s=1.0)  # not named: treated like an unknown id
+    assert other.call("wait", "private")["state"] == "timed_out"
+    named.call("receive", "private", [3, 4])
+    assert named.call("wait", "private")["state"] == "completed"
+    assert (named.call("stats")["reads"], other.call("stats")["reads"]) == (1, 0)
+
+
+def test_no_metadata_and_no_announcement_without_allow_reads(workers):
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=2)
+    decode.call("connect", prefill.address)
+    assert decode.call("stats")["read_sources"] == 0  # the welcome carried no metadata
+    prefill.call("send", "plain", [1], to=decode.key_name)
+    time.sleep(0.2)
+    assert decode.call("announced") == []
+    decode.call("receive", "plain", [2])
+    assert decode.call("wait", "plain")["state"] == "completed"
+    assert decode.call("stats")["reads"] == 0
+
+
+def _offer(request_id: str, token: int, blocks: list[int], deadline_ms: int | None = None) -> bytes:
+    deadline_ms = deadline_ms or int(time.time() * 1000) + 30_000
+    return msgpack.packb([control.PROTOCOL_VERSION, "offer", request_id, token, blocks, deadline_ms])
+
+
+def test_hostile_announcements_are_declined_and_bounded(ranks):
+    prefill, decode = ranks
+    before, sender_before = decode.call("stats"), prefill.call("stats")["dropped_unknown_request"]
+    prefill.call("announce_raw", [
+        _offer("beyond", 1, [BLOCKS + 5]),  # blocks outside the sender's own pool
+        msgpack.packb([control.PROTOCOL_VERSION, "offer", "zero", 0, [1], 1]),  # token 0: off-schema
+        _offer("past", 2, [1], deadline_ms=1000),  # deadline long gone
+    ])
+    assert until(lambda: decode.call("stats")["dropped_malformed"] == before["dropped_malformed"] + 2)
+    assert decode.call("announced") == []
+    # A flood: at most offers_per_peer (4) are kept, the rest declined at once.
+    prefill.call("announce_raw", [_offer(f"flood-{i}", 10 + i, [1]) for i in range(10)])
+    assert until(lambda: decode.call("stats")["dropped_over_budget"] == before["dropped_over_budget"] + 6)
+    assert len(decode.call("announced")) == 4
+    # Each one declined was answered (2 + 6 releases): the sender, which never announced them, drops them.
+    assert until(lambda: prefill.call("stats")["dropped_unknown_request"] == sender_before + 8)
+    # So is a forged release, for something never announced to this receiver.
+    decode.call("raw", "prefill", [msgpack.packb([control.PROTOCOL_VERSION, "release", "r-none", 5, "ok", "", 1 << 20, 1])])
+    assert until(lambda: prefill.call("stats")["dropped_unknown_request"] == sender_before + 9)
+    # The service goes on: a real offer, declined while the flood fills the budget, is written instead.
+    prefill.call("send", "after", [2], to=decode.key_name)
+    assert until(lambda: decode.call("stats")["dropped_over_budget"] == before["dropped_over_budget"] + 7)
+    decode.call("receive", "after", [3])
+    assert decode.call("wait", "after")["state"] == prefill.call("wait", "after")["state"] == "completed"
+    assert decode.call("digests", [3]) == prefill.call("digests", [2])
+    assert decode.call("stats")["reads"] == 0 and prefill.call("released", "after")
+
+
+def test_reads_over_ucx_tcp(workers):
+    """Without CMA (UCX over TCP, as between two hosts), a read still moves every byte."""
+    env = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_CMA_SEG_SIZE": None}
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1, allow_reads=True, env=env)
+    decode = workers("decode", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=2, env=env)
+    decode.call("connect", prefill.address)
+    prefill.call("send", "tcp", [1, 2, 3, 9], to=decode.key_name)
+    assert until(lambda: decode.call("announced") == ["tcp"])
+    decode.call("receive", "tcp", [4, 5, 6, 7])
+    assert decode.call("wait", "tcp")["state"] == prefill.call("wait", "tcp")["state"] == "completed"
+    assert decode.call("digests", [4, 5, 6, 7]) == prefill.call("digests", [1, 2, 3, 9])
+    assert decode.call("stats")["reads"] == 1
