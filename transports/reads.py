@@ -14,10 +14,11 @@ superseded or was over budget), ``cancelled`` (the receive was cancelled or time
 ended or was aborted) or ``error`` (the read failed). The sender keeps the blocks until then (its
 handle may end first, with ``released`` False), or until the receiver disconnects.
 
-Trust: a receiver that loaded a sender's metadata can read all of that sender's registered pool,
-not only the blocks announced to it, as a sender that loaded a receiver's metadata can already
-write (and read) all of the receiver's pool. Reads are therefore off unless the sender allows them,
-and only receivers whose key is on the sender's allow-list ever get its metadata.
+Trust: a receiver that loaded a sender's metadata can read (and write) all of that sender's
+registered pool, not only the blocks announced to it, as a sender that loaded a receiver's
+metadata can already write (and read) all of the receiver's pool. Reads are therefore off unless
+the sender allows them, and only receivers whose key is on the sender's allow-list ever get its
+metadata.
 
 :class:`Reads` (receiver side) runs under the receiver's lock; :func:`announce` and
 :func:`on_release` are the sender side.
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvpolicy.transports")
 
 _tokens = itertools.count(secrets.randbelow(1 << 52) + 1)
+_BLOCKS_PER_PEER = 64
+"""Block ids held in announcements not taken yet, per sender, in pools' worth of this side's pool."""
 
 
 # -- sender side ------------------------------------------------------------------------------------
@@ -135,6 +138,7 @@ class Read:
 
     receive: Any
     peer: str
+    source: Remote
     offer: control.Offer
     xfer: Any
     nbytes: int
@@ -155,6 +159,7 @@ class Reads:
         self.offers: dict[str, dict[str, Announced]] = {}
         """Announcements not taken yet: request id -> sender name -> announcement."""
         self._per_peer: Counter[str] = Counter()
+        self._blocks_per_peer: Counter[str] = Counter()
         self.sources: dict[str, Remote] = {}
         """Senders whose metadata this side loaded (from their welcome), by name."""
         self.inflight: list[Read] = []
@@ -202,14 +207,17 @@ class Reads:
         problem = ""
         if source is None:
             problem = "this receiver does not read from this sender"
-        elif offer.blocks and max(offer.blocks) >= source.rank.num_blocks:
-            self.local.drop("malformed", f"offer of {offer.request_id!r} from {peer.name} names blocks beyond its pool")
-            problem = f"block ids beyond the sender's pool of {source.rank.num_blocks}"
+        elif len(offer.blocks) > self.local.pool.num_blocks or (offer.blocks and max(offer.blocks) >= source.rank.num_blocks):
+            self.local.drop("malformed", f"offer of {offer.request_id!r} from {peer.name}: more blocks than this pool, or beyond the sender's")
+            problem = "more blocks than the receiver's pool holds, or block ids beyond the sender's pool"
         elif remaining <= 0:
             problem = "its deadline passed before the receiver read it"
-        elif self._per_peer[peer.name] >= self.local.limits.offers_per_peer:
+        elif (
+            self._per_peer[peer.name] >= self.local.limits.offers_per_peer
+            or self._blocks_per_peer[peer.name] + len(offer.blocks) > _BLOCKS_PER_PEER * self.local.pool.num_blocks
+        ):
             self.local.stats["dropped_over_budget"] += 1
-            problem = "too many offers from this sender waiting to be taken"
+            problem = "too many offers (or blocks) from this sender waiting to be taken"
         if problem:
             self.release(peer.name, offer, "declined", problem)
             return
@@ -221,6 +229,7 @@ class Reads:
             waiting = self.offers.setdefault(offer.request_id, {})
         announced = waiting[peer.name] = Announced(offer, peer.name)
         self._per_peer[peer.name] += 1
+        self._blocks_per_peer[peer.name] += len(offer.blocks)
         expiry = time.monotonic() + min(remaining, self.local.limits.park_s)
         announced.timer = self.local.loop.call_at(expiry, lambda: self._expired(announced))
 
@@ -231,8 +240,9 @@ class Reads:
             if not waiting:
                 del self.offers[announced.offer.request_id]
             self._per_peer[announced.peer] -= 1
+            self._blocks_per_peer[announced.peer] -= len(announced.offer.blocks)
             if self._per_peer[announced.peer] <= 0:
-                del self._per_peer[announced.peer]
+                del self._per_peer[announced.peer], self._blocks_per_peer[announced.peer]
         if announced.timer is not None:
             announced.timer.cancel()
 
@@ -295,7 +305,7 @@ class Reads:
             self._post.finished(xfer, ok=False)
             return "NIXL reported an error posting the read"
         source.writes += 1
-        self.inflight.append(Read(receive, peer, offer, xfer, plan.nbytes, plan.descriptors_before, plan.descriptors, posted))
+        self.inflight.append(Read(receive, peer, source, offer, xfer, plan.nbytes, plan.descriptors_before, plan.descriptors, posted))
         return ""
 
     def progress(self) -> list[tuple[Read, bool, str]]:
@@ -339,11 +349,11 @@ class Reads:
         self.done += status == "ok"
         transfer_us = int((time.perf_counter() - read.posted) * 1e6)
         self.release(read.peer, read.offer, status, reason, read.nbytes if status == "ok" else 0, transfer_us)
-        source = self.sources.get(read.peer)
-        if source is not None:
-            source.writes -= 1
-        if source is not None and source.gone and not source.writes:
-            del self.sources[read.peer]
+        source = read.source
+        source.writes -= 1
+        if source.gone and not source.writes:
+            if self.sources.get(read.peer) is source:
+                del self.sources[read.peer]
             release_remote(self.local, source)
 
     def peer_gone(self, name: str) -> None:

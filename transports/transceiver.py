@@ -67,7 +67,7 @@ class NixlTransceiver:
             keys: this mode is refused unless every endpoint is a loopback address (tests).
         allow_reads: receivers named in ``send(to=...)`` read the blocks themselves (NIXL READ), so
             no control message is on a request's path. They get this side's NIXL metadata, and with
-            it read access to the whole pool: allow it only for receivers trusted that far (:mod:`.reads`).
+            it access to the whole pool: allow it only for receivers trusted that far (:mod:`.reads`).
         _plaintext: for bench/transfer.py only, to measure what CURVE costs: no authentication, no
             encryption, no per-receiver binding. Never use it on a network.
     """

@@ -144,20 +144,21 @@ def test_hostile_announcements_are_declined_and_bounded(ranks):
     before, sender_before = decode.call("stats"), prefill.call("stats")["dropped_unknown_request"]
     prefill.call("announce_raw", [
         _offer("beyond", 1, [BLOCKS + 5]),  # blocks outside the sender's own pool
+        _offer("long", 3, [1] * (BLOCKS + 1)),  # more blocks than the receiver's pool could take
         msgpack.packb([control.PROTOCOL_VERSION, "offer", "zero", 0, [1], 1]),  # token 0: off-schema
         _offer("past", 2, [1], deadline_ms=1000),  # deadline long gone
     ])
-    assert until(lambda: decode.call("stats")["dropped_malformed"] == before["dropped_malformed"] + 2)
+    assert until(lambda: decode.call("stats")["dropped_malformed"] == before["dropped_malformed"] + 3)
     assert decode.call("announced") == []
     # A flood: at most offers_per_peer (4) are kept, the rest declined at once.
     prefill.call("announce_raw", [_offer(f"flood-{i}", 10 + i, [1]) for i in range(10)])
     assert until(lambda: decode.call("stats")["dropped_over_budget"] == before["dropped_over_budget"] + 6)
     assert len(decode.call("announced")) == 4
-    # Each one declined was answered (2 + 6 releases): the sender, which never announced them, drops them.
-    assert until(lambda: prefill.call("stats")["dropped_unknown_request"] == sender_before + 8)
+    # Each one declined was answered (3 + 6 releases): the sender, which never announced them, drops them.
+    assert until(lambda: prefill.call("stats")["dropped_unknown_request"] == sender_before + 9)
     # So is a forged release, for something never announced to this receiver.
     decode.call("raw", "prefill", [msgpack.packb([control.PROTOCOL_VERSION, "release", "r-none", 5, "ok", "", 1 << 20, 1])])
-    assert until(lambda: prefill.call("stats")["dropped_unknown_request"] == sender_before + 9)
+    assert until(lambda: prefill.call("stats")["dropped_unknown_request"] == sender_before + 10)
     # The service goes on: a real offer, declined while the flood fills the budget, is written instead.
     prefill.call("send", "after", [2], to=decode.key_name)
     assert until(lambda: decode.call("stats")["dropped_over_budget"] == before["dropped_over_budget"] + 7)
