@@ -180,3 +180,17 @@ def test_reads_over_ucx_tcp(workers):
     assert decode.call("wait", "tcp")["state"] == prefill.call("wait", "tcp")["state"] == "completed"
     assert decode.call("digests", [4, 5, 6, 7]) == prefill.call("digests", [1, 2, 3, 9])
     assert decode.call("stats")["reads"] == 1
+
+
+def test_an_announcement_owed_by_a_dead_receiver_fences_the_blocks_until_disconnect(ranks):
+    """The sender cannot know whether a receiver that never answered is reading: past its deadline
+    the offer ends, but its blocks stay fenced until the receiver answers or is disconnected."""
+    prefill, decode = ranks
+    prefill.call("send", "ghost", [5, 6], to=decode.key_name, timeout_s=1.5)
+    assert until(lambda: decode.call("announced") == ["ghost"])
+    decode.kill()  # no release will ever come
+    assert prefill.call("wait", "ghost")["state"] == "timed_out"
+    time.sleep(0.5)
+    assert prefill.call("released", "ghost") is False
+    assert prefill.call("disconnect", decode.key_name)
+    assert prefill.call("released", "ghost") is True
