@@ -312,7 +312,7 @@ class Receiver:
         if receive.handle.state is RequestState.CANCELLING:
             self._end(receive, RequestState.CANCELLED, f"cancelled; no confirmation from {missing} in time")
         elif receive.reads:
-            self._end(receive, RequestState.TIMED_OUT, f"the read from {missing} did not end in time")
+            self._end(receive, RequestState.TIMED_OUT, f"the read did not end in time ({f'still in flight from {missing}' if missing else 'aborted'})")
         else:
             self._end(receive, RequestState.TIMED_OUT, f"no result frame from {missing} in time")
 

@@ -194,3 +194,35 @@ def test_an_announcement_owed_by_a_dead_receiver_fences_the_blocks_until_disconn
     assert prefill.call("released", "ghost") is False
     assert prefill.call("disconnect", decode.key_name)
     assert prefill.call("released", "ghost") is True
+
+
+BIG = KVLayout(num_layers=8, kv_heads=8, tokens_per_block=16, head_dim=128)  # 512 KiB blocks
+
+
+@pytest.mark.parametrize("how", ["deadline", "cancel"])
+def test_a_receive_that_ends_during_its_read_keeps_its_blocks_fenced_until_the_read_ended(workers, how):
+    """Over TCP a read takes milliseconds: end the receive meanwhile. Its blocks stay held until
+    NIXL says the read is over (or it was aborted), the sender's until the release says so; then
+    both are reusable, and the next read into the same blocks is whole."""
+    env = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_CMA_SEG_SIZE": None}
+    prefill = workers("prefill", layout=BIG.to_wire(), num_blocks=64, seed=1, allow_reads=True, env=env)
+    decode = workers("decode", layout=BIG.to_wire(), num_blocks=64, seed=2, env=env)
+    decode.call("connect", prefill.address)
+    src, dst = list(range(64)), list(range(64))
+    prefill.call("send", "slow", src, to=decode.key_name)
+    assert until(lambda: decode.call("announced") == ["slow"])
+    if how == "deadline":
+        decode.call("receive", "slow", dst, timeout_s=0.002)
+    else:
+        decode.call("receive", "slow", dst)
+        decode.call("cancel", "slow", role="receiver")
+    ended = decode.call("wait", "slow")
+    assert ended["state"] in ({"timed_out", "completed"} if how == "deadline" else {"cancelled", "completed"}), ended
+    assert until(lambda: decode.call("released", "slow"))
+    assert prefill.call("wait", "slow")["state"] in ("cancelled", "completed")
+    assert until(lambda: prefill.call("released", "slow"))
+    prefill.call("send", "again", src, to=decode.key_name)
+    assert until(lambda: decode.call("announced") == ["again"])
+    decode.call("receive", "again", dst)
+    assert decode.call("wait", "again")["state"] == "completed"
+    assert decode.call("digests", dst) == prefill.call("digests", src)
