@@ -55,14 +55,15 @@ _BLOCKS_PER_PEER = 64
 # -- sender side ------------------------------------------------------------------------------------
 
 
-def announce(sender: Sender, offer: Offer) -> None:
-    """Announce ``offer`` to every connected receiver it names whose layout is this side's."""
+def announce(sender: Sender, offer: Offer, asked: set[bytes]) -> None:
+    """Announce ``offer`` to every connected receiver it names whose layout is this side's, but
+    those (``asked``: their connections) whose ask waits for it already."""
     handle = offer.handle
     offer.token = next(_tokens) % ((1 << 53) - 1) + 1
     deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
     message = control.Offer(handle.request_id, offer.token, handle.block_ids, deadline_ms)
     for remote in sender.remotes.remotes.values():
-        if offer.for_key(remote.key) and remote.whole_blocks:  # (a split layout needs a plan: writes)
+        if offer.for_key(remote.key) and remote.whole_blocks and remote.identity not in asked:  # (split layouts: writes)
             offer.announced[remote.identity] = remote
             sender.remotes.reply(remote, message)
 
@@ -149,7 +150,7 @@ class Read:
 
 class Reads:
     """Receiver side: the senders this side may read from, their announcements, READs in flight.
-    Every method runs under the receiver's lock; all but :meth:`take` on the service thread."""
+    Every method runs on the service thread, under the receiver's lock (callers test :attr:`offers`)."""
 
     def __init__(self, local: LocalSide, connections: Connections, lock: Any) -> None:
         self.local = local

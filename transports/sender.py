@@ -103,9 +103,9 @@ class Sender:
         handle._state = RequestState.WAITING
         self.offers[handle.request_id] = offer
         offer.timer = self.local.loop.call_at(handle.deadline, lambda: self._offer_expired(offer))
-        if to is not None and self.local.reads:
-            reads.announce(self, offer)
         waiting = self.parked.pop(handle.request_id, [])
+        if to is not None and self.local.reads:  # (not to a receiver that asked already: it is written)
+            reads.announce(self, offer, {ask.remote.identity for ask in waiting})
         for ask in waiting:
             self._unpark(ask, keep_listed=True)
         for ask in waiting:
