@@ -20,8 +20,7 @@ metadata can already write (and read) all of the receiver's pool. Reads are ther
 the sender allows them, and only receivers whose key is on the sender's allow-list ever get its
 metadata.
 
-:class:`Reads` (receiver side) runs under the receiver's lock; :func:`announce` and
-:func:`on_release` are the sender side.
+The sender side is :func:`announce` and :func:`on_release`; the receiver side is :class:`Reads`.
 """
 
 from __future__ import annotations
@@ -95,20 +94,36 @@ def on_release(sender: Sender, remote: Remote, release: control.Release) -> None
         sender._writer_ended(offer, ok=True, reason="")
 
 
+def withdraw(sender: Sender, offer: Offer) -> None:
+    """Withdraw the announcements of ``offer`` (once): a receiver declines one it has not taken."""
+    if offer.announced and not offer.withdrawn:
+        offer.withdrawn = True
+        for remote in offer.announced.values():
+            sender.remotes.reply(remote, control.Cancel(offer.handle.request_id, offer.token))
+
+
 def fence(sender: Sender, offer: Offer) -> bool:
     """An offer ends while receivers may still read it: keep its blocks until they release them,
     and withdraw the announcements not taken yet. False if nothing is pending (release now)."""
     if not offer.announced:
         return False
     sender.fenced[(offer.handle.request_id, offer.token)] = offer
-    for remote in offer.announced.values():
-        sender.remotes.reply(remote, control.Cancel(offer.handle.request_id, offer.token))
+    withdraw(sender, offer)
     return True
 
 
 def unfence(sender: Sender, offer: Offer) -> None:
     if not offer.announced and sender.fenced.pop((offer.handle.request_id, offer.token), None) is offer:
         offer.handle._release()
+
+
+def forget_all(sender: Sender) -> None:
+    """The loop has stopped: no receiver can read or release any more; release every fence."""
+    for offer in sender.offers.values():
+        offer.announced.clear()
+    for offer in sender.fenced.values():
+        offer.handle._release()
+    sender.fenced.clear()
 
 
 def remote_gone(sender: Sender, remote: Remote) -> None:

@@ -43,8 +43,9 @@ class Offer:
     cancel_requested: bool = False
     served_by: set[bytes] = field(default_factory=set)
     timer: Any = None
-    token: int = 0  # (reads) this offer's announcements, and receivers that owe a release:
+    token: int = 0  # (reads) this offer's announcements, the receivers that owe a release, withdrawn?
     announced: dict[bytes, Remote] = field(default_factory=dict)
+    withdrawn: bool = False
 
     def for_key(self, key: bytes) -> bool:
         return self.to is None or key in self.to
@@ -119,12 +120,13 @@ class Sender:
         reads.on_release(self, remote, release)
 
     def cancel(self, request_id: str) -> bool:
-        """Cancel an offer; True if it ended now (no write in flight)."""
+        """Cancel an offer; True if it ended now (no write in flight, no read that may be)."""
         offer = self.offers.get(request_id)
         if offer is None or offer.handle.done:
             return False
         offer.cancel_requested = True
-        if offer.writes:
+        reads.withdraw(self, offer)  # (a receiver that took it reads on: its release ends the offer)
+        if offer.writes or offer.announced:
             return False
         self._settle(offer)
         return True
@@ -347,7 +349,7 @@ class Sender:
 
     def _settle(self, offer: Offer) -> None:
         """End the offer once nothing is in flight and nothing more is expected (or it must stop)."""
-        if offer.writes or offer.handle.done:
+        if offer.writes or offer.handle.done or (offer.cancel_requested and offer.announced):
             return
         if offer.failed:
             self._end(offer, RequestState.FAILED, offer.failed)
@@ -386,12 +388,9 @@ class Sender:
 
     def fail_all(self, reason: str) -> None:
         """End everything still open (the loop has stopped; no receiver can read any more)."""
+        reads.forget_all(self)
         for offer in list(self.offers.values()):
-            offer.announced.clear()
             self._end(offer, RequestState.FAILED, reason)
-        for offer in self.fenced.values():
-            offer.handle._release()
-        self.fenced.clear()
         self.writes.clear()
 
     def close(self) -> None:

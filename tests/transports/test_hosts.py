@@ -176,11 +176,14 @@ def test_etcd_stopped_mid_run(two_hosts, workers):
 SOAK_REQUESTS = int(os.environ.get("KVPOLICY_SOAK_REQUESTS", "200"))
 
 
-def test_soak_random_sizes_and_cancels(two_hosts, workers):
+@pytest.mark.parametrize("mode", ["writes", "reads"])
+def test_soak_random_sizes_and_cancels(two_hosts, workers, mode):
     """``KVPOLICY_SOAK_REQUESTS`` requests (200 by default; 1,000 in the full soak) of 1-16 blocks,
     eight in flight at a time, about one in four cancelled from either side at a random moment.
-    Every request ends; completed ones match by checksum; cancelled ones say cancelled."""
-    prefill, decode = start_pair(two_hosts, workers, "soak", num_blocks=128)
+    Every request ends; completed ones match by checksum; cancelled ones say cancelled. Twice:
+    written by the sender, and read by the receiver (``allow_reads``, offers naming it)."""
+    prefill, decode = start_pair(two_hosts, workers, f"soak-{mode}", num_blocks=128, allow_reads=mode == "reads")
+    to = decode.key_name if mode == "reads" else None
     rng = random.Random(int(os.environ.get("KVPOLICY_SOAK_SEED", "11")))
     counts = {"completed": 0, "cancelled": 0, "cancel_requested": 0}
     nbytes, began = 0, time.monotonic()
@@ -201,7 +204,7 @@ def test_soak_random_sizes_and_cancels(two_hosts, workers):
             batch.append((f"soak-{done}", src, dst, cancel))
             done += 1
         for request_id, src, _dst, cancel in batch:
-            prefill.call("send", request_id, src)
+            prefill.call("send", request_id, src, to=to)
             if cancel == "sender-early":
                 prefill.call("cancel", request_id)
         for request_id, _src, dst, cancel in batch:
@@ -219,8 +222,8 @@ def test_soak_random_sizes_and_cancels(two_hosts, workers):
                 # A cancel that lands after the write finished leaves a completed request.
                 assert received["state"] in ("completed", "cancelled"), (request_id, cancel, received)
                 assert sent["state"] in ("completed", "cancelled"), (request_id, cancel, sent)
-                if cancel == "sender-early":
-                    assert received["state"] == sent["state"] == "cancelled", (request_id, received, sent)
+                if cancel == "sender-early":  # (a receive that took the announcement first reads it whole)
+                    assert received["state"] == sent["state"] == ("cancelled" if to is None else sent["state"]), (request_id, received, sent)
             counts[received["state"]] += 1
             if received["state"] == "completed":
                 assert decode.call("digests", dst) == prefill.call("digests", src), request_id
@@ -228,4 +231,6 @@ def test_soak_random_sizes_and_cancels(two_hosts, workers):
     assert counts["completed"] + counts["cancelled"] == SOAK_REQUESTS
     assert counts["cancelled"] > 0
     assert prefill.call("stats")["registrations"] == decode.call("stats")["registrations"] == 1
-    print(f"soak: {SOAK_REQUESTS} requests, {counts}, {nbytes / 2**20:.0f} MiB verified in {time.monotonic() - began:.1f}s")
+    reads = decode.call("stats")["reads"]
+    assert (reads > 0) == (mode == "reads")
+    print(f"soak ({mode}): {SOAK_REQUESTS} requests, {counts}, {reads} read, {nbytes / 2**20:.0f} MiB verified in {time.monotonic() - began:.1f}s")

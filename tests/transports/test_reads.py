@@ -114,7 +114,8 @@ def test_only_the_named_receiver_gets_the_announcement(workers):
     assert until(lambda: named.call("announced") == ["private"])
     assert other.call("announced") == []
     other.call("receive", "private", [3, 4], timeout_s=1.0)  # not named: treated like an unknown id
-    assert other.call("wait", "private")["state"] == "timed_out"
+    # (its deadline, or the sender's refusal when the ask's wait for an offer ends at the same time)
+    assert other.call("wait", "private")["state"] in ("timed_out", "failed")
     named.call("receive", "private", [3, 4])
     assert named.call("wait", "private")["state"] == "completed"
     assert (named.call("stats")["reads"], other.call("stats")["reads"]) == (1, 0)
