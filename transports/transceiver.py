@@ -289,7 +289,7 @@ class NixlTransceiver:
 
     def cancel(self, request_id: str, *, role: str | None = None) -> bool:
         """Cancel a request on this side. True when it is cancelled now; False if it already ended,
-        or if a write may be in flight: then it ends (``CANCELLED`` or ``COMPLETED``) once safe."""
+        or if a write (or read) may be in flight: then it ends (``CANCELLED`` or ``COMPLETED``) once safe."""
         roles = [role] if role else ["sender", "receiver"]
 
         def run() -> bool:

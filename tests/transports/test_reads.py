@@ -84,7 +84,8 @@ def test_a_sender_cancel_withdraws_the_announcement_before_releasing_the_blocks(
     prefill, decode = ranks
     prefill.call("send", "withdrawn", [4, 5], to=decode.key_name)
     assert until(lambda: decode.call("announced") == ["withdrawn"])
-    prefill.call("cancel", "withdrawn", role="sender")
+    # False: decode may be reading it; it ends once decode declined (or, had it read, completed)
+    assert prefill.call("cancel", "withdrawn", role="sender") is False
     assert prefill.call("wait", "withdrawn")["state"] == "cancelled"
     # Released only once decode answered the withdrawal: it can no longer start a read.
     assert until(lambda: prefill.call("released", "withdrawn"))
