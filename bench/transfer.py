@@ -829,6 +829,10 @@ def main(argv: list[str] | None = None) -> int:
         "rps_64_at_least_5000": summary["rps_64"] >= 5000,
         "rps_64_at_least_4x_rps_1": summary["rps_64_vs_1"] >= 4,
         "idle_cpu_at_most_half_a_pct": summary["idle_cpu_pct"] <= 0.5,
+        # the same targets for the read path (a sender with allow_reads)
+        "reads_within_10pct_of_nixl": summary["reads_vs_nixl_min"] >= 0.9,
+        "reads_one_block_overhead_under_300us": summary["reads_one_block_overhead_us"] < 300,
+        "reads_request_overhead_at_most_2_zmq_rtts": summary["reads_overhead_in_rtts"] <= 2,
     }
     if across is not None:
         summary["hosts"] = across_summary(rows, across)

@@ -88,7 +88,7 @@ class Connections:
         self._on_result: Callable = lambda peer, result: None
         self._on_peer_gone: Callable = lambda name: None
         self._on_unsent: Callable = lambda name, messages: None
-        self._reads: Any = None
+        self._receiver: Any = None
         self.connections: dict[str, Connection] = {}
         self.peers: dict[str, Peer] = {}
         self.lock = threading.Lock()
@@ -106,7 +106,7 @@ class Connections:
         """Where results, offers, welcomes, lost senders and unsent messages go: the receiver role
         (made after this)."""
         self._on_result, self._on_peer_gone, self._on_unsent = receiver.on_result, receiver.on_peer_gone, receiver.on_unsent
-        self._reads = receiver
+        self._receiver = receiver
 
     def default_writers(self, layout: KVLayout) -> tuple[str, ...]:
         """Every connected sender overlapping ``layout`` (caller's thread; cached per peer set)."""
@@ -257,9 +257,9 @@ class Connections:
             elif isinstance(message, control.Result):
                 self._on_result(conn.peer, message)
             elif isinstance(message, control.Offer):
-                self._reads.on_offer(conn.peer, message)
+                self._receiver.on_offer(conn.peer, message)
             elif isinstance(message, control.Cancel):  # a sender withdraws an offer it announced
-                self._reads.on_withdraw(conn.peer, message)
+                self._receiver.on_withdraw(conn.peer, message)
             else:
                 self.local.drop("unexpected", f"{message.kind} sent to a receiver")
             if self.connections.get(conn.endpoint) is not conn:
@@ -280,7 +280,7 @@ class Connections:
             self.version += 1
         if conn.timer is not None:
             conn.timer.cancel()
-        self._reads.on_welcome(conn.peer, conn.key, rank)
+        self._receiver.on_welcome(conn.peer, conn.key, rank)
         if not conn.future.done():
             conn.future.set_result(conn.peer)
 

@@ -42,6 +42,13 @@ def fingerprint(public: bytes) -> str:
     return hashlib.sha256(public).hexdigest()[:12]
 
 
+def agent_carries_key(agent: str, key: bytes) -> bool:
+    """Whether a NIXL agent name (``NAME-FINGERPRINT-PID-NONCE``, as transceivers make them) carries
+    the fingerprint of ``key``: a peer cannot name another peer's agent as its own."""
+    parts = agent.rsplit("-", 3)
+    return len(parts) == 4 and parts[1] == fingerprint(key)
+
+
 def _check_z85_key(key: bytes | str, where: str) -> bytes:
     raw = key.encode() if isinstance(key, str) else bytes(key)
     if len(raw) != 40:

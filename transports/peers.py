@@ -24,7 +24,7 @@ from zmq.utils import z85
 
 from . import control
 from .discovery import EtcdClient, RegistryError, nixl_metadata_key
-from .keys import address_with_key, fingerprint
+from .keys import address_with_key, agent_carries_key, fingerprint
 from .local import LocalSide, agent_of_metadata, quietly
 from .mapping import BlockSegments, block_segments
 
@@ -236,8 +236,7 @@ class Remotes:
             return self._refuse(key, rank, "too many hellos")
         if rank.num_blocks > limits.max_peer_blocks:
             return self._refuse(key, rank, f"pool of {rank.num_blocks} blocks > max_peer_blocks {limits.max_peer_blocks}")
-        parts = rank.agent.rsplit("-", 3)
-        if not self.local.plaintext and (len(parts) != 4 or parts[1] != fingerprint(key)):
+        if not self.local.plaintext and not agent_carries_key(rank.agent, key):
             # Bound to the key: nobody can name another peer's agent and have us write into its memory.
             return self._refuse(key, rank, f"agent name {rank.agent!r} does not carry its key's fingerprint")
         try:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import control
-from .keys import fingerprint
+from .keys import agent_carries_key
 from .local import LocalSide, agent_of_metadata
 from .mapping import block_segments
 from .peers import Remote, release_remote
@@ -191,9 +191,8 @@ class Reads:
         is this side's; otherwise every announcement of it is declined (it writes instead)."""
         if not rank.metadata:
             return
-        parts = rank.agent.rsplit("-", 3)
         problem = ""
-        if not self.local.plaintext and (len(parts) != 4 or parts[1] != fingerprint(key)):
+        if not self.local.plaintext and not agent_carries_key(rank.agent, key):
             problem = f"its agent name {rank.agent!r} does not carry its key's fingerprint"
         elif agent_of_metadata(rank.metadata) != rank.agent:
             problem = "its NIXL metadata names another agent"

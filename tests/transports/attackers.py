@@ -60,3 +60,32 @@ def recv(socket: zmq.Socket, timeout_ms: int) -> control.Message | None:
     if not socket.poll(timeout_ms):
         return None
     return control.decode(socket.recv())
+
+
+class RogueSender:
+    """A CURVE server whose key is on every test worker's allow-list (an insider), answering each
+    hello with the welcome the test wrote: what a compromised sender could tell a receiver."""
+
+    def __init__(self, name: str = "rogue") -> None:
+        from kvpolicy.transports.keys import address_with_key
+
+        _, secret_file = new_key(name, KEYS_DIR)
+        self.public, secret = zmq.auth.load_certificate(secret_file)
+        self.socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.curve_secretkey, self.socket.curve_publickey, self.socket.curve_server = secret, self.public, True
+        port = self.socket.bind_to_random_port("tcp://127.0.0.1")
+        self.address = address_with_key(f"tcp://127.0.0.1:{port}", self.public)
+        self.agent = f"{name}-{fingerprint(self.public)}-1-abcd"
+        """An agent name bound to this key (what an honest welcome of it would carry)."""
+
+    def welcome_next_hello(self, rank: control.RankInfo, timeout_ms: int = 10_000) -> bool:
+        """Answer the next hello with ``rank``; False if none came."""
+        if not self.socket.poll(timeout_ms):
+            return False
+        identity, _hello = self.socket.recv_multipart()
+        self.socket.send_multipart([identity, control.encode(control.Welcome(rank))])
+        return True
+
+    def close(self) -> None:
+        self.socket.close(0)

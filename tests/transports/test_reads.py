@@ -227,3 +227,35 @@ def test_a_receive_that_ends_during_its_read_keeps_its_blocks_fenced_until_the_r
     decode.call("receive", "again", dst)
     assert decode.call("wait", "again")["state"] == "completed"
     assert decode.call("digests", dst) == prefill.call("digests", src)
+
+
+@pytest.mark.parametrize("forged", ["agent not bound to the key", "metadata of another agent", "another layout"])
+def test_a_receiver_loads_no_metadata_an_insider_forged(workers, forged):
+    """A sender whose key is allowed may still lie in its welcome. The receiver loads its metadata
+    (and could then read its memory) only if the agent name carries the key that CURVE
+    authenticated, the metadata names that agent, and the layout is its own; otherwise it reads
+    nothing from it (it may still be written to, as before)."""
+    import threading
+
+    from attackers import RogueSender
+
+    victim = workers("victim", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1, allow_reads=True)
+    decode = workers("decode", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=2)
+    rogue = RogueSender()
+    try:
+        victim_agent, victim_metadata = victim.call("metadata")
+        agent, metadata, layout = rogue.agent, victim_metadata, LAYOUT
+        if forged == "agent not bound to the key":
+            agent = victim_agent  # claims the victim's agent (and its metadata): would read the victim
+        elif forged == "another layout":
+            layout = KVLayout(num_layers=4, kv_heads=2, tokens_per_block=8, head_dim=32)
+        rank = control.RankInfo("rogue", agent, metadata, layout, 1 << 30, BLOCKS, "DRAM", 0)
+        answered = []
+        thread = threading.Thread(target=lambda: answered.append(rogue.welcome_next_hello(rank)), daemon=True)
+        thread.start()
+        assert decode.call("connect", rogue.address) == "rogue"
+        thread.join(10)
+        assert answered == [True]
+        assert decode.call("stats")["read_sources"] == 0
+    finally:
+        rogue.close()
