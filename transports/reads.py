@@ -1,12 +1,11 @@
 """Reads: receivers that take announced offers with a NIXL READ instead of asking for a write.
 
-A write costs two control messages on a request's critical path: the receiver's ask and the
-sender's result, each a wake-up chain of four threads across two processes. A sender opened with
-``allow_reads`` instead *announces* each offer to the receivers it names (``offer``: its blocks and
-deadline, sent at ``send()``, off the critical path) and puts its NIXL metadata in its welcome. A
-receive whose senders all announced the request reads the blocks itself, and tells each sender
-afterwards (``release``), again off the critical path: nothing crosses the network between
-``receive()`` and its completion.
+A write puts two control messages on a request's critical path (the ask and the result), each a
+wake-up chain of four threads in two processes. A sender opened with ``allow_reads`` *announces*
+each offer to the receivers it names instead (``offer``: blocks and deadline, at ``send()``) and
+puts its NIXL metadata in its welcome. A receive whose senders all announced the request reads the
+blocks (any TP/PP split) and tells each sender afterwards (``release``): nothing crosses the network
+between ``receive()`` and its completion.
 
 Every announcement gets exactly one release: ``ok`` (read), ``declined`` (nothing read and nothing
 will be: the receive asked for a write instead, or the announcement expired, was withdrawn, was
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from . import control
 from .keys import agent_carries_key
 from .local import LocalSide, agent_of_metadata
-from .mapping import block_segments
+from .mapping import block_segments, plan_descriptors
 from .peers import Remote, release_remote
 from .writes import WritePoster, whole_block_plan
 
@@ -62,7 +61,7 @@ def announce(sender: Sender, offer: Offer, asked: set[bytes]) -> None:
     deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
     message = control.Offer(handle.request_id, offer.token, handle.block_ids, deadline_ms)
     for remote in sender.remotes.remotes.values():
-        if offer.for_key(remote.key) and remote.whole_blocks and remote.identity not in asked:  # (split layouts: writes)
+        if offer.for_key(remote.key) and len(remote.segments.runs) and remote.identity not in asked:
             offer.announced[remote.identity] = remote
             sender.remotes.reply(remote, message)
 
@@ -140,18 +139,14 @@ def remote_gone(sender: Sender, remote: Remote) -> None:
 
 
 @dataclass(slots=True)
-class Announced:
-    """An offer announced to this side, not taken yet."""
-
+class Announced:  # an offer announced to this side, not taken yet
     offer: control.Offer
     peer: str
     timer: Any = None
 
 
 @dataclass(slots=True)
-class Read:
-    """One NIXL READ in flight."""
-
+class Read:  # one NIXL READ in flight
     receive: Any
     peer: str
     source: Remote
@@ -191,13 +186,13 @@ class Reads:
         is this side's; otherwise every announcement of it is declined (it writes instead)."""
         if not rank.metadata:
             return
-        problem = ""
+        problem, segments = "", block_segments(rank.layout, self.local.layout)
         if not self.local.plaintext and not agent_carries_key(rank.agent, key):
             problem = f"its agent name {rank.agent!r} does not carry its key's fingerprint"
         elif agent_of_metadata(rank.metadata) != rank.agent:
             problem = "its NIXL metadata names another agent"
-        elif rank.layout != self.local.layout:
-            problem = "its layout is not this side's (a split layout is written, not read)"
+        elif not len(segments.runs):
+            problem = "it holds none of this side's layers and heads"
         else:
             try:
                 loaded = self.local.load_agent(rank.metadata)
@@ -209,7 +204,7 @@ class Reads:
         if problem:
             log.warning("transceiver %s: will not read from sender %s: %s", self.local.name, peer.name, problem)
             return
-        self.sources[peer.name] = Remote(b"", key, peer.key_name, rank, block_segments(rank.layout, self.local.layout))
+        self.sources[peer.name] = Remote(b"", key, peer.key_name, rank, segments)
         try:
             self.local.agent.make_connection(rank.agent)  # now, not inside the first read
         except Exception as exc:
@@ -309,10 +304,15 @@ class Reads:
         if not remote_blocks:
             self.release(peer, offer, "ok")
             return None
-        plan = whole_block_plan(source, remote_blocks, handle.block_ids)
+        pool = self.local.pool
+        whole = source.whole_blocks and source.rank.layout.block_bytes == pool.block_bytes  # (one block, block to block)
         posted = time.perf_counter()  # (a READ over CMA may be done when transfer() returns)
         try:
-            xfer = self._post.whole_blocks(source, handle.block_ids, remote_blocks)
+            plan = whole_block_plan(source, remote_blocks, handle.block_ids) if whole else plan_descriptors(
+                source.segments, remote_blocks, handle.block_ids, src_base=source.rank.base_address,
+                src_block_bytes=source.rank.layout.block_bytes, dst_base=pool.base_address, dst_block_bytes=pool.block_bytes,
+            )
+            xfer = self._post.whole_blocks(source, handle.block_ids, remote_blocks) if whole else self._post.runs(source, plan)
             status = self.local.agent.transfer(xfer)
         except Exception as exc:
             return f"NIXL: {exc}"

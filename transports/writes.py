@@ -75,10 +75,11 @@ class WritePoster:
     def runs(self, remote: Remote, plan: Any) -> Any:
         """Any overlap (head or layer splits): the planned, coalesced runs as one descriptor list."""
         agent, runs = self.local.agent, plan.runs
+        mine, theirs = (0, 1) if self.op == "WRITE" else (1, 0)  # (the plan's source is a READ's remote)
         local = np.empty((len(runs), 3), dtype=np.uint64)
-        local[:, 0], local[:, 1], local[:, 2] = runs[:, 0], runs[:, 2], self.local.pool.device_id
+        local[:, 0], local[:, 1], local[:, 2] = runs[:, mine], runs[:, 2], self.local.pool.device_id
         far = np.empty((len(runs), 3), dtype=np.uint64)
-        far[:, 0], far[:, 1], far[:, 2] = runs[:, 1], runs[:, 2], remote.rank.device_id
+        far[:, 0], far[:, 1], far[:, 2] = runs[:, theirs], runs[:, 2], remote.rank.device_id
         return agent.initialize_xfer(
             self.op, agent.get_xfer_descs(local, self.local.pool.memory_type), agent.get_xfer_descs(far, remote.rank.memory_type), remote.rank.agent
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -126,15 +127,27 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
 
 
-def test_one_sender_feeds_two_tp_receivers_head_by_head(workers):
-    sender = workers("tp1-prefill", layout=LAYOUT.to_wire(), seed=5)
+MODES = pytest.mark.parametrize("reads", [False, True], ids=["writes", "reads"])
+
+
+def wait_announced(receiver, request_id, reads, senders=1):
+    """With reads, let every sender's announcement arrive first (then the receive reads them)."""
+    deadline = time.monotonic() + 10
+    while reads and receiver.call("announcers", request_id) < senders and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@MODES
+def test_one_sender_feeds_two_tp_receivers_head_by_head(workers, reads):
+    sender = workers("tp1-prefill", layout=LAYOUT.to_wire(), seed=5, allow_reads=reads)
     shards = [LAYOUT.shard(tp_size=2, tp_rank=r) for r in range(2)]
     receivers = [workers(f"tp2-decode{r}", layout=s.to_wire(), seed=10 + r) for r, s in enumerate(shards)]
     for receiver in receivers:
         receiver.call("connect", sender.address)
     src, dst = [3, 17, 18, 40], [9, 2, 3, 33]
-    sender.call("send", "tp", src, receivers=2)
+    sender.call("send", "tp", src, receivers=2, to=[r.key_name for r in receivers] if reads else None)
     for receiver in receivers:
+        wait_announced(receiver, "tp", reads)
         receiver.call("receive", "tp", dst)
     assert sender.call("wait", "tp")["state"] == "completed"
     full = sender.call("blocks", src)
@@ -146,17 +159,20 @@ def test_one_sender_feeds_two_tp_receivers_head_by_head(workers):
         got = receiver.call("blocks", dst)
         for head in range(shard.kv_heads):
             assert same_bits(got[:, :, :, head], full[:, :, :, shard.first_head + head]), f"head {head}"
+        assert receiver.call("stats")["reads"] == int(reads)
 
 
-def test_two_tp_senders_feed_one_receiver_head_by_head(workers):
+@MODES
+def test_two_tp_senders_feed_one_receiver_head_by_head(workers, reads):
     shards = [LAYOUT.shard(tp_size=2, tp_rank=r) for r in range(2)]
-    senders = [workers(f"tp2-prefill{r}", layout=s.to_wire(), seed=20 + r) for r, s in enumerate(shards)]
+    senders = [workers(f"tp2-prefill{r}", layout=s.to_wire(), seed=20 + r, allow_reads=reads) for r, s in enumerate(shards)]
     receiver = workers("tp1-decode", layout=LAYOUT.to_wire(), seed=30)
     for sender in senders:
         receiver.call("connect", sender.address)
     src, dst = [0, 1, 2, 7], [5, 6, 7, 8]
     for sender in senders:
-        sender.call("send", "tpn", src)
+        sender.call("send", "tpn", src, to=receiver.key_name if reads else None)
+    wait_announced(receiver, "tpn", reads, senders=2)
     receiver.call("receive", "tpn", dst)
     outcome = receiver.call("wait", "tpn")
     assert outcome["state"] == "completed", outcome
@@ -167,17 +183,20 @@ def test_two_tp_senders_feed_one_receiver_head_by_head(workers):
         part = sender.call("blocks", src)
         for head in shard.heads:
             assert same_bits(got[:, :, :, head], part[:, :, :, head - shard.first_head]), f"head {head}"
+    assert receiver.call("stats")["reads"] == (2 if reads else 0)
 
 
-def test_pipeline_stages_feed_one_receiver_layer_by_layer(workers):
+@MODES
+def test_pipeline_stages_feed_one_receiver_layer_by_layer(workers, reads):
     stages = [LAYOUT.shard(pp_size=2, pp_rank=r) for r in range(2)]
-    senders = [workers(f"pp-prefill{r}", layout=s.to_wire(), seed=40 + r) for r, s in enumerate(stages)]
+    senders = [workers(f"pp-prefill{r}", layout=s.to_wire(), seed=40 + r, allow_reads=reads) for r, s in enumerate(stages)]
     receiver = workers("pp-decode", layout=LAYOUT.to_wire(), seed=50)
     for sender in senders:
         receiver.call("connect", sender.address)
     src, dst = [10, 11, 12], [20, 21, 30]
     for sender in senders:
-        sender.call("send", "pp", src)
+        sender.call("send", "pp", src, to=receiver.key_name if reads else None)
+    wait_announced(receiver, "pp", reads, senders=2)
     receiver.call("receive", "pp", dst)
     outcome = receiver.call("wait", "pp")
     assert outcome["state"] == "completed", outcome
@@ -185,3 +204,4 @@ def test_pipeline_stages_feed_one_receiver_layer_by_layer(workers):
     for stage, sender in zip(stages, senders):
         part = sender.call("blocks", src)
         assert same_bits(got[:, stage.layers.start : stage.layers.stop], part)
+    assert receiver.call("stats")["reads"] == (2 if reads else 0)

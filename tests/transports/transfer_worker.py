@@ -156,6 +156,8 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 result = {**tx.stats, "registrations": tx.registrations, "reads": reads.done, "read_sources": len(reads.sources)}
             elif op == "announced":  # request ids announced to this side and not taken yet
                 result = sorted(tx._receiver.reads.offers)
+            elif op == "announcers":  # how many senders announced request id args[0] (not taken yet)
+                result = len(tx._receiver.reads.offers.get(args[0], {}))
             elif op == "announce_raw":  # (frames): send frames as they are to every receiver that said hello
                 def announce() -> None:
                     for identity in list(tx._remotes.remotes):
