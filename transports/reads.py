@@ -37,7 +37,7 @@ from .keys import agent_carries_key
 from .local import LocalSide, agent_of_metadata
 from .mapping import block_segments, plan_descriptors
 from .peers import Remote, release_remote
-from .writes import WritePoster, whole_block_plan
+from .writes import WritePoster, transfer_error, whole_block_plan
 
 if TYPE_CHECKING:
     from .connections import Connections, Peer
@@ -327,18 +327,12 @@ class Reads:
         """Poll NIXL for the READs in flight: the finished ones, each released to its sender."""
         finished = []
         for read in list(self.inflight):
-            try:
-                status = self.local.agent.check_xfer_state(read.xfer)
-            except Exception as exc:
-                status, error = "ERR", str(exc)
-            else:
-                error = "NIXL reported an error during the read"
-            if status == "PROC":
+            error = transfer_error(self.local.agent, read.xfer, "read")
+            if error is None:
                 continue
-            ok = status == "DONE"
-            self._ended(read, "ok" if ok else "error", "" if ok else error)
-            self._post.finished(read.xfer, ok=ok)
-            finished.append((read, ok, "" if ok else error))
+            self._ended(read, "error" if error else "ok", error)
+            self._post.finished(read.xfer, ok=not error)
+            finished.append((read, not error, error))
         return finished
 
     def abort(self, receive: Any) -> set[str]:

@@ -23,7 +23,7 @@ from .local import LocalSide, remember
 from .mapping import plan_descriptors
 from .peers import Remote, Remotes
 from .request import RequestState, TransferHandle
-from .writes import WritePoster, whole_block_plan
+from .writes import WritePoster, transfer_error, whole_block_plan
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -288,16 +288,11 @@ class Sender:
         """Poll NIXL for the writes in flight; report the finished ones. True if any finished."""
         progressed = False
         for write in list(self.writes):
-            try:
-                status = self.local.agent.check_xfer_state(write.xfer)
-            except Exception as exc:
-                status, error = "ERR", str(exc)
-            else:
-                error = "NIXL reported an error during the write"
-            if status == "PROC":
+            error = transfer_error(self.local.agent, write.xfer, "write")
+            if error is None:
                 continue
             self.writes.remove(write)
-            self._complete(write, ok=status == "DONE", reason="" if status == "DONE" else error)
+            self._complete(write, ok=not error, reason=error)
             progressed = True
         return progressed
 

@@ -110,6 +110,17 @@ def whole_block_plan(remote: Remote, source: Sequence[int], destination: Sequenc
     return WholeBlockPlan(n * remote.rank.layout.block_bytes, n * remote.segments.unmerged, runs)
 
 
+def transfer_error(agent: Any, xfer: Any, what: str) -> str | None:
+    """Where a transfer stands: None while NIXL still moves it, "" once done, else why it failed."""
+    try:
+        status = agent.check_xfer_state(xfer)
+    except Exception as exc:
+        return str(exc)
+    if status == "PROC":
+        return None
+    return "" if status == "DONE" else f"NIXL reported an error during the {what}"
+
+
 def release(xfer: Any, name: str) -> None:
     """Release a transfer handle; a failed transfer may refuse (the agent retries later)."""
     quietly(name, "a finished write", xfer.release)
