@@ -717,6 +717,9 @@ def across_summary(rows: list[dict[str, Any]], across: dict[str, dict[str, dict[
                 "netns_nixl_gbps": round(ns["nixl_gbps"], 3),
                 "netns_vs_same_host": round(ns["transceiver_gbps"] / row["transceiver_gbps"], 3),
                 "netns_vs_tcp_lo": round(ns["transceiver_gbps"] / lo["transceiver_gbps"], 3),
+                # across the link, written and read, each against raw NIXL there (same run)
+                "netns_vs_nixl": round(ns["transceiver_gbps"] / ns["nixl_gbps"], 3),
+                "netns_reads_vs_nixl": round(ns["reads_vs_nixl"], 3),
                 "netns_us": round(ns["transceiver_us"], 1),
                 "link_vs_payload": round(ns["link_vs_payload"], 3),
                 "bit_identical": lo["bit_identical"] and ns["bit_identical"],
@@ -732,13 +735,17 @@ def across_summary(rows: list[dict[str, Any]], across: dict[str, dict[str, dict[
 
 def print_hosts(hosts: dict[str, Any]) -> None:
     print("\nAcross two hosts (network namespaces + veth, UCX over TCP), kvpolicy transceiver GB/s\n")
-    header = f"{'payload':<26}{'same host':>10}{'TCP lo':>8}{'veth':>8}{'veth/same':>11}{'veth/TCP lo':>13}{'link/payload':>14}  bits"
+    header = (
+        f"{'payload':<26}{'same host':>10}{'TCP lo':>8}{'veth':>8}{'veth/same':>11}{'veth/TCP lo':>13}"
+        f"{'veth kv/NIXL':>14}{'read/NIXL':>11}{'link/payload':>14}  bits"
+    )
     print(header)
     print("-" * len(header))
     for r in hosts["payloads"]:
         print(
             f"{r['payload']:<26}{r['same_host_gbps']:>10.2f}{r['tcp_lo_gbps']:>8.2f}{r['netns_gbps']:>8.2f}"
-            f"{r['netns_vs_same_host']:>11.2f}{r['netns_vs_tcp_lo']:>13.2f}{r['link_vs_payload']:>14.2f}  "
+            f"{r['netns_vs_same_host']:>11.2f}{r['netns_vs_tcp_lo']:>13.2f}{r['netns_vs_nixl']:>14.2f}"
+            f"{r['netns_reads_vs_nixl']:>11.2f}{r['link_vs_payload']:>14.2f}  "
             f"{'ok' if r['bit_identical'] else 'MISMATCH'}"
         )
     print(f"every payload byte crossed the veth link: {'yes' if hosts['crossed_link'] else 'NO'}")
