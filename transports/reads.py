@@ -24,9 +24,7 @@ The sender side is :func:`announce` and :func:`on_release`; the receiver side is
 
 from __future__ import annotations
 
-import itertools
 import logging
-import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from .keys import agent_carries_key
 from .local import LocalSide, agent_of_metadata
 from .mapping import block_segments, plan_descriptors
 from .peers import Remote, release_remote
+from .request import next_nonce
 from .writes import WritePoster, transfer_error, whole_block_plan
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvpolicy.transports")
 
-_tokens = itertools.count(secrets.randbelow(1 << 52) + 1)
 _BLOCKS_PER_PEER = 64
 """Block ids held in announcements not taken yet, per sender, in pools' worth of this side's pool."""
 
@@ -57,9 +55,8 @@ def announce(sender: Sender, offer: Offer, asked: set[bytes]) -> None:
     """Announce ``offer`` to every connected receiver it names whose layout is this side's, but
     those (``asked``: their connections) whose ask waits for it already."""
     handle = offer.handle
-    offer.token = next(_tokens) % ((1 << 53) - 1) + 1
-    deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
-    message = control.Offer(handle.request_id, offer.token, handle.block_ids, deadline_ms)
+    offer.token = next_nonce()
+    message = control.Offer(handle.request_id, offer.token, handle.block_ids, handle.deadline_unix_ms())
     for remote in sender.remotes.remotes.values():
         if offer.for_key(remote.key) and len(remote.segments.runs) and remote.identity not in asked:
             offer.announced[remote.identity] = remote

@@ -18,8 +18,6 @@ frame can be read by anyone, and every handler of a frame, timer or cancel takes
 from __future__ import annotations
 
 import functools
-import itertools
-import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -31,16 +29,7 @@ from . import control
 from .connections import Connections
 from .local import LocalSide, remember
 from .reads import Reads
-from .request import RequestState, TransferHandle
-
-
-# Nonces only have to differ between attempts (they travel encrypted): a counter from a random start
-# gives that without a system call per request (os.urandom was ~40% of a caller's time at 64 in flight).
-_nonces = itertools.count(secrets.randbelow(1 << 52) + 1)
-
-
-def _next_nonce() -> int:
-    return next(_nonces) % ((1 << 53) - 1) + 1
+from .request import RequestState, TransferHandle, next_nonce
 
 
 def _locked(method: Callable) -> Callable:
@@ -61,7 +50,7 @@ class Receive:
     handle: TransferHandle
     peers: list[str]
     skip_blocks: int
-    nonce: int = field(default_factory=_next_nonce)
+    nonce: int = field(default_factory=next_nonce)
     pending: set[str] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
     cancelled: bool = False
@@ -152,8 +141,7 @@ class Receiver:
 
     def _request(self, receive: Receive) -> control.Request:
         handle = receive.handle
-        deadline_ms = int((time.time() + max(0.0, handle.deadline - time.monotonic())) * 1000)
-        return control.Request(handle.request_id, receive.nonce, handle.block_ids, receive.skip_blocks, deadline_ms)
+        return control.Request(handle.request_id, receive.nonce, handle.block_ids, receive.skip_blocks, handle.deadline_unix_ms())
 
     def start(self, receive: Receive) -> None:
         """(Service thread.) Queue the attempt's request to every writer (sent batched)."""
