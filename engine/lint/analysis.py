@@ -32,10 +32,16 @@ from ..resolver import RowIndex, compile_condition
 
 __all__ = ["Analysis", "AnalysisLimit", "analyse", "context_of", "describe_context"]
 
-#: Most decision evaluations one analysis may spend (~20 us each here): far above any real policy
-#: (the shipped ones need < 5,000), low enough that a pathological file (dozens of features read
-#: together) fails fast instead of hanging CI.
+#: Most decision evaluations one step of an analysis may spend (~20 us each here): above any real
+#: policy (the shipped ones need under 200,000), low enough that a pathological file (dozens of
+#: features read together) fails fast instead of hanging CI.
 EVALUATION_LIMIT = 400_000
+
+#: Most rule tests one step may spend (an evaluation tests each of its step's requirements and
+#: conditionals, the constraints step each constraint; ~0.1-0.3 us a test here): the shipped
+#: policies need under 4,000,000. A policy of thousands of rules over thousands of architecture
+#: classes is refused before the step runs, not analysed for minutes.
+RULE_TEST_LIMIT = 20_000_000
 
 
 class AnalysisLimit(Exception):
@@ -176,6 +182,16 @@ def _architecture_levels(
     names: list[str | None] = [None, *policy.architectures()]
     reps_at: list[dict[str | None, str | None]] = []
     members_at: list[dict[str | None, list[str]]] = []
+    tables_of: dict[str, dict[str, list[tuple[str | None, str]]]] = {}
+    for name in order:
+        decision = policy.decisions[name]
+        if decision.preference is not None:
+            table = tables_of[name] = {}
+            for row in decision.preference.rows:
+                entry = table.setdefault(row.architecture, [])
+                # The first plain row and the first row per model_type are the ones used.
+                if all(m != row.model_type for m, _ in entry):
+                    entry.append((row.model_type, row.value))
     for level in range(len(order) + 1):
         conditions = [c.when for c in policy.constraints]
         tables = []
@@ -184,24 +200,19 @@ def _architecture_levels(
             conditions += [r.when for r in (*decision.requirements, *decision.conditionals, decision.default)]
             if decision.preference is not None:
                 conditions.append(decision.preference.adopt_when)
-                table: dict[str, list[tuple[str | None, str]]] = {}
-                for row in decision.preference.rows:
-                    entry = table.setdefault(row.architecture, [])
-                    # The first plain row and the first row per model_type are the ones used.
-                    if all(m != row.model_type for m, _ in entry):
-                        entry.append((row.model_type, row.value))
-                tables.append(table)
-        matchers = [c.subjects["architecture"].values for c in conditions if "architecture" in c.subjects]
-
-        def signature(name: str | None, matchers: list[Any] = matchers, tables: list[Any] = tables) -> tuple[Any, ...]:
-            return (
-                tuple(name in m for m in matchers),
-                tuple(tuple(sorted(t.get(name, []), key=lambda e: (e[0] or "", e[1]))) if name else () for t in tables),
-            )
-
+                tables.append(tables_of[name])
+        # A name's signature: which conditions name it, and its rows per preference table. Built
+        # from the conditions' and tables' own entries (linear in their size, not names x conditions).
+        named_by: dict[str | None, list[Any]] = {}
+        for i, condition in enumerate(c for c in conditions if "architecture" in c.subjects):
+            for name in condition.subjects["architecture"].values:
+                named_by.setdefault(name, []).append(i)
+        for j, table in enumerate(tables):
+            for name, entries in table.items():
+                named_by.setdefault(name, []).append((j, tuple(sorted(entries, key=lambda e: (e[0] or "", e[1])))))
         classes: dict[tuple[Any, ...], list[str | None]] = {}
         for name in names:
-            classes.setdefault(signature(name), []).append(name)
+            classes.setdefault(tuple(named_by.get(name, ())) if name is not None else (), []).append(name)
         reps: dict[str | None, str | None] = {}
         members: dict[str | None, list[str]] = {}
         for group in classes.values():
@@ -372,7 +383,7 @@ def analyse(policy: Policy) -> Analysis:
         dims, _ = reads[index]
         keep = later[index]
         new_states: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = {}
-        _check_budget(states, dims, alphabet, step.name)
+        _check_budget(states, dims, alphabet, step.name, 1 + len(step.requirements) + len(step.conditionals))
         for key, (witness, ctx0) in states.items():
             _, values_t, by_t = key
             values = dict(values_t)
@@ -387,7 +398,7 @@ def analyse(policy: Policy) -> Analysis:
         states = new_states
         result.states += len(states)
 
-    _check_budget(states, final_dims, alphabet, "constraints")
+    _check_budget(states, final_dims, alphabet, "constraints", 1 + len(constraint_tests) + sum(len(rules) for _, _, rules in adjustments))
     for key, (witness0, ctx0) in states.items():
         _, values_t, by_t = key
         values = dict(values_t)
@@ -429,7 +440,9 @@ def analyse(policy: Policy) -> Analysis:
     return result
 
 
-def _check_budget(states: dict[Any, Any], dims: set[str], alphabet: dict[str, tuple[Any, ...]], step: str) -> None:
+def _check_budget(states: dict[Any, Any], dims: set[str], alphabet: dict[str, tuple[Any, ...]], step: str, rules: int) -> None:
+    """Refuse a step before it runs if its evaluations, or the rule tests they make (``rules`` per
+    evaluation), would pass their limits."""
     total = 0
     for witness, _ in states.values():
         count = 1
@@ -441,6 +454,11 @@ def _check_budget(states: dict[Any, Any], dims: set[str], alphabet: dict[str, tu
             raise AnalysisLimit(
                 f"{step} would need over {EVALUATION_LIMIT:,} evaluations "
                 f"(it reads {len(dims)} inputs together); split conditions or features"
+            )
+        if total * rules > RULE_TEST_LIMIT:
+            raise AnalysisLimit(
+                f"{step} would need over {RULE_TEST_LIMIT:,} rule tests ({rules - 1:,} rules, each tested in "
+                f"over {RULE_TEST_LIMIT // rules:,} contexts); a policy this large is beyond exact analysis"
             )
 
 
