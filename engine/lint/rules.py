@@ -294,6 +294,9 @@ def unknown_architecture(file: PolicyFile) -> Iterator[Finding]:
     ## Fix
     Spell the class exactly as the checkpoint's ``config.json`` does. A genuinely new class
     this close to a known one belongs in ``engine/lint/catalogue.toml``.
+
+    At most 2,000 distinct unknown names per file are compared (each comparison costs ~0.3 ms);
+    one more finding says how many were not.
     """
     policy = file.policy
     assert policy is not None
@@ -769,6 +772,9 @@ def redundant_requirement(file: PolicyFile) -> Iterator[Finding]:
     ## Fix
     Delete the narrower requirement (move its note or reason to the broader one), or make it
     require something the broader one does not.
+
+    Each requirement meets only those an index of their tests says it could imply; past
+    2,000,000 compared pairs in one file the rule stops, with a finding that says where.
     """
     policy = file.policy
     assert policy is not None
