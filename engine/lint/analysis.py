@@ -182,25 +182,9 @@ def _architecture_levels(
     names: list[str | None] = [None, *policy.architectures()]
     reps_at: list[dict[str | None, str | None]] = []
     members_at: list[dict[str | None, list[str]]] = []
-    tables_of: dict[str, dict[str, list[tuple[str | None, str]]]] = {}
-    for name in order:
-        decision = policy.decisions[name]
-        if decision.preference is not None:
-            table = tables_of[name] = {}
-            for row in decision.preference.rows:
-                entry = table.setdefault(row.architecture, [])
-                # The first plain row and the first row per model_type are the ones used.
-                if all(m != row.model_type for m, _ in entry):
-                    entry.append((row.model_type, row.value))
+    tables_of = {name: preference_table(policy.decisions[name]) for name in order}
     for level in range(len(order) + 1):
-        conditions = [c.when for c in policy.constraints]
-        tables = []
-        for name in order[level:]:
-            decision = policy.decisions[name]
-            conditions += [r.when for r in (*decision.requirements, *decision.conditionals, decision.default)]
-            if decision.preference is not None:
-                conditions.append(decision.preference.adopt_when)
-                tables.append(tables_of[name])
+        conditions, tables = level_inputs(policy, order[level:], tables_of)
         # A name's signature: which conditions name it, and its rows per preference table. Built
         # from the conditions' and tables' own entries (linear in their size, not names x conditions).
         named_by: dict[str | None, list[Any]] = {}
@@ -223,6 +207,31 @@ def _architecture_levels(
         reps_at.append(reps)
         members_at.append(members)
     return reps_at, members_at
+
+
+def level_inputs(policy: Policy, decisions: list[str], tables_of: dict[str, Any]) -> tuple[list[Condition], list[Any]]:
+    """What the constraints and ``decisions`` read of an architecture: their conditions, and the
+    preference tables (from ``tables_of``, :func:`preference_table` by decision name)."""
+    conditions = [c.when for c in policy.constraints]
+    tables = []
+    for name in decisions:
+        decision = policy.decisions[name]
+        conditions += [r.when for r in (*decision.requirements, *decision.conditionals, decision.default)]
+        if decision.preference is not None:
+            conditions.append(decision.preference.adopt_when)
+            tables.append(tables_of[name])
+    return conditions, tables
+
+
+def preference_table(decision: Decision) -> dict[str, list[tuple[str | None, str]]]:
+    """A decision's preference rows by architecture: ``(model_type, value)`` of the rows used (the
+    first plain row and the first row per model_type)."""
+    table: dict[str, list[tuple[str | None, str]]] = {}
+    for row in decision.preference.rows if decision.preference is not None else ():
+        entry = table.setdefault(row.architecture, [])
+        if all(m != row.model_type for m, _ in entry):
+            entry.append((row.model_type, row.value))
+    return table
 
 
 def _env_options(named: set[str]) -> tuple[str, ...]:

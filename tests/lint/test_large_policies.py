@@ -105,21 +105,10 @@ def test_analysis_refuses_a_step_whose_rule_tests_exceed_the_budget_before_runni
 def _levels_pairwise(policy, order):
     """Architecture classes as first defined: each name against every condition and table."""
     names = [None, *policy.architectures()]
+    tables_of = {name: analysis.preference_table(policy.decisions[name]) for name in order}
     out = []
     for level in range(len(order) + 1):
-        conditions = [c.when for c in policy.constraints]
-        tables = []
-        for name in order[level:]:
-            decision = policy.decisions[name]
-            conditions += [r.when for r in (*decision.requirements, *decision.conditionals, decision.default)]
-            if decision.preference is not None:
-                conditions.append(decision.preference.adopt_when)
-                table = {}
-                for row in decision.preference.rows:
-                    entry = table.setdefault(row.architecture, [])
-                    if all(m != row.model_type for m, _ in entry):
-                        entry.append((row.model_type, row.value))
-                tables.append(table)
+        conditions, tables = analysis.level_inputs(policy, order[level:], tables_of)
         matchers = [c.subjects["architecture"].values for c in conditions if "architecture" in c.subjects]
         classes = {}
         for name in names:
