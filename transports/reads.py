@@ -337,11 +337,8 @@ class Reads:
         NIXL reports them)."""
         stopped = set()
         for read in [r for r in self.inflight if r.receive is receive]:
-            try:
-                read.xfer.release()
-            except Exception:
+            if not self._post.abort(read.xfer):
                 continue
-            self._post.forget(read.xfer)
             self._ended(read, "cancelled", "the receive ended before the read did")
             stopped.add(read.peer)
         return stopped

@@ -324,11 +324,8 @@ class Sender:
         """Past the deadline with writes in flight: only a confirmed abort (release succeeds) ends a
         write, reported to its receiver as ``aborted``; otherwise it stays until NIXL reports."""
         for write in [w for w in self.writes if w.offer is offer]:
-            try:
-                write.xfer.release()
-            except Exception:
+            if not self._post.abort(write.xfer):
                 continue
-            self._post.forget(write.xfer)
             self.writes.remove(write)
             self._complete(write, ok=False, reason="write timed out and was aborted", status="aborted")
         if not offer.writes and not offer.handle.done:

@@ -68,9 +68,15 @@ class WritePoster:
                 return
         release(xfer, self.local.name)
 
-    def forget(self, xfer: Any) -> None:
-        """A handle released elsewhere (an abort): never keep it."""
+    def abort(self, xfer: Any) -> bool:
+        """Stop a transfer in flight: True only if NIXL released it (then nothing more of it moves,
+        and its handle is never kept); False while NIXL still holds it (it ends when NIXL reports)."""
+        try:
+            xfer.release()
+        except Exception:
+            return False
         self._in_use.pop(id(xfer), None)
+        return True
 
     def runs(self, remote: Remote, plan: Any) -> Any:
         """Any overlap (head or layer splits): the planned, coalesced runs as one descriptor list."""
