@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +42,12 @@ STAT_NAMES = (
     "refused_hellos",
     "internal_errors",
     "late_frames",
+    "dropped_notifications",
 )
+
+NOTIFICATION_DRAIN_BUSY_S = 0.01
+"""How soon NIXL's notification queue is emptied again after a drain that found something (on a
+timer, at least as long as that drain took: a flood costs the service thread at most half its time)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,11 @@ class Limits:
     """Metadata reads from etcd in flight at once (one per peer key at most)."""
     offers_per_peer: int = 4096
     """Offers a sender may have announced to this receiver and not yet seen taken; more are declined."""
+    notification_drain_s: float = 1.0
+    """How often NIXL's notification queue is emptied while the service thread is awake anyway (an
+    idle side does not wake for it); every 10 ms while something arrives. This protocol sends no
+    notification, but any agent holding this side's metadata can, and NIXL keeps every one,
+    unbounded, until it is taken."""
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -112,6 +123,9 @@ class LocalSide:
         """Receivers named in an offer may read its blocks (the sender's metadata goes in the welcome)."""
         self._agents: dict[str, int] = {}
         self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
+        self._notification_warned = 0.0
+        self._next_drain = time.monotonic() + limits.notification_drain_s
+        loop.add_flusher(self._drain_when_due)
         self.handle_ended: Callable[[TransferHandle], None] = lambda handle: None
         """Told of every handle that ended (the facade forgets it: memory stays bounded)."""
 
@@ -138,6 +152,43 @@ class LocalSide:
             self.agent.remove_remote_agent(name)
         except Exception as exc:
             log.debug("transceiver %s: removing agent %s failed: %s", self.name, name, exc)
+
+    def _drain_when_due(self) -> None:
+        if time.monotonic() >= self._next_drain:
+            self.drain_notifications()
+
+    def drain_notifications(self) -> None:
+        """(Service thread.) Take and drop the NIXL notifications peers sent; while some come, again
+        on a timer until none do.
+
+        Completion is a result frame, so every notification is foreign. Its sender's name is what the
+        sender claims (NIXL checks nothing), so it is logged, not acted on. NIXL keeps notifications
+        until they are taken, with no bound and no way to refuse them: draining frees a trickle and
+        counts it (``dropped_notifications``); a flood faster than the drain still grows memory."""
+        found = 0
+        started = time.monotonic()
+        try:
+            notifications = self.agent.get_new_notifs()
+            found = sum(map(len, notifications.values()))
+        except Exception as exc:
+            log.debug("transceiver %s: reading NIXL notifications failed: %s", self.name, exc)
+        if found:
+            before = self.stats["dropped_notifications"]
+            self.stats["dropped_notifications"] = before + found
+            if before == 0 or time.monotonic() >= self._notification_warned + 10.0:
+                self._notification_warned = time.monotonic()
+                log.warning(
+                    "transceiver %s: dropped %d NIXL notification(s) claiming to come from %s (%d in all); this "
+                    "protocol sends none: an agent holding this side's metadata is sending them",
+                    self.name, found, sorted(notifications)[:4], before + found,
+                )
+        now = time.monotonic()
+        if not found:
+            self._next_drain = now + self.limits.notification_drain_s
+            return
+        self._next_drain = now + max(NOTIFICATION_DRAIN_BUSY_S, now - started)
+        if self.loop.alive and not self.loop.stopping:  # (a flood with no frames still gets drained)
+            self.loop.call_at(self._next_drain, self.drain_notifications)
 
     def drop(self, reason: str, detail: str) -> None:
         """Count a dropped frame under ``dropped_<reason>`` (or ``reason`` itself) and log it."""

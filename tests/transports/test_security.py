@@ -158,6 +158,30 @@ def test_many_asks_are_bounded_per_peer(cluster):
     served(prefill, decode, "beside-flood", [1, 2], [3, 4])
 
 
+def test_a_peer_flooding_nixl_notifications_is_drained_and_the_service_goes_on(workers):
+    # The protocol sends no NIXL notification, but NIXL queues every one an agent holding this side's
+    # metadata sends, with no bound, until it is taken: the receiver drains and counts them while it
+    # is awake anyway (an idle side does not wake for it), and keeps draining while they come.
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2, limits={"notification_drain_s": 0.2})
+    insider = workers("insider", layout=LAYOUT.to_wire(), seed=3)
+    decode.call("connect", prefill.address)
+
+    def dropped_after_a_command() -> int:  # (a command wakes the decoder's service thread)
+        assert decode.call("cancel", "no-such-request") is False
+        return decode.call("stats")["dropped_notifications"]
+
+    served(prefill, decode, "before-notifications", [1, 2], [3, 4])
+    time.sleep(0.3)
+    assert dropped_after_a_command() == 0  # a drain ran after the transfer: real transfers send none
+    _, metadata = decode.call("metadata")  # what its sender got in the hello
+    sent = insider.call("notify_flood", metadata, 3000, 16 << 10)
+    served(prefill, decode, "during-notifications", [5, 6], [7, 8])
+    eventually(lambda: dropped_after_a_command() == sent, timeout_s=20)
+    served(prefill, decode, "after-notifications", [9, 10], [11, 12])
+    assert decode.call("stats")["dropped_notifications"] == sent
+
+
 def test_many_hellos_cost_no_threads_no_descriptors(workers):
     # The sender may read metadata from etcd (an address where nothing listens): hellos without
     # metadata must not start a thread each.

@@ -85,6 +85,7 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
     handles: dict[str, Any] = {}
     registry = None
     delayed_results: list[float] = []
+    attackers: list[Any] = []
 
     def outcome(request_id: str, timeout: float | None) -> dict[str, Any]:
         handle = handles[request_id]
@@ -186,6 +187,18 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 endpoints, namespace, rank = args
                 address = EtcdRegistry(endpoints, namespace=namespace).lookup_address(rank, timeout_s=kwargs.get("timeout_s", 10.0))
                 result = tx.connect(address, **kwargs).name
+            elif op == "notify_flood":  # (metadata, count, bytes): another agent of this process loads a
+                # peer's NIXL metadata (as a sender holds its receivers') and sends it notifications
+                from kvpolicy.transports.agent import create_agent
+
+                metadata, count, size = args
+                attacker = create_agent(f"mallory-{os.getpid()}-{len(attackers)}", NixlSettings())
+                attackers.append(attacker)  # kept: destroying it would cancel what is still queued
+                target = attacker.add_remote_agent(metadata)
+                message = bytes(size)
+                for _ in range(count):
+                    attacker.send_notif(target, message)
+                result = count
             elif op == "delay_results":  # fault injection: hold every result frame this many seconds
                 _delay_results(tx, args[0])
                 result = None
