@@ -1,4 +1,4 @@
-"""KV block transfer, three ways, side by side in one run.
+"""KV block transfer, four ways, side by side in one run.
 
     python bench/transfer.py [--quick] [--format table|json] [--device cpu|cuda] [--hosts same|netns]
 
@@ -8,6 +8,9 @@
    re-posts the same transfer handle (WRITE) and polls it to completion.
 3. kvpolicy: two processes with a :class:`NixlTransceiver` each; each repetition is one request,
    end to end: the decode side's ``receive()`` -> request frame -> coalesced WRITE -> result frame.
+4. Mooncake Transfer Engine (optional, :mod:`mooncake_te`): two processes, its TCP transport, the same
+   payloads written block for block (``mooncake_gbps``, ``transceiver_vs_mooncake``); reported as
+   skipped, with the reason, where it is not installed or cannot load.
 
 Payloads (Llama-3.1-8B cache shape: 32 layers, 8 kv heads, head dim 128, 32 tokens per block, bf16,
 4 MiB per block, 128 KiB per block and layer):
@@ -46,6 +49,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mooncake_te import bench_mooncake
 
 # tests.testbed (network namespaces for --hosts netns) lives in the repository, not in the package;
 # spawned ranks inherit this sys.path.
@@ -409,10 +414,11 @@ def requests_per_second(transceiver: Any, prefix: str, count: int, window: int) 
 class Rank:
     """The benchmark's handle on one of the two processes."""
 
-    def __init__(self, role: str, *args: Any) -> None:
+    def __init__(self, role: str, *args: Any, target: Any = None) -> None:
         ctx = multiprocessing.get_context("spawn")
+        self.role = role
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_rank, args=(role, child, *args), daemon=True)
+        self.process = ctx.Process(target=target or _rank, args=(role, child, *args), daemon=True)
         self.process.start()
         self.info = self._recv()
 
@@ -688,7 +694,8 @@ def bench_idle(seconds: float, device: str) -> dict[str, float]:
 
 def bench_hosts(payloads: list[Payload], block_pool: int, layer_pool: int, reps: int, device: str) -> dict[str, dict[str, dict[str, Any]]]:
     """The two-process figures again, twice: UCX over TCP on loopback (one namespace), and across two
-    network namespaces joined by a veth link (UCX over TCP on the veth device)."""
+    network namespaces joined by a veth link (UCX over TCP on the veth device); Mooncake across the
+    same link (``mooncake_netns``), so that both move bytes over TCP."""
     from tests.testbed import HostPair
 
     tcp_lo = {"env": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_CMA_SEG_SIZE": None}}
@@ -700,7 +707,15 @@ def bench_hosts(payloads: list[Payload], block_pool: int, layer_pool: int, reps:
         results["netns"] = bench_nixl(
             payloads, block_pool, layer_pool, reps, device, placements, link_bytes=lambda: pair.link_bytes(pair.prefill)[1]
         )
+        results["mooncake_netns"] = bench_mooncake(
+            payloads, _mooncake_pools(block_pool, layer_pool), reps, Rank, tuple({"netns": p["netns"], "host": p["host"]} for p in placements)
+        )
     return results
+
+
+def _mooncake_pools(block_pool: int, layer_pool: int) -> dict[str, tuple[int, int]]:
+    """The bench's pools for Mooncake: ``{kind: (blocks, block bytes)}``."""
+    return {"block": (block_pool, BLOCK_BYTES["block"]), "layer": (layer_pool, BLOCK_BYTES["layer"])}
 
 
 def across_summary(rows: list[dict[str, Any]], across: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -725,8 +740,18 @@ def across_summary(rows: list[dict[str, Any]], across: dict[str, dict[str, dict[
                 "bit_identical": lo["bit_identical"] and ns["bit_identical"],
             }
         )
+        # both over TCP: kvpolicy (UCX) and Mooncake on loopback, and across the veth
+        if "mooncake_gbps" in row:
+            table[-1]["tcp_lo_vs_mooncake"] = round(lo["transceiver_gbps"] / row["mooncake_gbps"], 2)
+        far = across.get("mooncake_netns", {}).get("payloads", {}).get(row["payload"])
+        if far is not None:
+            table[-1]["netns_mooncake_gbps"] = round(far["mooncake_gbps"], 3)
+            table[-1]["netns_vs_mooncake"] = round(ns["transceiver_gbps"] / far["mooncake_gbps"], 2)
+            table[-1]["bit_identical"] = table[-1]["bit_identical"] and far["bit_identical"]
+    far = across.get("mooncake_netns", {})
     return {
         "payloads": table,
+        "mooncake": {k: v for k, v in far.items() if k != "payloads"},
         "bit_identical": all(r["bit_identical"] for r in table),
         # Every payload byte crossed the link (TCP/IP headers make the link carry a little more).
         "crossed_link": all(r["link_vs_payload"] >= 1.0 for r in table),
@@ -749,6 +774,16 @@ def print_hosts(hosts: dict[str, Any]) -> None:
             f"{'ok' if r['bit_identical'] else 'MISMATCH'}"
         )
     print(f"every payload byte crossed the veth link: {'yes' if hosts['crossed_link'] else 'NO'}")
+    if "skipped" in hosts["mooncake"]:
+        print(f"Mooncake across the link: skipped ({hosts['mooncake']['skipped']})")
+    else:  # both over TCP here
+        print(
+            "kvpolicy / Mooncake, both over TCP: "
+            + ", ".join(
+                f"{r['payload']}: {r.get('tcp_lo_vs_mooncake', float('nan')):.1f}x on loopback, {r['netns_vs_mooncake']:.1f}x across the veth"
+                for r in hosts["payloads"]
+            )
+        )
 
 
 # ------------------------------------------------------------------------------------- report ----
@@ -786,11 +821,17 @@ def main(argv: list[str] | None = None) -> int:
     curve = bench_curve([p for p in payloads if p.name in ("contiguous 64 MiB", "one block (4 MiB)")], reps, args.device)
     requests = bench_requests(args.quick, args.device)
     idle = bench_idle(5.0 if args.quick else 10.0, args.device)
+    mooncake = bench_mooncake(payloads, _mooncake_pools(block_pool, layer_pool), reps, Rank)
     across = bench_hosts(payloads, block_pool, layer_pool, reps, args.device) if args.hosts == "netns" else None
     rows = []
     for payload in payloads:
         row = {"payload": payload.name, "bytes": payload.nbytes, "torch_gbps": torch_results[payload.name]["gbps"], **nixl_results[payload.name]}
         row["transceiver_vs_nixl"] = row["transceiver_gbps"] / row["nixl_gbps"]
+        if "payloads" in mooncake:
+            measured = mooncake["payloads"][payload.name]
+            row["mooncake_gbps"] = measured["mooncake_gbps"]
+            row["transceiver_vs_mooncake"] = row["transceiver_gbps"] / measured["mooncake_gbps"]
+            row["bit_identical"] = row["bit_identical"] and measured["bit_identical"]
         rows.append(row)
     by_name = {r["payload"]: r for r in rows}
     contiguous = by_name["contiguous 64 MiB"]
@@ -826,6 +867,11 @@ def main(argv: list[str] | None = None) -> int:
         "payloads": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
     }
     summary["curve"] = curve
+    summary["mooncake"] = {k: v for k, v in mooncake.items() if k != "payloads"}
+    if "payloads" in mooncake:
+        summary["mooncake_gbps"] = round(contiguous["mooncake_gbps"], 3)
+        summary["transceiver_vs_mooncake"] = round(contiguous["transceiver_vs_mooncake"], 2)
+        summary["transceiver_vs_mooncake_min"] = round(min(r["transceiver_vs_mooncake"] for r in rows), 2)
     summary.update(requests)
     summary.update(idle)
     summary["targets"] = {
@@ -841,6 +887,8 @@ def main(argv: list[str] | None = None) -> int:
         "reads_one_block_overhead_under_300us": summary["reads_one_block_overhead_us"] < 300,
         "reads_request_overhead_at_most_2_zmq_rtts": summary["reads_overhead_in_rtts"] <= 2,
     }
+    if "payloads" in mooncake:  # every payload, one block included
+        summary["targets"]["ahead_of_mooncake"] = summary["transceiver_vs_mooncake_min"] > 1
     if across is not None:
         summary["hosts"] = across_summary(rows, across)
         summary["bit_identical"] = summary["bit_identical"] and summary["hosts"]["bit_identical"]
@@ -890,6 +938,14 @@ def main(argv: list[str] | None = None) -> int:
             f"read by the receiver (allow_reads), same run: overhead {summary['reads_request_overhead_us']:.0f} us = "
             f"{summary['reads_overhead_in_rtts']:.2f} round trips; requests/s {summary['reads_rps_1']:,} (1), {summary['reads_rps_64']:,} (64)"
         )
+        if "payloads" in mooncake:
+            print(
+                f"Mooncake Transfer Engine {mooncake['version']} ({mooncake['transport']}; NIXL copies with CMA here): "
+                f"{summary['mooncake_gbps']:.2f} GB/s on 64 MiB; kvpolicy / Mooncake "
+                + ", ".join(f"{r['transceiver_vs_mooncake']:.1f}x ({r['payload']})" for r in rows)
+            )
+        else:
+            print(f"Mooncake Transfer Engine: skipped ({mooncake['skipped']})")
         for target, met in summary["targets"].items():
             print(f"  {'met' if met else 'MISSED':<7}{target}")
         if across is not None:
