@@ -728,6 +728,7 @@ def across_summary(rows: list[dict[str, Any]], across: dict[str, dict[str, dict[
                 "payload": row["payload"],
                 "same_host_gbps": round(row["transceiver_gbps"], 3),
                 "tcp_lo_gbps": round(lo["transceiver_gbps"], 3),
+                "tcp_lo_nixl_gbps": round(lo["nixl_gbps"], 3),
                 "netns_gbps": round(ns["transceiver_gbps"], 3),
                 "netns_nixl_gbps": round(ns["nixl_gbps"], 3),
                 "netns_vs_same_host": round(ns["transceiver_gbps"] / row["transceiver_gbps"], 3),
