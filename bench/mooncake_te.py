@@ -66,8 +66,7 @@ def _rank(role: str, conn: Any, sizes: dict[str, tuple[int, int]], payloads: lis
             for payload in payloads:
                 block_bytes = sizes[payload.layout][1]
                 src_base, dst_base = pools[payload.layout].ctypes.data, bases[payload.layout]
-                run = len(payload.src) > 1 and payload.src == tuple(range(payload.src[0], payload.src[0] + len(payload.src)))
-                if run and payload.dst == tuple(range(payload.dst[0], payload.dst[0] + len(payload.dst))):
+                if payload.contiguous:
                     plans[payload.name] = ([src_base + payload.src[0] * block_bytes], [dst_base + payload.dst[0] * block_bytes], [payload.nbytes])
                 else:
                     plans[payload.name] = (
@@ -116,10 +115,13 @@ def bench_mooncake(
         return {"skipped": f"mooncake.engine does not load: {type(exc).__name__}: {exc}"}
     from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        release = version("mooncake-transfer-engine-non-cuda")
-    except PackageNotFoundError:
-        release = version("mooncake-transfer-engine")
+    release = "unknown"
+    for name in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
+        try:
+            release = version(name)
+            break
+        except PackageNotFoundError:
+            continue
     sender = rank_class("sender", pools, payloads, placements[0], target=_rank)
     receiver = rank_class("receiver", pools, payloads, placements[1], target=_rank)
     try:

@@ -86,6 +86,14 @@ class Payload:
     def nbytes(self) -> int:
         return len(self.src) * self.block_bytes
 
+    @property
+    def contiguous(self) -> bool:
+        """Several blocks, adjacent on both sides: one run, moved as one descriptor."""
+        def run(blocks: tuple[int, ...]) -> bool:
+            return blocks == tuple(range(blocks[0], blocks[0] + len(blocks)))
+
+        return len(self.src) > 1 and run(self.src) and run(self.dst)
+
 
 def make_payloads(quick: bool, block_pool: int, layer_pool: int, seed: int = 0) -> list[Payload]:
     import random
@@ -122,12 +130,11 @@ def bench_torch(payloads: list[Payload], block_pool: int, layer_pool: int, reps:
         flat_src = src.tensor.view(blocks, -1)
         flat_dst = dst.tensor.view(blocks, -1)
         for payload in [p for p in payloads if p.layout == kind]:
-            adjacent = payload.src == tuple(range(payload.src[0], payload.src[0] + len(payload.src)))
             sidx = torch.tensor(payload.src, device=flat_src.device)
             didx = torch.tensor(payload.dst, device=flat_src.device)
 
             def loop() -> None:
-                if adjacent and len(payload.src) > 1:
+                if payload.contiguous:
                     flat_dst[payload.dst[0] : payload.dst[0] + len(payload.dst)].copy_(flat_src[payload.src[0] : payload.src[0] + len(payload.src)])
                 else:
                     for s, d in zip(payload.src, payload.dst):
@@ -254,7 +261,7 @@ def _rank(
                     src = np.asarray(payload.src, dtype=np.uint64) * pool.block_bytes
                     dst = np.asarray(payload.dst, dtype=np.uint64) * pool.block_bytes
                     # a contiguous payload is one descriptor; scattered blocks one each (nothing adjacent)
-                    if len(src) > 1 and payload.src == tuple(range(payload.src[0], payload.src[0] + len(src))) and payload.dst == tuple(range(payload.dst[0], payload.dst[0] + len(dst))):
+                    if payload.contiguous:
                         src, dst, length = src[:1], dst[:1], payload.nbytes
                     else:
                         length = pool.block_bytes
