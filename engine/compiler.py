@@ -114,6 +114,13 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
     for constraint in index.data["constraints"]:
         src.emit(1, f"if {_condition(src, constraint['when'], decided)}:")
         _constraint(src, 2, constraint, decided)
+    if entry:
+        # A name the policy does not name that is one typo away from one it does: say so (an
+        # error under ``strict=True``); the set test is all a named architecture pays.
+        src.emit(1, f"if arch is not None and arch not in {src.const(index.named)}:")
+        src.emit(2, "miss = name_diagnostic(arch, strict)")
+        src.emit(2, "if miss is not None:")
+        src.emit(3, "diags.append(miss)")
     if lean:
         # Diagnostics come in a fixed order already (decision order, constraints by id); the
         # sort only moves errors first, which comparisons do not need.
@@ -133,6 +140,8 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
         explicit_conflict=_lean_explicit if lean else index.explicit_conflict,
         diagnostic_order=index._order_key,
         normalise=index.normalise,
+        name_diagnostic=index.name_diagnostic,
+        strict_flag=index.strict_flag,
         new_resolution=tuple.__new__,
         new_diagnostic=tuple.__new__,
         Diagnostic=Diagnostic,
@@ -177,6 +186,7 @@ def _entry_prologue(src: _Source, index: DecisionIndex) -> None:
     # The common case keeps what it read in locals: the body reads no field back from ``ctx``.
     src.emit(3, "mtype = None")
     src.emit(3, "env = NO_ENV")
+    src.emit(3, "strict = False")
     src.emit(3, "if feats.__class__ is not frozenset:")
     src.emit(4, "feats = frozenset(feats)")
     src.emit(
@@ -185,9 +195,11 @@ def _entry_prologue(src: _Source, index: DecisionIndex) -> None:
         f"'features': feats, 'env': NO_ENV, {', '.join(requested)}}}",
     )
     src.emit(2, "else:")
+    src.emit(3, "strict = strict_flag(fields)")
     src.emit(3, "ctx = normalise(None, fields)")
     _off_or_locals(src, 3, index)
     src.emit(1, "else:")
+    src.emit(2, "strict = strict_flag(fields)")
     src.emit(2, "ctx = normalise(config, fields)")
     _off_or_locals(src, 2, index)
 

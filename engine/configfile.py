@@ -31,6 +31,7 @@ __all__ = [
     "MAX_EXPANDED_NODES",
     "BoundedSafeLoader",
     "ConfigFileError",
+    "position_of",
     "read_config",
 ]
 
@@ -228,3 +229,23 @@ def parse_json(text: str, shown: str) -> Any:
         raise ConfigFileError(shown, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
     except (RecursionError, ValueError) as exc:
         raise ConfigFileError(shown, f"invalid JSON: {exc}") from None
+
+
+def position_of(node: Any, *keys: Any) -> tuple[int, int] | None:
+    """The 1-based (line, column) of the deepest of ``keys`` found in a YAML node tree (the key
+    itself), or None when not even the first is there. JSON files have a node tree too
+    (:func:`read_config`), so messages about either carry ``file:line:col``."""
+    import yaml
+
+    found = None
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            return found
+        for key_node, value_node in node.value:
+            if key_node.value == key or (not isinstance(key, str) and key_node.value == str(key)):
+                found = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                node = value_node
+                break
+        else:
+            return found
+    return found

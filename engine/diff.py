@@ -45,6 +45,7 @@ from .domain import Dimension, Domain, domain_of
 from .model import Condition, Decision, Policy, Row
 
 __all__ = [
+    "checkpoint_rule_changes",
     "ByValues",
     "Change",
     "Cube",
@@ -310,7 +311,14 @@ class Diff:
         return sum(g.count for g in self.groups)
 
     def __bool__(self) -> bool:
-        return bool(self.groups)
+        return bool(self.groups) or bool(self.checkpoint_changes)
+
+    @cached_property
+    def checkpoint_changes(self) -> tuple[tuple[str, str], ...]:
+        """How the versions read checkpoints differently (their checkpoint rules): ``(sign, text)``
+        per rule, ``+`` added, ``-`` removed, ``~`` changed. The contexts the groups count are
+        (architecture, model_type) pairs as read, so such a change shows here, not there."""
+        return checkpoint_rule_changes(self.old, self.new)
 
     def contains(self, cube: Cube, point: tuple[Any, ...]) -> bool:
         """Whether a point (one value per dimension) lies in a cube."""
@@ -1409,3 +1417,26 @@ def _positions(models: tuple[tuple[str | None, str | None], ...]) -> dict[str | 
 
 
 _OTHER = "\x00other"
+
+
+def checkpoint_rule_changes(old: Policy, new: Policy) -> tuple[tuple[str, str], ...]:
+    """The checkpoint rules of two versions, compared by id: ``(sign, description)`` pairs."""
+
+    def text(rule: Any) -> str:
+        kind = {True: " (composite checkpoints)", False: " (text-only checkpoints)", None: ""}[rule.multimodal]
+        return f"{rule.id}: model_type {' or '.join(rule.model_type)}{kind} loads as {rule.architecture}"
+
+    before = {r.id: r for r in old.checkpoint_rules}
+    after = {r.id: r for r in new.checkpoint_rules}
+    found: list[tuple[str, str]] = []
+    for rule_id in sorted(before.keys() | after.keys()):
+        a, b = before.get(rule_id), after.get(rule_id)
+        if a is None:
+            found.append(("+", text(b)))
+        elif b is None:
+            found.append(("-", text(a)))
+        elif (a.model_type, a.multimodal, a.architecture) != (b.model_type, b.multimodal, b.architecture):
+            found.append(("~", f"{text(a)} -> {text(b)}"))
+    if [r.id for r in old.checkpoint_rules if r.id in after] != [r.id for r in new.checkpoint_rules if r.id in before]:
+        found.append(("~", "the order in which checkpoint rules are tried changed (the first that matches wins)"))
+    return tuple(found)

@@ -107,6 +107,16 @@ def section_order(section: Section) -> tuple[Any, ...]:
     return (not values_change, not section.decisions, -section.count, [str(d) for d in section.decisions])
 
 
+def checkpoint_lines(result: Diff) -> list[str]:
+    """How the two versions read checkpoints differently (their checkpoint rules), or nothing."""
+    if not result.checkpoint_changes:
+        return []
+    return [
+        "checkpoints are read differently (upstream's load-time rewrites by model_type):",
+        *(f"  {sign} {text}" for sign, text in result.checkpoint_changes),
+    ]
+
+
 def headline(result: Diff, count: int) -> str:
     """``kvpolicy diff A -> B: X of Y contexts change, in N way(s)`` (or ``no change``)."""
     head = f"kvpolicy diff {result.old.version} -> {result.new.version}"

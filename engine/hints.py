@@ -1,9 +1,9 @@
-"""Notes on a context that resolves, but probably not as meant: a misspelt architecture, an
-environment variable with a value the policy never reads as set.
+"""Notes on a context that resolves, but probably not as meant: an environment variable with a
+value the policy never reads as set.
 
-They change nothing in the resolution (a near-miss architecture still resolves as an unknown
-model, as ``resolve`` must for a model it has never seen); the CLI prints them so a typo does not
-pass silently.
+They change nothing in the resolution; the CLI prints them so a typo does not pass silently. (A
+misspelt architecture is a warning diagnostic of the resolution itself, an error under
+``strict=True``: see :meth:`kvpolicy.index.DecisionIndex.name_diagnostic`.)
 """
 
 from __future__ import annotations
@@ -45,20 +45,7 @@ def notes(version: str, named: list[str], known: Mapping[str, Any], context: Map
     """Notes for a normalised context under the policy ``version`` that names the architectures
     ``named`` and reads the environment variables ``known`` (variable -> the values it tests)."""
     found: list[str] = []
-    architecture = context.get("architecture")
-    if isinstance(architecture, str):
-        if architecture not in named:
-            import difflib
-
-            lowered = {name.lower(): name for name in named}
-            close = lowered.get(architecture.lower()) or next(
-                iter(difflib.get_close_matches(architecture, named, n=1, cutoff=0.85)), None
-            )
-            if close:
-                found.append(
-                    f"architecture {architecture!r} is not named by policy {version}; did you mean {close!r}? "
-                    "It resolves as a model with no preference"
-                )
+    # A misspelt architecture is a diagnostic of the resolution itself (architecture-near-miss).
     env = context.get("env") or {}
     for variable, accepted in sorted(known.items()):
         value = env.get(variable)

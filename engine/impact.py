@@ -14,24 +14,27 @@ What a config may say besides TensorRT-LLM's own fields:
   transceiver-state protocol, ``sync_timing_output``). ``enable_pipelined_transfer`` in
   ``cache_transceiver_config`` and feature environment variables count too.
 
-The architecture comes from the checkpoint's ``config.json`` under a models root, else from an
-architecture map (model path glob -> architecture), else it is unknown and resolved as having no
-preference (the report says so).
+Each server's model is found as TensorRT-LLM finds it (:mod:`kvpolicy.identity`: its
+``config.json`` under the models root, the config's folder or the working directory, else an
+architecture map). When it cannot be found, the config is resolved for every class of models the two
+versions tell apart: a status that holds for all of them is reported as such; one that differs is
+``architecture unknown``, with the status of each class (never a green "unchanged").
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import ContextError
+from .identity import ArchitectureMap, ModelIdentity, find_model, load_architecture_map, model_reference, models_root
 from .policyset import PolicySet
 from .resolution import Resolution
-from .serving import Server, kind, servers_of
+from .serving import Server, kind, section_keys, servers_of, sides_disagree
+from .verdict import model_label, resolve_model
 
 __all__ = [
     "ArchitectureMap",
@@ -44,7 +47,8 @@ __all__ = [
 ]
 
 _SUFFIXES = (".yaml", ".yml", ".json")
-_MODELS_ROOT_VARIABLES = ("${LLM_MODELS_ROOT}/", "$LLM_MODELS_ROOT/", "LLM_MODELS_ROOT/")
+#: The status of a section or config whose outcome depends on a model kvpolicy could not identify.
+ARCHITECTURE_UNKNOWN = "architecture unknown"
 
 
 @dataclass(frozen=True)
@@ -135,11 +139,24 @@ class SectionImpact:
     """Every config field read for this server (``path = value``)."""
     role: str = "server"
     """``context``, ``generation`` or ``server``."""
+    identity: ModelIdentity | None = None
+    """The model this server runs, and where it was found (or why it is unknown)."""
+    possibilities: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """With an unknown architecture: (status, models) for each status some class of models gets.
+    ``old`` and ``new`` then show the "any other architecture" class."""
 
     @property
     def status(self) -> str:
         """unchanged, new warning, runtime changes, backend changes, changes, starts failing,
-        stops failing, still failing, fails differently."""
+        stops failing, still failing, fails differently; ``architecture unknown`` when the
+        architecture is unknown and the status differs between the models it may be."""
+        if len(self.possibilities) > 1:
+            return ARCHITECTURE_UNKNOWN
+        return self.known_status
+
+    @property
+    def known_status(self) -> str:
+        """The status of the resolutions ``old`` and ``new`` hold."""
         old, new = self.old, self.new
         if new.failing and not old.failing:
             return "starts failing"
@@ -176,10 +193,32 @@ class ConfigImpact:
     mismatch_new: str | None = None
     skipped: bool = False
     """True when the file holds no ``cache_transceiver_config`` (it is counted, not reported)."""
+    possibilities: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """With an unknown architecture: (status, models) for each status some class of models gets."""
+
+    @property
+    def architecture_known(self) -> bool:
+        """Whether every resolved server's model was identified."""
+        return all(s.identity is None or s.identity.known for s in self.sections)
+
+    @property
+    def may_fail(self) -> bool:
+        """With an unknown architecture: whether some model would start failing (or fail differently)."""
+        return any(status in ("starts failing", "fails differently") for status, _ in self.possibilities)
 
     @property
     def status(self) -> str:
-        """The worst status of its sections, counting side mismatches and problems."""
+        """The worst status of its sections, counting side mismatches and problems;
+        ``architecture unknown`` when it differs between the models the config may run."""
+        if self.problems:
+            return "malformed"
+        if len(self.possibilities) > 1:
+            return ARCHITECTURE_UNKNOWN
+        return self.known_status
+
+    @property
+    def known_status(self) -> str:
+        """The status of the sections and mismatches as they stand."""
         if self.problems:
             return "malformed"
         old_fail = self.mismatch_old is not None or any(s.old.failing for s in self.sections)
@@ -191,81 +230,11 @@ class ConfigImpact:
         if old_fail and new_fail:
             same = self.mismatch_old == self.mismatch_new and all(s.old.error_ids == s.new.error_ids for s in self.sections)
             return "still failing" if same else "fails differently"
-        statuses = {s.status for s in self.sections}
+        statuses = {s.known_status for s in self.sections}
         for status in ("still failing", "fails differently", "runtime changes", "backend changes", "changes", "new warning"):
             if status in statuses:
                 return status
         return "unchanged"
-
-
-# -- architecture ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArchitectureMap:
-    """Model path globs -> (architecture, model_type), first match wins (file order)."""
-
-    entries: tuple[tuple[str, str, str | None], ...] = ()
-    path: str = ""
-
-    def lookup(self, model: str) -> tuple[str, str | None, str] | None:
-        """(architecture, model_type, pattern) of the first pattern matching ``model``."""
-        for pattern, architecture, model_type in self.entries:
-            if fnmatch.fnmatchcase(model, pattern) or fnmatch.fnmatchcase(model.rstrip("/").rsplit("/", 1)[-1], pattern):
-                return architecture, model_type, pattern
-        return None
-
-
-def load_architecture_map(path: str | Path) -> ArchitectureMap:
-    """Read an architecture map (YAML or JSON): ``{glob: Architecture}`` or
-    ``{glob: {architecture: ..., model_type: ...}}``. Raises ValueError with the location."""
-    text_path = str(path)
-    data = _parse(Path(path))
-    if isinstance(data, ConfigProblem):
-        raise ValueError(str(data))
-    document, _ = data
-    if not isinstance(document, Mapping):
-        raise ValueError(f"{text_path}: expected a mapping of model path globs to architectures")
-    entries = []
-    for pattern, target in document.items():
-        if isinstance(target, str):
-            entries.append((str(pattern), target, None))
-        elif isinstance(target, Mapping) and isinstance(target.get("architecture"), str):
-            model_type = target.get("model_type")
-            entries.append((str(pattern), target["architecture"], model_type if isinstance(model_type, str) else None))
-        else:
-            raise ValueError(
-                f"{text_path}: {pattern!r}: expected an architecture name or {{architecture: ..., model_type: ...}}, got {target!r}"
-            )
-    return ArchitectureMap(tuple(entries), text_path)
-
-
-def _from_checkpoint(model: str, models_root: Path | None, config_dir: Path) -> tuple[str | None, str | None, str] | ConfigProblem | None:
-    stripped = model
-    for prefix in _MODELS_ROOT_VARIABLES:
-        if stripped.startswith(prefix):
-            stripped = stripped[len(prefix) :]
-    candidates = []
-    if models_root is not None and not Path(stripped).is_absolute():
-        candidates.append(models_root / stripped)
-    candidates.append(Path(stripped))
-    if not Path(stripped).is_absolute():
-        candidates.append(config_dir / stripped)
-    for folder in candidates:
-        config = folder / "config.json"
-        if config.is_file():
-            from .configfile import ConfigFileError, read_config
-
-            try:
-                data, _ = read_config(config)
-            except ConfigFileError as exc:
-                return ConfigProblem(exc.path, exc.line, f"cannot read the checkpoint config: {exc.message}", exc.column)
-            architectures = data.get("architectures") if isinstance(data, dict) else None
-            if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
-                return ConfigProblem(str(config), None, "the checkpoint config has no `architectures` list")
-            model_type = data.get("model_type")
-            return architectures[0], model_type if isinstance(model_type, str) else None, str(config)
-    return None
 
 
 # -- reading configs -------------------------------------------------------------------------------
@@ -326,13 +295,28 @@ def impact_of(
     models_root: str | Path | None = None,
     architecture_map: ArchitectureMap | None = None,
 ) -> list[ConfigImpact]:
-    """The impact of moving from ``old`` to ``new`` on every config under ``paths``."""
+    """The impact of moving from ``old`` to ``new`` on every config under ``paths``. The models root
+    defaults to ``$LLM_MODELS_ROOT``."""
+    paths = list(paths)
     files, missing = find_configs(paths)
+    named = {Path(p) for p in paths if Path(p).is_file()}
     results = [ConfigImpact(p.path, problems=(p,)) for p in missing]
-    root = Path(models_root) if models_root is not None else None
+    root = _root(models_root)
     for path in files:
-        results.append(_config_impact(path, old, new, root, architecture_map or ArchitectureMap()))
+        result = _config_impact(path, old, new, root, architecture_map or ArchitectureMap())
+        if result.skipped and path in named:
+            # A file named on its own is meant as a serving config: saying nothing would read as "fine".
+            result = ConfigImpact(result.path, problems=(ConfigProblem(
+                result.path, None,
+                "no cache_transceiver_config in any layout TensorRT-LLM reads (context_servers/generation_servers, "
+                "worker_config.ctx/gen, or the top level): nothing to check; is a key misspelt?",
+            ),))
+        results.append(result)
     return results
+
+
+def _root(explicit: str | Path | None) -> Path | None:
+    return models_root(explicit)
 
 
 def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None, arch_map: ArchitectureMap) -> ConfigImpact:
@@ -342,7 +326,9 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
         return ConfigImpact(name, problems=(parsed,))
     document, node = parsed
     if not isinstance(document, Mapping):
-        if document is None or not _mentions_transceiver(document):
+        if document is None:
+            return ConfigImpact(name, problems=(ConfigProblem(name, 1, "the file is empty: a serving config is a mapping of LLM arguments", 1),))
+        if not _mentions_transceiver(document):
             return ConfigImpact(name, skipped=True)
         return ConfigImpact(name, problems=(ConfigProblem(name, 1, f"expected a mapping at the top, got {kind(document)}"),))
 
@@ -351,30 +337,17 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
     if servers is None:
         return ConfigImpact(name, skipped=True)
     disaggregated = any(s.role != "server" for s in servers)
-
     model = document.get("model")
-    model_text = model if isinstance(model, str) else None
-    architecture, model_type, source = None, None, "unknown"
     if model is not None and not isinstance(model, str):
         problems.append(ConfigProblem(name, _line_of(node, "model"), f"model: expected a checkpoint path, got {model!r}"))
-    elif model_text:
-        found = _from_checkpoint(model_text, root, path.parent)
-        if isinstance(found, ConfigProblem):
-            problems.append(found)
-        elif found is not None:
-            architecture, model_type, where = found
-            source = f"config.json ({where})"
-        else:
-            mapped = arch_map.lookup(model_text)
-            if mapped is not None:
-                architecture, model_type, pattern = mapped
-                source = f"arch-map ({pattern})"
 
     impacts: list[SectionImpact] = []
     for server in servers:
         line = _line_of(node, *server.keys)
         for problem in server.problems:
-            problems.append(ConfigProblem(name, _line_of(node, *problem.keys), problem.message))
+            found = ConfigProblem(name, _line_of(node, *problem.keys), problem.message)
+            if found not in problems:  # a top-level key both sections inherit is one problem
+                problems.append(found)
         if server.problems:
             continue
         if server.fixed is not None:
@@ -383,22 +356,29 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
             continue
         if server.fields is None:
             continue
+        reference = model_reference(document, section_keys(server))
+        identity = find_model(reference, config_dir=path.parent, root=root, architecture_map=arch_map)
+        if identity.problem and identity.architecture is None and identity.model_type is None:
+            problems.append(ConfigProblem(name, _line_of(node, *(reference.keys if reference else ("model",))), identity.problem))
+            continue
         fields = dict(server.fields)
-        if architecture is not None:
-            if model_type is not None:
-                fields["pretrained_config"] = {"architectures": [architecture], "model_type": model_type}
-            else:
-                fields["architecture"] = architecture
+        if identity.architecture is not None:
+            fields["pretrained_config"] = identity.pretrained_config()
         before, after = _resolve(old, fields), _resolve(new, fields)
         if before.invalid is not None and after.invalid is not None:
             # Neither policy accepts it: the config itself is wrong (unknown backend, wrong type).
             at = _line_of(node, *server.keys, after.field) if after.field in server.fields else None
             problems.append(ConfigProblem(name, at or line, f"{'/'.join(map(str, server.keys))}: {after.invalid}"))
             continue
-        impacts.append(SectionImpact(server.name, line, before, after, server.parallel, server.used, server.role))
+        impacts.append(SectionImpact(server.name, line, before, after, server.parallel, server.used, server.role, identity))
+    first = next((s.identity for s in impacts if s.identity is not None), None)
+    model_text = first.reference.text if first is not None and first.reference else (model if isinstance(model, str) else None)
+    architecture = first.architecture if first is not None else None
+    model_type = first.model_type if first is not None else None
+    source = "unknown" if first is None or not first.known else f"{first.source} ({first.where})"
     if problems:
         return ConfigImpact(name, model_text, architecture, model_type, source, tuple(impacts), tuple(problems))
-    return ConfigImpact(
+    result = ConfigImpact(
         name,
         model_text,
         architecture,
@@ -409,6 +389,51 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
         _mismatch(impacts, "old") if disaggregated else None,
         _mismatch(impacts, "new") if disaggregated else None,
     )
+    if any(s.identity is not None and not s.identity.known for s in impacts):
+        result = _over_models(result, old, new, disaggregated)
+    return result
+
+
+def _over_models(result: ConfigImpact, old: PolicySet, new: PolicySet, disaggregated: bool) -> ConfigImpact:
+    """A config whose model is unknown, resolved for every class of models either version tells
+    apart: the classes' statuses, and the "any other architecture" class's resolutions as shown."""
+    models = list(dict.fromkeys([*old._index.models(), *new._index.models()]))
+    models.sort(key=lambda m: (m[0] is None, m[0] or "", m[1] or ""))
+    config_statuses: dict[str, list[str]] = {}
+    section_statuses: list[dict[str, list[str]]] = [{} for _ in result.sections]
+    shown = result
+    for model in models:
+        sections = [
+            replace(s, old=_for_model(s.old, model), new=_for_model(s.new, model))
+            if s.identity is not None and not s.identity.known else s
+            for s in result.sections
+        ]
+        candidate = replace(
+            result,
+            sections=tuple(sections),
+            mismatch_old=_mismatch(sections, "old") if disaggregated else None,
+            mismatch_new=_mismatch(sections, "new") if disaggregated else None,
+        )
+        label = model_label(model)
+        config_statuses.setdefault(candidate.known_status, []).append(label)
+        for index, section in enumerate(sections):
+            section_statuses[index].setdefault(section.known_status, []).append(label)
+        if model == (None, None):
+            shown = candidate
+    return replace(
+        shown,
+        sections=tuple(
+            replace(s, possibilities=tuple((status, tuple(labels)) for status, labels in statuses.items()))
+            for s, statuses in zip(shown.sections, section_statuses)
+        ),
+        possibilities=tuple((status, tuple(labels)) for status, labels in config_statuses.items()),
+    )
+
+
+def _for_model(side: Side, model: tuple[str | None, str | None]) -> Side:
+    if side.resolution is None:
+        return side
+    return Side(resolve_model(side.resolution, model), side.invalid, side.field, side.fixed)
 
 
 def _mentions_transceiver(document: Any) -> bool:
@@ -423,19 +448,5 @@ def _resolve(policy_set: PolicySet, fields: dict[str, Any]) -> Side:
         return Side(None, f"{exc.field}: {exc.reason}", exc.field)
 
 
-def _mismatch(sections: list[SectionImpact], which: str) -> str | None:
-    sides = {s.role: getattr(s, which) for s in sections}
-    context, generation = sides.get("context"), sides.get("generation")
-    if context is None or generation is None or context.resolution is None or generation.resolution is None:
-        return None
-    differences = [
-        f"{label} {getattr(context, label)} vs {getattr(generation, label)}"
-        for label in ("runtime", "backend")
-        if getattr(context, label) != getattr(generation, label)
-    ]
-    if not differences:
-        return None
-    return (
-        f"the context and generation servers resolve to different {' and '.join(d.split()[0] + 's' for d in differences)} "
-        f"({'; '.join(differences)}); both sides must use the same runtime and backend to exchange KV cache"
-    )
+def _mismatch(sections: list[SectionImpact] | tuple[SectionImpact, ...], which: str) -> str | None:
+    return sides_disagree([(s.role, getattr(s, which).resolution) for s in sections])

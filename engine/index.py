@@ -28,10 +28,20 @@ from .resolution import Diagnostic
 if TYPE_CHECKING:
     from .model import Condition, Notice, Policy, Rule
 
-__all__ = ["CACHE_TRANSCEIVER_FIELDS", "CONTEXT_FIELDS", "FORMAT", "DecisionIndex", "build_index", "check_index", "compile_message"]
+__all__ = [
+    "CACHE_TRANSCEIVER_FIELDS",
+    "CONTEXT_FIELDS",
+    "FORMAT",
+    "DecisionIndex",
+    "build_index",
+    "check_index",
+    "checkpoint_rule",
+    "compile_message",
+    "is_multimodal",
+]
 
 #: Bumped whenever the index data changes shape or meaning (part of the cache key).
-FORMAT = 2
+FORMAT = 3
 
 #: Every field of upstream's ``CacheTransceiverConfig``; ``resolve`` reads some, the rest are passive.
 CACHE_TRANSCEIVER_FIELDS = frozenset(
@@ -166,6 +176,9 @@ def build_index(policy: Policy, order: list[str] | tuple[str, ...] | None = None
         "env_features": [[f.env, f.name] for f in policy.features.values() if f.env],
         "flag_features": [[f.config_field, f.name] for f in policy.features.values() if f.config_field],
         "architectures": policy.architectures(),
+        "checkpoint_rules": [
+            [r.id, sorted(r.model_type), r.multimodal, r.architecture, _position(r.location)] for r in policy.checkpoint_rules
+        ],
         "known_env": [[name, sorted(values)] for name, values in sorted(known_env(policy).items())],
     }
 
@@ -252,6 +265,11 @@ def _check(d: Any) -> None:
         _expect(type(d[key]) is str)
     for key in ("features", "architectures"):
         _strs(d[key])
+    _expect(type(d["checkpoint_rules"]) is list)
+    for rule in d["checkpoint_rules"]:
+        _expect(type(rule) is list and len(rule) == 5 and type(rule[0]) is str and type(rule[3]) is str and type(rule[4]) is str)
+        _strs(rule[1])
+        _expect(rule[2] is None or type(rule[2]) is bool)
     for key in ("env_features", "flag_features", "known_env"):
         _expect(type(d[key]) is list)
         for item in d[key]:
@@ -330,6 +348,8 @@ class DecisionIndex:
         self._flag_features = {field: name for field, name in data["flag_features"]}
         self._known_fields = frozenset({*CONTEXT_FIELDS, *self.decision_names, *self._flag_features, *_PASSIVE_FIELDS})
         self._by_name = {d["name"]: d for d in self.decisions}
+        self.named = frozenset(data["architectures"])
+        self._models: tuple[tuple[str | None, str | None], ...] | None = None
         self._requests = tuple((d["name"], d["auto"], frozenset(self.requests(d["name"]))) for d in self.decisions)
         self._rank = {name: index for index, name in enumerate(self.order)}
         self._order_key = self._sort_key(self._rank)
@@ -384,6 +404,69 @@ class DecisionIndex:
             self._lean = generate_evaluator(self, lean=True)
         return self._lean(ctx)  # type: ignore[no-any-return]
 
+    # -- architectures --
+
+    def models(self) -> tuple[tuple[str | None, str | None], ...]:
+        """The (architecture, model_type) classes this policy tells apart, as
+        :func:`kvpolicy.domain.domain_of` finds them for one policy: every architecture it names and
+        ``None`` ("any other"), each without a model_type and with every model_type that can matter
+        for it. One representative per class answers for every model in it."""
+        if self._models is None:
+            conditions = [self.data["constraints"][i]["when"] for i in range(len(self.data["constraints"]))]
+            qualified: dict[str, set[str]] = {}
+            for decision in self.decisions:
+                for rule in (*decision["requirements"], *decision["conditionals"], decision["default"], *decision["adjustments"]):
+                    conditions.append(rule["when"])
+                if decision["adopt"] is not None:
+                    conditions.append(decision["adopt"])
+                for architecture, model_type, _, _ in (decision["rows"] or {}).get("qualified", ()):
+                    qualified.setdefault(architecture, set()).add(model_type)
+            read: set[str] = set()
+            reads_model_type = False
+            for condition in conditions:
+                for subject, values, _ in condition["subjects"]:
+                    if subject == "model_type":
+                        reads_model_type = True
+                        read.update(values)
+            all_types = read | {t for types in qualified.values() for t in types}
+            models: list[tuple[str | None, str | None]] = []
+            for architecture in [*sorted(self.named), None]:
+                types = all_types if reads_model_type else qualified.get(architecture or "", set())
+                models.append((architecture, None))
+                models += [(architecture, t) for t in sorted(types)]
+            self._models = tuple(models)
+        return self._models
+
+    def name_diagnostic(self, architecture: str, strict: bool) -> Diagnostic | None:
+        """A diagnostic for an architecture this policy does not name that looks like a typo of one
+        it does (see :mod:`kvpolicy.names`), or None."""
+        from .names import near_miss
+
+        close = near_miss(architecture, self.named)
+        if close is None:
+            return None
+        fix = f"use {close!r} (or a name this policy does not name on purpose)"
+        return _new_diagnostic(
+            Diagnostic,
+            (
+                "architecture-near-miss",
+                "error" if strict else "warning",
+                f"architecture {architecture!r} is not named by policy {self.version}; did you mean {close!r}? "
+                f"It resolves as a model with no preference, which {close} is not. To fix: {fix}.",
+                None,
+                self.path,
+                fix,
+            ),
+        )
+
+    @staticmethod
+    def strict_flag(fields: dict[str, Any]) -> bool:
+        """Pop ``strict`` from the caller's fields: True turns a near-miss architecture into an error."""
+        strict = fields.pop("strict", False)
+        if strict.__class__ is not bool:
+            raise ContextError("strict", f"expected true or false, got {strict!r}")
+        return strict  # type: ignore[no-any-return]
+
     # -- context --
 
     def normalise(self, config: Mapping[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
@@ -436,7 +519,7 @@ class DecisionIndex:
         flags: list[str] = []
         for key, value in fields.items():
             if key == "pretrained_config":
-                _pretrained(ctx, value)
+                _pretrained(ctx, value, self.data["checkpoint_rules"])
             elif key in self._flag_features:
                 if type(value) is not bool:
                     raise ContextError(key, f"expected true or false, got {value!r}")
@@ -588,7 +671,24 @@ def _suggest(name: str, known: Any) -> str:
     return suggest(name, known)
 
 
-def _pretrained(ctx: dict[str, Any], value: Any) -> None:
+def checkpoint_rule(rules: list[list[Any]], model_type: str | None, multimodal: bool) -> list[Any] | None:
+    """The first of a policy's checkpoint rules (index data) that rewrites this checkpoint, or None."""
+    if model_type is None:
+        return None
+    for rule in rules:
+        if model_type in rule[1] and (rule[2] is None or rule[2] == multimodal):
+            return rule
+    return None
+
+
+def is_multimodal(get: Callable[..., Any]) -> bool:
+    """Upstream's composite-checkpoint test: non-empty ``text_config`` and ``vision_config``, and
+    not ``language_model_only: true``."""
+    text, vision = get("text_config", None), get("vision_config", None)
+    return bool(text) and bool(vision) and get("language_model_only", None) is not True
+
+
+def _pretrained(ctx: dict[str, Any], value: Any, rules: list[list[Any]] = ()) -> None:  # type: ignore[assignment]
     if value is None:
         return
     get = value.get if isinstance(value, Mapping) else lambda k, d=None: getattr(value, k, d)
@@ -610,6 +710,10 @@ def _pretrained(ctx: dict[str, Any], value: Any) -> None:
     if architecture is not None:
         ctx["architecture"] = architecture
     ctx["model_type"] = model_type
+    # Upstream rewrites some checkpoints by model_type at load, whatever architectures[0] says.
+    rule = checkpoint_rule(rules, model_type, is_multimodal(get)) if rules else None
+    if rule is not None:
+        ctx["architecture"] = rule[3]
 
 
 def _env(value: Any) -> Mapping[str, str]:

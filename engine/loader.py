@@ -24,6 +24,7 @@ from .policyfile import CASES_SUFFIX, MAX_POLICY_BYTES, display_path, policy_fil
 from .model import (
     DECISIONS,
     Condition,
+    CheckpointRule,
     Constraint,
     Decision,
     Feature,
@@ -523,6 +524,9 @@ class _Builder:
         constraints = tuple(
             self._constraint(index, spec) for index, spec in enumerate(data.get("constraints", []))
         )
+        checkpoint_rules = tuple(
+            self._checkpoint_rule(index, spec) for index, spec in enumerate(data.get("checkpoint_rules", []))
+        )
         return Policy.model_construct(
             schema_version=data["schema"],
             version=data["version"],
@@ -533,6 +537,7 @@ class _Builder:
             features=features,
             decisions=decisions,
             constraints=constraints,
+            checkpoint_rules=checkpoint_rules,
         )
 
     # -- pieces --
@@ -711,6 +716,19 @@ class _Builder:
             source=spec.get("source"),
             location=self.doc.locate(path),
             path=path,
+        )
+
+    def _checkpoint_rule(self, index: int, spec: dict[str, Any]) -> CheckpointRule:
+        path = ("checkpoint_rules", index)
+        self._claim(spec["id"], path + ("id",))
+        return CheckpointRule.model_construct(
+            id=spec["id"],
+            model_type=tuple(spec["model_type"]),
+            multimodal=spec.get("multimodal"),
+            architecture=spec["architecture"],
+            reason=spec.get("reason"),
+            source=spec.get("source"),
+            location=self.doc.locate(path),
         )
 
     def _notice(self, spec: dict[str, Any] | None, path: tuple[Any, ...], rule_id: str) -> Notice | None:

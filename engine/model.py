@@ -261,6 +261,24 @@ class Feature(_Frozen):
 
 @_fields_of
 @_model
+class CheckpointRule(_Frozen):
+    """How TensorRT-LLM reads a checkpoint whose ``model_type`` it rewrites at load
+    (``load_pretrained_config``): the architecture it then runs, whatever ``architectures[0]`` says.
+    The first rule that matches wins, in file order, as upstream's branches do."""
+
+    id: str
+    model_type: tuple[str, ...]
+    multimodal: bool | None = None
+    """True: only a checkpoint with non-empty ``text_config`` and ``vision_config`` and without
+    ``language_model_only: true``; False: only one without; None: either."""
+    architecture: str
+    reason: str | None = None
+    source: str | None = None
+    location: Location
+
+
+@_fields_of
+@_model
 class Policy(_Frozen):
     """One version of the policy, as written in one file."""
 
@@ -273,6 +291,7 @@ class Policy(_Frozen):
     features: dict[str, Feature]
     decisions: dict[str, Decision]
     constraints: tuple[Constraint, ...] = ()
+    checkpoint_rules: tuple[CheckpointRule, ...] = ()
 
     def decision_order(self) -> list[str]:
         """Decision names in evaluation order: inputs first, ties by name (never by file order).

@@ -104,6 +104,16 @@ class PolicySet:
         return self._index.order
 
     @property
+    def architectures(self) -> frozenset[str]:
+        """Every architecture the policy names (preference rows and conditions)."""
+        return self._index.named
+
+    def verdict(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> Any:
+        """Resolve a context and say what holds for every model it may be about: a
+        :class:`kvpolicy.verdict.Verdict` (see :meth:`Resolution.verdict`)."""
+        return self.resolve(config, **fields).verdict()
+
+    @property
     def features(self) -> frozenset[str]:
         """The feature names a context may carry."""
         return self._index.features

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .diff import ARCHITECTURE_SLOT, Change, Diff, Group, diff_policies, outcome_of
-from .difftext import CONTEXT_NOTE, Entry, change_lines, decision_lines, entries, headline
+from .difftext import CONTEXT_NOTE, Entry, change_lines, checkpoint_lines, decision_lines, entries, headline
 from .matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
 from .policyset import PolicySet
 from .report_assets import SCRIPT, stylesheet
@@ -33,7 +33,7 @@ __all__ = ["MatrixView", "ReportInput", "cell_change", "render_report"]
 RUNTIME = "transceiver_runtime"
 #: Impact statuses, worst first, and the class that colours them.
 _STATUSES = (("starts failing", "bad"), ("fails differently", "bad"), ("malformed", "bad"),
-             ("runtime changes", "warn"), ("backend changes", "warn"), ("changes", "warn"),
+             ("architecture unknown", "warn"), ("runtime changes", "warn"), ("backend changes", "warn"), ("changes", "warn"),
              ("stops failing", "good"), ("still failing", "bad"), ("unchanged", "same"))
 _SIDE_LABELS = {"context_servers": "context", "generation_servers": "generation", "server": "server"}
 
@@ -498,7 +498,10 @@ def _change_label(change: Change, base: str) -> str:
 
 def _diff(result: Diff, found: list[Entry]) -> str:
     head = f'<p class="headline">{_e(headline(result, len(found)))}</p>'
-    if not result:
+    checkpoints = checkpoint_lines(result)
+    if checkpoints:
+        head += f'<pre class="checkpoints">{_e(chr(10).join(checkpoints))}</pre>'
+    if not result.groups:
         return f'<section id="diff" aria-labelledby="diff-h"><h2 id="diff-h">Diff</h2>{head}</section>'
     articles = []
     for entry in found:
@@ -552,6 +555,9 @@ def _impact(results: Sequence[Any], old: str, new: str, link: Link | None) -> st
             status = section.status
             errors = [d for d in (section.new.resolution.errors if section.new.resolution else ())]
             why = "; ".join(f"{d.id}: {d.message}" for d in errors) or (section.new.invalid or "")
+            if len(section.possibilities) > 1:
+                # Never a green "unchanged" for a model kvpolicy could not identify: every status it may get.
+                why = "the model is unknown: " + "; ".join(f"{s} for {', '.join(m)}" for s, m in section.possibilities)
             head = ""
             if first:
                 head = (f'<th scope="rowgroup" rowspan="{span}"><a href="{_e(link(result.path, None))}">{_e(result.path)}</a>'

@@ -188,6 +188,21 @@ class Resolution(tuple):  # type: ignore[type-arg]
         """The steps of every decision and constraint, in order (computed when read)."""
         return self._policy.trace(self._context)
 
+    @property
+    def architecture_known(self) -> bool:
+        """Whether the context named the model's architecture. When it did not, this resolution is
+        for a model with no preference, and :meth:`verdict` says what holds for every model."""
+        return self._context.get("architecture") is not None
+
+    def verdict(self) -> Any:
+        """A :class:`kvpolicy.verdict.Verdict`: whether this context starts for every model it may be
+        about. With a known architecture, this resolution alone; with an unknown one, the context
+        resolved for every class of models the policy tells apart, e.g. ``depends on the model:
+        cannot start for DeepseekV3ForCausalLM, ...; starts for any other architecture``."""
+        from .verdict import verdict_of
+
+        return verdict_of(self)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form, stable for scripts."""
         context = dict(self._context)

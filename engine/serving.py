@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CACHE_TRANSCEIVER_FIELDS", "NON_RESOLVING_BACKENDS", "Server", "ServerProblem", "servers_of"]
+__all__ = ["CACHE_TRANSCEIVER_FIELDS", "NON_RESOLVING_BACKENDS", "Server", "ServerProblem", "section_keys", "servers_of", "sides_disagree"]
 
 #: Every field of upstream's ``CacheTransceiverConfig`` (defined with the decision index, which reads it).
 from .index import CACHE_TRANSCEIVER_FIELDS  # noqa: E402
@@ -119,9 +119,37 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
             server = _server(".".join(keys), role, dict(section), {k: keys for k in section}, env, fixed)
             found.append(_with(server, env_used, problems))
         return found if _transfers(found) else None
-    if "cache_transceiver_config" in document:
+    from .llmargs import misspelling_of  # here, not at the top: llmargs imports ServerProblem from this module
+
+    if "cache_transceiver_config" in document or any(misspelling_of(k) == "cache_transceiver_config" for k in document):
         return [_server("server", "server", dict(document), {k: () for k in document}, {}, fixed)]
     return None
+
+
+def sides_disagree(sides: Any) -> str | None:
+    """Why a config's context and generation servers cannot exchange KV cache (they resolve to
+    different runtimes or backends), or None. ``sides``: (role, resolution) pairs."""
+    by_role = {role: r for role, r in sides if r is not None}
+    context, generation = by_role.get("context"), by_role.get("generation")
+    if context is None or generation is None:
+        return None
+    differences = [
+        (label, getattr(context, label), getattr(generation, label))
+        for label in ("runtime", "backend")
+        if getattr(context, label) != getattr(generation, label)
+    ]
+    if not differences:
+        return None
+    return (
+        f"the context and generation servers resolve to different {' and '.join(label + 's' for label, _, _ in differences)} "
+        f"({'; '.join(f'{label} {a} vs {b}' for label, a, b in differences)}); both sides must use the same runtime and "
+        "backend to exchange KV cache"
+    )
+
+
+def section_keys(server: Server) -> tuple[Any, ...]:
+    """Where a server's own settings are: ``(context_servers,)``, ``(worker_config, ctx)`` or ``()``."""
+    return () if server.role == "server" else tuple(server.name.split("."))
 
 
 def _transfers(servers: list[Server]) -> bool:
@@ -139,16 +167,20 @@ def _server(
     fixed: str | None,
 ) -> Server:
     """A server from its effective LLM arguments; ``origin`` maps each key to its section path."""
-    problems: list[ServerProblem] = []
+    from .llmargs import check_sections, misspelling_of  # see servers_of
+
+    # What upstream's strict models refuse (a misspelt section name or field): the server does not start.
+    problems: list[ServerProblem] = check_sections(settings, origin)
     used: list[str] = []
     parallel = tuple((k, v) for k, v in settings.items() if isinstance(k, str) and k.endswith("_parallel_size"))
     at = origin.get("cache_transceiver_config", ())
     keys = (*at, "cache_transceiver_config")
     config = settings.get("cache_transceiver_config")
     if "cache_transceiver_config" not in settings:
-        return Server(name, role, keys, None, (), None, parallel)
+        meant = any(misspelling_of(k) == "cache_transceiver_config" for k in settings)
+        return Server(name, role, keys, None, (), None, parallel, tuple(problems) if meant else ())
     if fixed is not None:
-        return Server(name, role, keys, None, (f"{_dotted(('backend',))} (top level)",), fixed, parallel)
+        return Server(name, role, keys, None, (f"{_dotted(('backend',))} (top level)",), fixed, parallel, tuple(problems))
     if config is None:
         config = {}
     if not isinstance(config, Mapping):

@@ -2,7 +2,7 @@
 
 Each command lives in its own module with ``register(subparsers)`` and a ``run(args) -> int``.
 Exit codes: 0 success, 1 findings or errors in a resolution, 2 usage error or unreadable input.
-Commands that only read policies (resolve, explain, versions, table, lint, diff, report) never import
+Commands that only read policies (resolve, explain, versions, releases, table, lint, diff, report) never import
 torch or nixl.
 """
 
@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "resolve": ".resolve",
     "explain": ".resolve",
     "versions": ".versions",
+    "releases": ".releases",
     "table": ".versions",
     "lint": ".lint",
     "rule": ".lint",
@@ -44,6 +45,7 @@ SUMMARIES: dict[str, str] = {
     "resolve": "resolve one serving context: values, deciding rules, errors",
     "explain": "resolve one serving context and print every step of the decision",
     "versions": "list the policy versions",
+    "releases": "list TensorRT-LLM releases and the policy version that reproduces each",
     "table": "print what a version resolves for every architecture it names and every backend",
     "lint": "check policy files (rule catalogue, CI output formats)",
     "rule": "print the documentation of one lint rule",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import fail
+from .common import choose_policies, fail
 
 __all__ = ["register"]
 
@@ -31,7 +31,9 @@ def register(sub: Any) -> None:
             "the folder cannot be used."
         ),
     )
-    parser.add_argument("path", nargs="?", default=None, metavar="DIR", help=f"the policy folder (default: ./{DEFAULT_PATH})")
+    parser.add_argument(
+        "path", nargs="?", default=None, metavar="DIR", help=f"the policy folder (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})"
+    )
     parser.add_argument("--threshold", type=float, default=100.0, metavar="PCT", help="minimum rule coverage (default: 100)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.kvpolicy] from this file (default: nearest pyproject.toml)")
     parser.set_defaults(run=run_check)
@@ -45,7 +47,7 @@ def register(sub: Any) -> None:
         ),
     )
     parser.add_argument("version", metavar="VERSION", help="the new version, e.g. 2026.10.01")
-    parser.add_argument("--dir", default=DEFAULT_PATH, metavar="DIR", help=f"the policy folder (default: ./{DEFAULT_PATH})")
+    parser.add_argument("--dir", metavar="DIR", help=f"the policy folder (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})")
     parser.set_defaults(run=run_new)
 
 
@@ -57,7 +59,16 @@ def run_check(args: Any) -> int:
     from ..lint.runner import LintUsageError, find_config, lint_paths
     from .fmt import check_format
 
-    folder = args.path or DEFAULT_PATH
+    folder = args.path
+    if folder is None:
+        source = choose_policies(pyproject=args.config)
+        if isinstance(source, int):
+            return source
+        if source.path is None:  # check reads the user's files, never the shipped ones
+            folder = DEFAULT_PATH
+        else:
+            print(source.describe())
+            folder = str(source.path)
     if not Path(folder).is_dir():
         return fail(f"{folder}: not a policy folder; name the folder that holds the policy files")
     if not 0 <= args.threshold <= 100:
@@ -135,7 +146,20 @@ def run_new(args: Any) -> int:
         datetime.date(*(int(part) for part in version.split(".")[:3]))
     except ValueError as exc:
         return fail(f"{version} is not a date: {exc}")
-    folder = Path(args.dir)
+    if args.dir is not None:
+        folder = Path(args.dir)
+    else:
+        source = choose_policies()
+        if isinstance(source, int):
+            return source
+        if source.path is None:  # new writes into the user's folder, never into the installed package
+            missing = source.note or f"./{DEFAULT_PATH} does not exist"
+            return fail(
+                f"no policy folder to add a version to: {missing} and [tool.kvpolicy] policies names none; "
+                f"copy the newest shipped version into ./{DEFAULT_PATH} or pass --dir DIR"
+            )
+        print(source.describe())
+        folder = source.path
     try:
         newest = load(folder)
     except PolicyError as exc:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import fail
+from .common import choose_policies, fail, with_policies
 
 __all__ = ["register"]
 
@@ -22,10 +22,11 @@ def register(sub: Any) -> None:
         help="run policy test cases (<policy>.cases.toml) and report rule coverage",
         description=(
             "Run the [[case]] tables of each policy's <name>.cases.toml: resolve the context and compare the "
-            "values, the deciding rules and the diagnostic ids. With no PATHS, tests ./policies/."
+            "values, the deciding rules and the diagnostic ids. With no PATHS, tests the folder [tool.kvpolicy] "
+            "policies names, else ./policies/."
         ),
     )
-    parser.add_argument("paths", nargs="*", metavar="PATHS", help="policy files, cases files or folders (default: ./policies)")
+    parser.add_argument("paths", nargs="*", metavar="PATHS", help="policy files, cases files or folders (default: [tool.kvpolicy] policies, else ./policies)")
     parser.add_argument("--coverage", action="store_true", help="report the rules, rows and constraints no case exercised")
     parser.add_argument("--threshold", type=float, metavar="PCT", help="fail when a policy file's coverage is below PCT (implies --coverage)")
     parser.add_argument("--verbose", "-v", action="store_true", help="list every case")
@@ -38,10 +39,18 @@ def run_test(args: Any) -> int:
     from ..lint.cases import CasesUsageError, as_json, as_junit, render, run_tests
 
     paths = args.paths
+    source = None
     if not paths:
-        if not Path("policies").is_dir():
-            return fail("no PATHS given and ./policies/ does not exist; name the policy files or folders to test")
-        paths = ["policies"]
+        source = choose_policies()
+        if isinstance(source, int):
+            return source
+        if source.path is None:  # tests run the user's cases, never the shipped ones
+            if not Path("policies").is_dir():
+                return fail("no PATHS given and ./policies/ does not exist; name the policy files or folders to test")
+            source = None
+            paths = ["policies"]
+        else:
+            paths = [str(source.path)]
     if args.threshold is not None and not 0 <= args.threshold <= 100:
         return fail("--threshold must be a percentage between 0 and 100")
     try:
@@ -50,11 +59,12 @@ def run_test(args: Any) -> int:
         return fail(str(exc))
     coverage = args.coverage or args.threshold is not None
     if args.format == "json":
-        sys.stdout.write(as_json(run))
+        report = as_json(run)
     elif args.format == "junit":
-        sys.stdout.write(as_junit(run))
+        report = as_junit(run)
     else:
-        sys.stdout.write(render(run, coverage=coverage, verbose=args.verbose))
+        report = render(run, coverage=coverage, verbose=args.verbose)
+    sys.stdout.write(report if source is None else with_policies(report, args.format, source))
     below = []
     if args.threshold is not None:
         below = [p for p in run.coverage if run.percent(p) + 1e-9 < args.threshold]

@@ -1,4 +1,5 @@
-"""Pieces the commands share: loading a policy from CLI arguments, reporting unusable input."""
+"""Pieces the commands share: which policies a command uses, loading a policy from CLI arguments,
+reporting unusable input."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 from ..errors import ContextError, PolicyError
+from ..policyroot import PolicySource, policy_source
 from ..policyset import PolicySet, load
 
-__all__ = ["add_policy_arguments", "fail", "load_from_args"]
+__all__ = ["POLICIES_DEFAULT", "add_policy_arguments", "choose_policies", "fail", "load_from_args", "with_policies"]
+
+#: Where commands look for policies when none is named (kvpolicy.policyroot), for help texts.
+POLICIES_DEFAULT = "default: [tool.kvpolicy] policies in pyproject.toml, else ./policies, else the shipped policies"
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     """``--policy PATH`` and ``--version V`` (alias ``--policy-version``)."""
-    parser.add_argument(
-        "--policy", metavar="PATH", help="a policy file or folder (default: the shipped policies)"
-    )
+    parser.add_argument("--policy", metavar="PATH", help=f"a policy file or folder ({POLICIES_DEFAULT})")
     parser.add_argument(
         "--version",
         "--policy-version",
@@ -34,12 +37,36 @@ def fail(message: str) -> int:
     return 2
 
 
-def load_from_args(args: Any) -> PolicySet | int:
-    """The policy set the arguments name, or exit code 2 after reporting why it cannot be used."""
+def choose_policies(option: str | None = None, *, pyproject: str | None = None) -> PolicySource | int:
+    """The policies a command uses: ``--policy``'s value, else the folder ``[tool.kvpolicy]
+    policies`` names (in ``pyproject`` or the nearest pyproject.toml), else ./policies, else the
+    shipped history (:func:`kvpolicy.policyroot.policy_source`). Exit code 2 after reporting why
+    the configured folder cannot be used."""
     try:
-        return load(args.policy, version=args.policy_version)
+        return policy_source(option, pyproject=pyproject)
+    except PolicyError as exc:  # a problem of pyproject.toml, not of a policy: its location alone
+        return fail("; ".join(str(problem) for problem in exc.problems))
+
+
+def load_from_args(args: Any, source: PolicySource) -> PolicySet | int:
+    """The version ``--version`` names (default: the newest) of the chosen policies, or exit code 2
+    after reporting why it cannot be used."""
+    try:
+        return load(source.path, version=args.policy_version)
     except PolicyError as exc:
         return fail(str(exc))
+
+
+def with_policies(report: str, fmt: str, source: PolicySource) -> str:
+    """A report of the folder chosen for the command, saying which it was: the header line first
+    in text, a top-level ``policies`` field in JSON; formats other tools parse are left as they are."""
+    if fmt == "text":
+        return source.describe() + "\n" + report
+    if fmt == "json":
+        import json
+
+        return json.dumps({"policies": source.to_dict(), **json.loads(report)}, indent=2) + "\n"
+    return report
 
 
 def context_error(exc: ContextError) -> int:

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from ..diff import Diff, describe_group, diff_policies
-from ..difftext import CONTEXT_NOTE, change_lines, decision_lines, entries, headline, section_order
-from .common import fail
+from ..difftext import CONTEXT_NOTE, change_lines, checkpoint_lines, decision_lines, entries, headline, section_order
+from .common import POLICIES_DEFAULT, choose_policies, fail
 from .policies import load_policy_argument
 
 __all__ = ["register", "render_text", "to_json"]
@@ -18,8 +18,9 @@ def register(sub: Any) -> None:
     """Add ``diff``."""
     summary = "show every context two policy versions resolve differently, grouped by how it changes"
     parser = sub.add_parser("diff", help=summary, description=summary + ".")
-    parser.add_argument("old", metavar="OLD", help="a policy file, a folder (its newest version) or a shipped version id")
+    parser.add_argument("old", metavar="OLD", help="a policy file, a folder (its newest version) or a version id of --policy")
     parser.add_argument("new", metavar="NEW", help="the same, for the new side")
+    parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--exit-code", action="store_true", help="exit 1 when anything changed")
     parser.set_defaults(run=run)
@@ -27,16 +28,20 @@ def register(sub: Any) -> None:
 
 def run(args: Any) -> int:
     """Load both sides, diff them, print the result."""
-    old = load_policy_argument(args.old)
+    source = choose_policies(args.policy)
+    if isinstance(source, int):
+        return source
+    old = load_policy_argument(args.old, source.path)
     if isinstance(old, str):
         return fail(f"OLD: {old}")
-    new = load_policy_argument(args.new)
+    new = load_policy_argument(args.new, source.path)
     if isinstance(new, str):
         return fail(f"NEW: {new}")
     result = diff_policies(old, new)
     if args.format == "json":
-        print(json.dumps(to_json(result), indent=1))
+        print(json.dumps({"policies": source.to_dict(), **to_json(result)}, indent=1))
     else:
+        print(source.describe())
         print(render_text(result))
     return 1 if args.exit_code and result else 0
 
@@ -46,8 +51,9 @@ def render_text(result: Diff) -> str:
     and which diagnostics come and go where."""
     found = entries(result)
     lines = [headline(result, len(found))]
-    if not result:
-        return lines[0]
+    lines += checkpoint_lines(result)
+    if not result.groups:
+        return "\n".join(lines)
     lines.append(CONTEXT_NOTE)
     for entry in found:
         lines += ["", f"[{entry.number}] {entry.count:,} contexts: {entry.title}", *entry.lines]
@@ -113,6 +119,7 @@ def to_json(result: Diff) -> dict[str, Any]:
         "new": {"version": result.new.version, "digest": result.new.digest, "path": result.new.path},
         "total": result.total,
         "changed": result.changed,
+        "checkpoint_rules": [{"change": sign, "rule": text} for sign, text in result.checkpoint_changes],
         "sections": sections,
         "groups": groups,
         "contexts": contexts,

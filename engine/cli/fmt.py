@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import fail
+from .common import choose_policies, fail
 
 __all__ = ["check_format", "register"]
 
@@ -23,10 +23,11 @@ def register(sub: Any) -> None:
         help="format policy files canonically (key and row order, spacing), keeping comments",
         description=(
             "Rewrite policy files and their .cases.toml in canonical form: keys in a fixed order, preference rows "
-            "sorted by architecture, canonical spacing; comments are kept. With no PATHS, formats ./policies/."
+            "sorted by architecture, canonical spacing; comments are kept. With no PATHS, formats the folder "
+            "[tool.kvpolicy] policies names, else ./policies/."
         ),
     )
-    parser.add_argument("paths", nargs="*", metavar="PATHS", help="TOML files or folders (default: ./policies)")
+    parser.add_argument("paths", nargs="*", metavar="PATHS", help="TOML files or folders (default: [tool.kvpolicy] policies, else ./policies)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     mode.add_argument("--diff", action="store_true", help="change nothing; print a diff and exit 1 if a file would change")
@@ -88,9 +89,17 @@ def run_fmt(args: Any) -> int:
     """Format, check or diff."""
     paths = args.paths
     if not paths:
-        if not Path("policies").is_dir():
-            return fail("no PATHS given and ./policies/ does not exist; name the files or folders to format")
-        paths = ["policies"]
+        source = choose_policies()
+        if isinstance(source, int):
+            return source
+        if source.path is None:  # fmt rewrites the user's files, never the shipped ones
+            if not Path("policies").is_dir():
+                return fail("no PATHS given and ./policies/ does not exist; name the files or folders to format")
+            paths = ["policies"]
+        else:
+            # stderr, with fmt's summary: stdout carries the diff that --diff prints
+            print(source.describe(), file=sys.stderr)
+            paths = [str(source.path)]
     from ..lint.fmt import diff
 
     checked = check_format(paths)

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
-from .common import fail
+from .common import POLICIES_DEFAULT, choose_policies, fail
 from .policies import load_policy_argument
+from .releases import add_trtllm_argument, release_lines
 
 __all__ = ["register", "render_github", "render_text", "to_json"]
 
@@ -22,15 +23,31 @@ _SIDE_LABELS = {
 }
 #: Statuses that make ``--fail-on failing`` (the default) exit 1.
 _FAILING = {"starts failing", "fails differently", "malformed"}
-_CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes", "new warning"}
+_CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes", "new warning", "architecture unknown"}
+#: Tokens beside the statuses (see :func:`fail_tokens`): a config whose model was not identified
+#: (``unknown``), and one of those that would start failing for some model (``unknown-may-fail``).
+_UNKNOWN = "unknown"
+_UNKNOWN_MAY_FAIL = "unknown-may-fail"
 #: What each ``--fail-on`` value fails on (values combine: ``--fail-on failing,new-warning``).
 FAIL_ON = {
-    "failing": _FAILING,
-    "still-failing": _FAILING | {"still failing"},
-    "new-warning": _FAILING | {"new warning"},
-    "change": _CHANGED,
+    "failing": _FAILING | {_UNKNOWN_MAY_FAIL},
+    "still-failing": _FAILING | {_UNKNOWN_MAY_FAIL, "still failing"},
+    "new-warning": _FAILING | {_UNKNOWN_MAY_FAIL, "new warning"},
+    "unknown": {_UNKNOWN},
+    "change": _CHANGED | {_UNKNOWN_MAY_FAIL},
     "never": set(),
 }
+
+
+def fail_tokens(result: ConfigImpact) -> set[str]:
+    """What ``--fail-on`` compares: the config's and its sections' statuses, ``unknown`` when its
+    model was not identified, ``unknown-may-fail`` when some model it may be would fail."""
+    tokens = {result.status, *(s.status for s in result.sections)}
+    if not result.problems and not result.architecture_known:
+        tokens.add(_UNKNOWN)
+        if result.may_fail:
+            tokens.add(_UNKNOWN_MAY_FAIL)
+    return tokens
 
 
 def register(sub: Any) -> None:
@@ -38,8 +55,12 @@ def register(sub: Any) -> None:
     summary = "resolve serving configs under two policy versions and report what changes"
     parser = sub.add_parser("impact", help=summary, description=summary + ".")
     parser.add_argument("--configs", nargs="+", required=True, metavar="PATH", help="config files or folders (searched recursively)")
-    parser.add_argument("--from", dest="old", required=True, metavar="OLD", help="policy file, folder or shipped version id")
-    parser.add_argument("--to", dest="new", required=True, metavar="NEW", help="policy file, folder or shipped version id")
+    parser.add_argument("--from", dest="old", required=True, metavar="OLD",
+                        help="policy file, folder, version id of --policy, or TensorRT-LLM release (v1.3.0rc24)")
+    to = parser.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to", dest="new", metavar="NEW", help="the same forms as --from")
+    add_trtllm_argument(to, "--to its policy version")
+    parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live, e.g. $LLM_MODELS_ROOT")
     parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
     parser.add_argument("--format", choices=("text", "json", "github"), default="text")
@@ -48,8 +69,10 @@ def register(sub: Any) -> None:
         type=_fail_on,
         default="failing",
         metavar="WHEN",
-        help="comma-separated: failing (default: a config starts failing, fails differently or is malformed), "
-        "still-failing (also configs that fail under both), new-warning (also a new warning), change (any change), never",
+        help="comma-separated: failing (default: a config starts failing, fails differently or is malformed, or its "
+        "model is unknown and some model it may be would start failing), still-failing (also configs that fail under "
+        "both), new-warning (also a new warning), unknown (any config whose model was not identified), change (any "
+        "change), never",
     )
     parser.set_defaults(run=run)
 
@@ -66,18 +89,27 @@ def _fail_on(value: str) -> str:
 
 def run(args: Any) -> int:
     """Read the configs, resolve them under both versions, report."""
-    old = load_policy_argument(args.old)
+    source = choose_policies(args.policy)
+    if isinstance(source, int):
+        return source
+    old = load_policy_argument(args.old, source.path)
     if isinstance(old, str):
         return fail(f"--from: {old}")
-    new = load_policy_argument(args.new)
+    new_option, new_text = ("--to", args.new) if args.trtllm is None else ("--trtllm", args.trtllm)
+    new = load_policy_argument(new_text, source.path)
     if isinstance(new, str):
-        return fail(f"--to: {new}")
+        return fail(f"{new_option}: {new}")
     arch_map = None
     if args.arch_map:
         try:
             arch_map = load_architecture_map(args.arch_map)
         except ValueError as exc:
             return fail(f"--arch-map: {exc}")
+        misses = arch_map.near_misses(old.architectures | new.architectures)
+        if misses:
+            return fail("--arch-map: " + "; ".join(misses))
+    if args.models_root and not Path(args.models_root).is_dir():
+        return fail(f"--models-root {args.models_root}: not a folder (name the folder that holds the checkpoint folders)")
     try:
         import yaml  # noqa: F401
     except ImportError:
@@ -89,15 +121,20 @@ def run(args: Any) -> int:
     if arch_map is not None:  # the map may live beside the configs; it is not one of them
         results = [r for r in results if not _same_file(r.path, arch_map.path)]
     if args.format == "json":
-        print(json.dumps(to_json(results, old.version, new.version), indent=2))
+        print(json.dumps({"policies": source.to_dict(), **to_json(results, old.version, new.version)}, indent=2))
     elif args.format == "github":
         text = render_github(results, old.version, new.version)
         if text:
             print(text)
     else:
+        print(source.describe())
+        for line in release_lines(("--from", args.old), (new_option, new_text)):
+            print(line)
         print(render_text(results, old.version, new.version))
-    statuses = {r.status for r in results if not r.skipped}
-    statuses |= {s.status for r in results if not r.skipped for s in r.sections}
+    statuses: set[str] = set()
+    for result in results:
+        if not result.skipped:
+            statuses |= fail_tokens(result)
     failing_on: set[str] = set()
     for part in args.fail_on.split(","):
         failing_on |= FAIL_ON[part]
@@ -119,9 +156,24 @@ def _architecture(result: ConfigImpact) -> str:
 
 def _counts(results: list[ConfigImpact]) -> str:
     counts = Counter(r.status for r in results if not r.skipped)
-    order = ("starts failing", "fails differently", "malformed", "runtime changes", "backend changes", "changes",
-             "new warning", "stops failing", "still failing", "unchanged")
+    order = ("starts failing", "fails differently", "malformed", "architecture unknown", "runtime changes", "backend changes",
+             "changes", "new warning", "stops failing", "still failing", "unchanged")
     return ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+
+
+def _unknown_line(results: list[ConfigImpact]) -> str | None:
+    """How many configs' models were not identified, and what that hides."""
+    read = [r for r in results if not r.skipped and not r.problems]
+    unknown = [r for r in read if not r.architecture_known]
+    if not unknown:
+        return None
+    depends = sum(1 for r in unknown if r.status == "architecture unknown")
+    may_fail = sum(1 for r in unknown if r.may_fail)
+    return (
+        f"  architecture unknown for {len(unknown)} of {len(read)} config(s): {depends} depend{'s' if depends == 1 else ''} on the model"
+        f" ({may_fail} would start failing for some model); give the checkpoints' config.json under --models-root"
+        " or $LLM_MODELS_ROOT, or --arch-map"
+    )
 
 
 def _common_folder(paths: list[str]) -> str:
@@ -153,6 +205,9 @@ def render_text(results: list[ConfigImpact], old: str, new: str) -> str:
     ]
     if read:
         lines.append(f"  {_counts(results)}")
+        unknown_line = _unknown_line(results)
+        if unknown_line:
+            lines.append(unknown_line)
     rows = [("config", "side", "architecture", old, new, "status")]
     for result in read:
         first = True
@@ -192,19 +247,22 @@ def _details(result: ConfigImpact, old: str, new: str) -> str:
     lines: list[str] = []
     for problem in result.problems:
         lines.append(f"{problem.location}: error: {problem.message}")
-    interesting = [s for s in result.sections if s.status != "unchanged"]
-    unknown = result.architecture is None and (result.sections or not result.problems)
+    interesting = [s for s in result.sections if s.status != "unchanged" or s.known_status != "unchanged"]
+    unknown = not result.architecture_known and (result.sections or not result.problems)
     if not (lines or interesting or result.mismatch_old or result.mismatch_new or unknown):
         return ""
     if not result.problems:
         lines.append(f"{result.path}: {result.status}")
     if unknown:
-        what = f"model {result.model}" if result.model else "a config without `model`"
-        lines.append(
-            f"  architecture unknown for {what}: resolved as an architecture with no preference"
-            " (pass --models-root or --arch-map)"
-        )
-    else:
+        identity = next((s.identity for s in result.sections if s.identity is not None and not s.identity.known), None)
+        lines.append(f"  model: {identity.describe() if identity is not None else 'unknown'}")
+        if len(result.possibilities) > 1:
+            for status, labels in result.possibilities:
+                lines.append(f"    {status} for {', '.join(labels)}")
+            lines.append("  shown below for any other architecture")
+        else:
+            lines.append(f"  {result.status} for every architecture")
+    elif result.sections:
         lines.append(f"  architecture {_architecture(result)} from {result.architecture_source}")
     # Sides that change alike are shown once.
     shown: dict[tuple[Any, ...], list[SectionImpact]] = {}
@@ -267,10 +325,14 @@ def to_json(results: list[ConfigImpact], old: str, new: str) -> dict[str, Any]:
                 "architecture": r.architecture,
                 "model_type": r.model_type,
                 "architecture_source": r.architecture_source,
+                "architecture_known": r.architecture_known,
+                "possibilities": [{"status": status, "architectures": list(labels)} for status, labels in r.possibilities],
                 "problems": [{"location": p.location, "line": p.line, "message": p.message} for p in r.problems],
                 "mismatch": {"old": r.mismatch_old, "new": r.mismatch_new},
                 "sections": [
                     {"name": s.name, "line": s.line, "status": s.status, "parallel": dict(s.parallel),
+                     "model": s.identity.describe() if s.identity is not None else None,
+                     "possibilities": [{"status": status, "architectures": list(labels)} for status, labels in s.possibilities],
                      "old": _side_json(s.old), "new": _side_json(s.new), "used": list(s.used)}
                     for s in r.sections
                 ],
@@ -304,7 +366,17 @@ def render_github(results: list[ConfigImpact], old: str, new: str) -> str:
             continue
         for p in r.problems:
             lines.append(_annotation("error", p.path, p.line, p.message))
+        if not r.problems and not r.architecture_known:
+            line = r.sections[0].line if r.sections else None
+            if r.status == "architecture unknown":
+                level = "error" if r.may_fail else "warning"
+                detail = "; ".join(f"{status} for {', '.join(labels)}" for status, labels in r.possibilities)
+                lines.append(_annotation(level, r.path, line, f"architecture unknown, the outcome depends on the model ({old} -> {new}): {detail}. Give the checkpoint's config.json (--models-root, $LLM_MODELS_ROOT) or --arch-map"))
+            else:
+                lines.append(_annotation("notice", r.path, line, f"architecture unknown; {r.status} for every architecture ({old} -> {new})"))
         for s in r.sections:
+            if s.status == "architecture unknown":
+                continue
             status = s.status
             if status == "unchanged":
                 continue

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import fail
+from .common import choose_policies, fail, with_policies
 
 __all__ = ["register"]
 
@@ -27,11 +27,13 @@ def register(sub: Any) -> None:
         help="check policy files for mistakes and risky rules (for CI and pre-commit)",
         description=(
             "Check policy files: schema, names, precedence (shadowed, unreachable, conflicting rules), "
-            "auto choices that fail at start-up, documentation and version hygiene. With no PATHS, "
-            f"lints ./{DEFAULT_PATH}/. Exit 0 when clean, 1 with findings at or above --fail-level, 2 on a usage error."
+            "auto choices that fail at start-up, documentation and version hygiene. With no PATHS, lints the folder "
+            f"[tool.kvpolicy] policies names, else ./{DEFAULT_PATH}/. Exit 0 when clean, 1 with findings at or above --fail-level, 2 on a usage error."
         ),
     )
-    parser.add_argument("paths", nargs="*", metavar="PATHS", help=f"policy files or folders (default: ./{DEFAULT_PATH})")
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATHS", help=f"policy files or folders (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})"
+    )
     parser.add_argument("--format", choices=("text", "json", "github", "sarif", "junit"), default="text")
     parser.add_argument("--fail-level", choices=("warning", "error"), help="lowest severity that fails the run (default: warning)")
     parser.add_argument("--select", metavar="CODES", help="comma-separated codes, prefixes, names or categories to run")
@@ -79,14 +81,24 @@ def run_lint(args: Any) -> int:
             fail_level=args.fail_level or config.fail_level,
         )
         paths = args.paths
+        source = None
         if not paths:
-            if not Path(DEFAULT_PATH).is_dir():
-                return fail(f"no PATHS given and ./{DEFAULT_PATH}/ does not exist; name the policy files or folders to lint")
-            paths = [DEFAULT_PATH]
+            source = choose_policies(pyproject=args.config)
+            if isinstance(source, int):
+                return source
+            if source.path is None:  # lint reads the user's files, never the shipped ones
+                if not Path(DEFAULT_PATH).is_dir():
+                    return fail(f"no PATHS given and ./{DEFAULT_PATH}/ does not exist; name the policy files or folders to lint")
+                source = None
+                paths = [DEFAULT_PATH]
+            else:
+                paths = [str(source.path)]
         result = lint_paths(paths, config, base=args.base)
     except LintUsageError as exc:
         return fail(str(exc))
     report = render(result, args.format)
+    if source is not None:
+        report = with_policies(report, args.format, source)
     if args.output:
         try:
             Path(args.output).write_text(report, encoding="utf-8")

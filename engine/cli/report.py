@@ -9,8 +9,9 @@ from typing import Any
 
 from ..errors import PolicyError
 from ..policyset import PolicySet, load
-from .common import fail
+from .common import POLICIES_DEFAULT, choose_policies, fail
 from .policies import load_policy_argument
+from .releases import add_trtllm_argument, release_lines
 
 __all__ = ["register", "run"]
 
@@ -20,10 +21,14 @@ def register(sub: Any) -> None:
     summary = "write one self-contained HTML page: decision matrix, history, diff and impact"
     parser = sub.add_parser("report", help=summary, description=summary + ".")
     parser.add_argument("--from", dest="old", metavar="OLD",
-                        help="the version to compare with: a shipped version id, a policy file, a folder or FOLDER@VERSION "
+                        help="the version to compare with: a version id of --policy, a TensorRT-LLM release (v1.3.0rc24), "
+                             "a policy file, a folder or FOLDER@VERSION "
                              "(default: the version before --to in its folder; 'none': no comparison)")
-    parser.add_argument("--to", dest="new", metavar="NEW",
-                        help="the version to show: the same forms (default: the newest shipped version)")
+    to = parser.add_mutually_exclusive_group()
+    to.add_argument("--to", dest="new", metavar="NEW",
+                    help="the version to show: the same forms (default: the newest version of --policy)")
+    add_trtllm_argument(to, "--to its policy version")
+    parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--configs", nargs="+", metavar="PATH", help="serving config files or folders for the impact table")
     parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live")
     parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
@@ -56,9 +61,13 @@ def run(args: Any) -> int:
     problem = _unwritable(args.output)
     if problem:  # before minutes of work, not after
         return fail(f"-o: cannot write {args.output}: {problem}")
-    new = load_policy_argument(args.new) if args.new else _newest()
+    source = choose_policies(args.policy)
+    if isinstance(source, int):
+        return source
+    new_option, new_text = ("--to", args.new) if args.trtllm is None else ("--trtllm", args.trtllm)
+    new = load_policy_argument(new_text, source.path) if new_text else _newest(source.path)
     if isinstance(new, str):
-        return fail(f"--to: {new}")
+        return fail(f"{new_option}: {new}")
     versions = _siblings(new)
     if isinstance(versions, str):
         return fail(f"--to: a version beside it does not load: {versions}")
@@ -69,7 +78,7 @@ def run(args: Any) -> int:
     elif args.old.lower() == "none":
         old = None
     else:
-        loaded = load_policy_argument(args.old)
+        loaded = load_policy_argument(args.old, source.path)
         if isinstance(loaded, str):
             return fail(f"--from: {loaded}")
         old = loaded
@@ -94,6 +103,9 @@ def run(args: Any) -> int:
         return fail(f"-o: cannot write {output}: {exc.strerror or exc}")
     size = len(page.encode("utf-8"))
     compared = f"{old.version} -> {new.version}" if old is not None else new.version
+    print(source.describe())
+    for line in release_lines(("--from", args.old), (new_option, new_text)):
+        print(line)
     print(f"kvpolicy report {compared}: wrote {output} ({size / 1024:,.0f} KiB, {len(versions)} version(s))")
     return 0
 
@@ -113,9 +125,9 @@ def _unwritable(output: str) -> str:
     return ""
 
 
-def _newest() -> PolicySet | str:
+def _newest(folder: Path | None) -> PolicySet | str:
     try:
-        return load()
+        return load(folder)
     except PolicyError as exc:
         return str(exc)
 
@@ -133,6 +145,11 @@ def _impact(args: Any, old: PolicySet, new: PolicySet) -> list[Any] | int:
             arch_map = load_architecture_map(args.arch_map)
         except ValueError as exc:
             return fail(f"--arch-map: {exc}")
+        misses = arch_map.near_misses(old.architectures | new.architectures)
+        if misses:
+            return fail("--arch-map: " + "; ".join(misses))
+    if args.models_root and not Path(args.models_root).is_dir():
+        return fail(f"--models-root {args.models_root}: not a folder (name the folder that holds the checkpoint folders)")
     missing = [p for p in args.configs if not Path(p).exists()]
     if len(missing) == len(args.configs):
         return fail(f"--configs: no such file or folder: {', '.join(missing)}")

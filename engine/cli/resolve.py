@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 from ..errors import ContextError
 from ..resolution import Resolution
-from .common import add_policy_arguments, context_error, fail, load_from_args
+from .common import add_policy_arguments, choose_policies, context_error, fail
+from .releases import add_trtllm_argument, load_for_release
 
 __all__ = ["context_from_args", "register"]
 
@@ -25,6 +26,7 @@ def register(sub: Any) -> None:
         parser = sub.add_parser(name, help=summary, description=summary)
         add_context_arguments(parser)
         add_policy_arguments(parser)
+        add_trtllm_argument(parser, "use the policy version that reproduces it (not with --version; default: the installed tensorrt_llm's)")
         parser.add_argument("--format", choices=("text", "json"), default="text")
         parser.set_defaults(run=run, explain=name == "explain")
 
@@ -53,8 +55,16 @@ def add_context_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="a serving config (YAML or JSON, any layout TensorRT-LLM reads): resolve each of its servers "
-        "(--arch/--model name the architecture when the config's model path cannot be read)",
+        help="a serving config (YAML or JSON, any layout TensorRT-LLM reads): resolve each of its servers, "
+        "the model found as TensorRT-LLM finds it (--arch/--model name it instead)",
+    )
+    parser.add_argument(
+        "--models-root",
+        metavar="DIR",
+        help="with --config: where checkpoint folders (with config.json) live (default: $LLM_MODELS_ROOT)",
+    )
+    parser.add_argument(
+        "--arch-map", metavar="FILE", help="with --config: YAML/JSON mapping of model path globs to architectures"
     )
 
 
@@ -113,101 +123,299 @@ def read_model_config(path: Path) -> dict[str, Any]:
     return {"architectures": data.get("architectures"), "model_type": data.get("model_type")}
 
 
+def _near_miss(name: str, policy_set: Any, what: str) -> str | None:
+    """An error message when ``name`` looks like a typo of an architecture the policy names."""
+    from ..names import near_miss
+
+    close = near_miss(name, policy_set.architectures)
+    if close is None:
+        return None
+    return (
+        f"{what} {name!r}: policy {policy_set.version} names no such architecture; did you mean {close!r}? "
+        "(a misspelt name resolves as a model with no preference)"
+    )
+
+
 def run(args: Any) -> int:
     """Resolve (and explain) one context, or every server of a serving config."""
-    policy_set = load_from_args(args)
-    if isinstance(policy_set, int):
-        return policy_set
+    source = choose_policies(args.policy)
+    if isinstance(source, int):
+        return source
+    chosen = load_for_release(args, source)  # --version, --trtllm, the installed TensorRT-LLM's, or the newest
+    if isinstance(chosen, int):
+        return chosen
+    policy_set, release_line, release_data = chosen
+    if args.arch:
+        miss = _near_miss(args.arch, policy_set, "--arch")
+        if miss:
+            return fail(miss)
     if args.config:
+        if args.format == "text":
+            print(source.describe())
+            if release_line:
+                print(release_line)
         return _run_config(args, policy_set)
+    if args.models_root or args.arch_map:
+        return fail("--models-root and --arch-map name the model of a serving config: use them with --config")
     try:
         resolution = policy_set.resolve(**context_from_args(args))
     except ContextError as exc:
         return context_error(exc)
     except ValueError as exc:
         return fail(str(exc))
+    verdict = resolution.verdict()
     notes = policy_set.notes(resolution.context)
     if args.format == "json":
         data = resolution.to_dict()
+        data["ok"] = verdict.status in ("starts", "off")
+        data["verdict"] = _verdict_json(verdict, explain=args.explain)
         if args.explain:
             data["trace"] = [step._asdict() for step in resolution.trace]
         if notes:
             data["notes"] = notes
+        data["policies"] = source.to_dict()
+        if release_data:
+            data["trtllm"] = release_data
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        text = render(resolution, explain=args.explain)
+        if verdict.known:
+            text = render(resolution, explain=args.explain)
+        else:
+            text = render_unknown(resolution, verdict, explain=args.explain)
         if notes:
             text += "\n" + "\n".join(f"note: {note}" for note in notes)
+        print(source.describe())
+        if release_line:
+            print(release_line)
         print(text)
-    return 0 if resolution.ok else 1
+    return verdict.exit_code
+
+
+def _verdict_json(verdict: Any, *, explain: bool = False) -> dict[str, Any]:
+    data = verdict.to_dict()
+    for entry, outcome in zip(data["outcomes"], verdict.outcomes):
+        entry["resolutions"] = [r.to_dict() for r in outcome.resolutions]
+        if explain:
+            for item, r in zip(entry["resolutions"], outcome.resolutions):
+                item["trace"] = [step._asdict() for step in r.trace]
+    return data
 
 
 def _run_config(args: Any, policy_set: Any) -> int:
-    """``resolve --config``: every server the config starts, each resolved as TensorRT-LLM reads it."""
-    from ..configfile import ConfigFileError, read_config
-    from ..impact import _from_checkpoint
-    from ..serving import servers_of
+    """``resolve --config``: every server the config starts, each with the model TensorRT-LLM would
+    load (found as upstream finds it, see :mod:`kvpolicy.identity`), and one verdict for the whole
+    config over every model it may be about."""
+    from ..configfile import ConfigFileError, position_of, read_config
+    from ..identity import ModelIdentity, find_model, load_architecture_map, model_reference, models_root
+    from ..serving import section_keys, servers_of, sides_disagree
 
     path = Path(args.config)
     try:
-        document, _ = read_config(path)
+        document, node = read_config(path)
     except ConfigFileError as exc:
         return fail(str(exc))
-    servers = servers_of(document) if isinstance(document, dict) else None
+
+    def at(*keys: Any) -> str:
+        found = position_of(node, *keys) if node is not None else None
+        return f"{path}:{found[0]}:{found[1]}" if found else str(path)
+
+    if not isinstance(document, dict):
+        return fail(f"{path}:1:1: expected a serving config (a mapping of LLM arguments), got {type(document).__name__}")
+    servers = servers_of(document)
     if not servers:
         return fail(f"{path}: no cache_transceiver_config in any layout TensorRT-LLM reads: nothing to resolve")
-    architecture: dict[str, Any] = {}
+    for server in servers:
+        if server.problems:
+            return fail("; ".join(f"{at(*p.keys)}: {p.message}" for p in server.problems))
+    explicit: ModelIdentity | None = None
+    arch_map = None
     if args.arch:
-        architecture = {"architecture": args.arch}
+        explicit = ModelIdentity(args.arch, None, "--arch")
     elif args.model:
         try:
-            architecture = {"pretrained_config": read_model_config(Path(args.model))}
+            read = read_model_config(Path(args.model))
         except ValueError as exc:
             return fail(str(exc))
-    elif isinstance(document.get("model"), str):
-        found = _from_checkpoint(document["model"], None, path.parent)
-        if found is not None and not hasattr(found, "message"):
-            name, model_type, _ = found
-            architecture = {"pretrained_config": {"architectures": [name], "model_type": model_type}}
-    failing = False
-    out: list[Any] = []
+        explicit = ModelIdentity(read["architectures"][0] if read.get("architectures") else None, read.get("model_type"), "--model", args.model)
+    if args.arch_map:
+        try:
+            arch_map = load_architecture_map(args.arch_map)
+        except ValueError as exc:
+            return fail(f"--arch-map: {exc}")
+        misses = arch_map.near_misses(policy_set.architectures)
+        if misses:
+            return fail("--arch-map: " + "; ".join(misses))
+    if args.models_root and not Path(args.models_root).is_dir():
+        return fail(f"--models-root {args.models_root}: not a folder")
+    root = models_root(args.models_root)
+    rows: list[tuple[Any, Any, Any, str | None]] = []  # (server, identity, resolution, why not resolved)
     for server in servers:
-        where = ".".join(map(str, server.keys))
-        if server.problems:
-            return fail("; ".join(f"{path}: {p.message}" for p in server.problems))
         if server.fixed is not None:
-            out.append((server, None, server.fixed))
+            rows.append((server, None, None, server.fixed))
             continue
         if server.fields is None:
-            out.append((server, None, f"no cache_transceiver_config at {where}: disaggregation off"))
+            rows.append((server, None, None, f"no cache_transceiver_config at {'.'.join(map(str, server.keys))}: disaggregation off"))
             continue
+        identity = explicit or find_model(
+            model_reference(document, section_keys(server)), config_dir=path.parent, root=root, architecture_map=arch_map
+        )
+        if identity.problem and identity.architecture is None and identity.model_type is None:
+            return fail(f"{identity.problem} (the model of {server.name})")
+        fields = dict(server.fields)
+        if identity.architecture is not None:
+            fields["pretrained_config"] = identity.pretrained_config()
         try:
-            resolution = policy_set.resolve(**{**server.fields, **architecture})
+            resolution = policy_set.resolve(**fields)
         except ContextError as exc:
-            return context_error(exc)
-        failing = failing or not resolution.ok
-        out.append((server, resolution, None))
+            keys = (*server.keys, exc.field) if exc.field in (server.fields or {}) else server.keys
+            return fail(f"{at(*keys)}: invalid {exc.field}: {exc.reason}")
+        rows.append((server, identity, resolution, None))
+    resolved = [(server.role, resolution) for server, _, resolution, _ in rows if resolution is not None]
+    if resolved:
+        roles = [role for role, _ in resolved]
+        verdict = _sides_verdict([r for _, r in resolved], roles, sides_disagree)
+    else:
+        verdict = None
     if args.format == "json":
         print(json.dumps(
-            [{"server": s.name, "used": list(s.used), **({"resolution": r.to_dict()} if r else {"not_resolved": why})}
-             for s, r, why in out],
-            indent=2, sort_keys=True,
+            {
+                "config": str(path),
+                "servers": [
+                    {
+                        "server": s.name,
+                        "used": list(s.used),
+                        **({"model": _identity_json(i)} if i is not None else {}),
+                        **({"resolution": r.to_dict()} if r is not None else {"not_resolved": why}),
+                    }
+                    for s, i, r, why in rows
+                ],
+                "verdict": _verdict_json(verdict, explain=args.explain) if verdict is not None else None,
+                "ok": verdict is None or verdict.status in ("starts", "off"),
+            },
+            indent=2,
+            sort_keys=True,
         ))
     else:
         blocks = []
-        for server, resolution, why in out:
-            head = f"== {server.name} ({path}) =="
-            read = f"read: {'; '.join(server.used)}" if server.used else "read: nothing"
-            body = why if resolution is None else render(resolution, explain=args.explain)
-            blocks.append("\n".join((head, read, body)))
+        for server, identity, resolution, why in rows:
+            lines = [f"== {server.name} ({path}) =="]
+            if identity is not None:
+                lines.append(f"model: {identity.describe()}")
+            lines.append(f"read: {'; '.join(server.used)}" if server.used else "read: nothing")
+            if resolution is None:
+                lines.append(why or "")
+            elif verdict is not None and not verdict.known and not resolution.architecture_known:
+                index = [r for _, r in resolved].index(resolution)
+                lines.append(_render_side_outcomes(verdict, index))
+            else:
+                lines.append(render(resolution, explain=args.explain, summary=False))
+            blocks.append("\n".join(lines))
+        if verdict is not None:
+            tail = []
+            for outcome in verdict.outcomes:
+                if outcome.problem:
+                    tail.append(f"error[sides-disagree]: {outcome.problem}" + ("" if verdict.known else f" (for {', '.join(outcome.labels)})"))
+            tail.append(_summary_line(verdict))
+            if not verdict.known:
+                tail.append(_UNKNOWN_HINT)
+            blocks.append("\n".join(tail))
+        else:
+            blocks.append("disaggregation is off on every server: nothing to start")
         print("\n\n".join(blocks))
-    return 1 if failing else 0
+    return verdict.exit_code if verdict is not None else 0
+
+
+_UNKNOWN_HINT = (
+    "hint: the model's architecture is unknown; put its checkpoint (with config.json) under --models-root or "
+    "$LLM_MODELS_ROOT, or name it with --arch-map FILE or --arch NAME"
+)
+
+
+def _sides_verdict(resolutions: list[Any], roles: list[str], sides_disagree: Any) -> Any:
+    from ..verdict import verdict_of_sides
+
+    return verdict_of_sides(resolutions, lambda answered: sides_disagree(list(zip(roles, answered))))
+
+
+def _identity_json(identity: Any) -> dict[str, Any]:
+    return {
+        "architecture": identity.architecture,
+        "model_type": identity.model_type,
+        "source": identity.source,
+        "where": identity.where,
+        "reference": identity.reference.text if identity.reference else None,
+        "tried": list(identity.tried),
+        **({"problem": identity.problem} if identity.problem else {}),
+    }
+
+
+def _summary_line(verdict: Any) -> str:
+    from ..verdict import CANNOT_START, DEPENDS, STARTS
+
+    if verdict.known:
+        if verdict.status == STARTS:
+            return "ok: this configuration can start"
+        if verdict.status == CANNOT_START:
+            errors = sum(len(r.errors) for r in verdict.outcomes[0].resolutions) + (1 if verdict.outcomes[0].problem else 0)
+            return f"{errors} error(s): this configuration cannot start"
+        return verdict.summary()
+    if verdict.status == DEPENDS:
+        return f"{verdict.summary()} (exit 3)"
+    return verdict.summary()
+
+
+def _render_side_outcomes(verdict: Any, side: int) -> str:
+    """One side of a config with an unknown architecture: each outcome's values and errors."""
+    lines = []
+    for number, outcome in enumerate(verdict.outcomes, 1):
+        resolution = outcome.resolutions[side]
+        state = "starts" if outcome.ok else "cannot start"
+        lines.append(f"[{number}] {state} for {', '.join(outcome.labels)}:")
+        lines.append(_values_block(resolution, indent="    "))
+    return "\n".join(lines)
+
+
+def render_unknown(resolution: Resolution, verdict: Any, *, explain: bool = False) -> str:
+    """A context with an unknown architecture: the resolution of each class of models that
+    resolves alike, then what is true for every one of them."""
+    lines = [
+        f"policy {resolution.policy_version} (sha256 {resolution.policy_digest[:12]})",
+        f"context: {describe_context(resolution)}",
+    ]
+    if not resolution.enabled:
+        lines.append("disaggregation is off (backend null): nothing to resolve")
+        return "\n".join(lines)
+    lines += ["", f"the architecture is unknown: resolved for every model policy {resolution.policy_version} tells apart", ""]
+    for number, outcome in enumerate(verdict.outcomes, 1):
+        state = "starts" if outcome.ok else "cannot start"
+        lines.append(f"[{number}] {state} for {', '.join(outcome.labels)}:")
+        lines.append(_values_block(outcome.resolution, indent="    "))
+        if explain:
+            lines += ["    trace:", "\n".join("    " + line for line in str(outcome.resolution.trace).splitlines())]
+        lines.append("")
+    lines.append(_summary_line(verdict))
+    if verdict.status != "starts":
+        lines.append(_UNKNOWN_HINT.replace("put its checkpoint (with config.json) under --models-root or $LLM_MODELS_ROOT, or name it with --arch-map FILE or --arch NAME", "name it with --arch NAME or --model CONFIG_JSON"))
+    return "\n".join(lines)
+
+
+def _values_block(resolution: Resolution, *, indent: str = "  ") -> str:
+    if not resolution.enabled:
+        return f"{indent}disaggregation is off (backend null)"
+    lines = []
+    width = max(len(name) for name in resolution.values)
+    for name, value in resolution.values.items():
+        lines.append(f"{indent}{name:<{width}}  {value:<7} {resolution.decided_by[name]}")
+    for diagnostic in resolution.diagnostics:
+        if diagnostic.severity != "info":
+            lines.append(f"{indent}{diagnostic.severity}[{diagnostic.id}]: {diagnostic.message}")
+    return "\n".join(lines)
 
 
 def describe_context(resolution: Resolution) -> str:
     """The context on one line."""
     ctx = resolution.context
-    parts = [ctx.get("architecture") or "no architecture (no preference)"]
+    parts = [ctx.get("architecture") or "architecture unknown"]
     if ctx.get("model_type"):
         parts.append(f"model_type {ctx['model_type']}")
     parts.append(f"backend {ctx.get('backend') or 'null'}")
@@ -221,7 +429,7 @@ def describe_context(resolution: Resolution) -> str:
     return ", ".join(parts)
 
 
-def render(resolution: Resolution, *, explain: bool = False) -> str:
+def render(resolution: Resolution, *, explain: bool = False, summary: bool = True) -> str:
     """The text a person reads: the values, the deciding rules, the diagnostics."""
     lines = [
         f"policy {resolution.policy_version} (sha256 {resolution.policy_digest[:12]})",
@@ -241,7 +449,8 @@ def render(resolution: Resolution, *, explain: bool = False) -> str:
             lines.append(f"  --> {diagnostic.location}")
     if explain:
         lines += ["", "trace:", str(resolution.trace)]
-    lines.append("")
-    errors = len(resolution.errors)
-    lines.append("ok: this configuration can start" if not errors else f"{errors} error(s): this configuration cannot start")
+    if summary:
+        lines.append("")
+        errors = len(resolution.errors)
+        lines.append("ok: this configuration can start" if not errors else f"{errors} error(s): this configuration cannot start")
     return "\n".join(lines)

@@ -7,14 +7,14 @@ from typing import Any
 
 from ..errors import PolicyError
 from ..policyset import load
-from .common import add_policy_arguments, fail, load_from_args
+from .common import POLICIES_DEFAULT, add_policy_arguments, choose_policies, fail, load_from_args
 
 __all__ = ["register"]
 
 def register(sub: Any) -> None:
     """Add ``versions`` and ``table``."""
     parser = sub.add_parser("versions", help="list the policy versions", description="List the policy versions.")
-    parser.add_argument("--policy", metavar="PATH", help="a policy file or folder (default: the shipped policies)")
+    parser.add_argument("--policy", metavar="PATH", help=f"a policy file or folder ({POLICIES_DEFAULT})")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.set_defaults(run=run_versions)
 
@@ -29,10 +29,16 @@ def register(sub: Any) -> None:
 
 
 def run_versions(args: Any) -> int:
-    """List every version with its summary and digest; the newest is the default."""
+    """List every version with its summary and digest; the newest is the default.
+
+    The JSON output stays a list (one object per version): scripts index it; the text output
+    names the policies used on its first line."""
+    source = choose_policies(args.policy)
+    if isinstance(source, int):
+        return source
     try:
-        newest = load(args.policy)
-        sets = [newest if v == newest.version else load(args.policy, version=v) for v in newest.versions()]
+        newest = load(source.path)
+        sets = [newest if v == newest.version else load(source.path, version=v) for v in newest.versions()]
     except PolicyError as exc:
         return fail(str(exc))
     if args.format == "json":
@@ -42,6 +48,7 @@ def run_versions(args: Any) -> int:
             for s in sets
         ], indent=2))
         return 0
+    print(source.describe())
     for s in sets:
         mark = "*" if s.version == newest.version else " "
         print(f"{mark} {s.version}  {s.digest[:12]}  {s.policy.summary}")
@@ -53,7 +60,10 @@ def run_table(args: Any) -> int:
     """Resolve every named architecture (and one without a preference) on every backend."""
     from ..matrix import columns_of, decision_matrix, rows_of
 
-    policy_set = load_from_args(args)
+    source = choose_policies(args.policy)
+    if isinstance(source, int):
+        return source
+    policy_set = load_from_args(args, source)
     if isinstance(policy_set, int):
         return policy_set
     policy = policy_set.policy
@@ -74,10 +84,12 @@ def run_table(args: Any) -> int:
         rows.append((architecture, cells))
     if args.format == "json":
         print(json.dumps({
+            "policies": source.to_dict(),
             "policy_version": policy_set.version,
             "rows": [{"architecture": a, "backends": c} for a, c in rows],
         }, indent=2))
         return 0
+    print(source.describe())
     print(f"policy {policy_set.version}: transceiver_runtime auto, kv_transfer_timeout_ms 60000, no features\n")
     names = [a or "(any other architecture)" for a, _ in rows]
     width = max(len(n) for n in names)

@@ -40,6 +40,7 @@ _ORDER: dict[str, tuple[str, ...]] = {
     "preference": ("id", "adopt_when", "on_not_adopted", "reason", "source", "rows"),
     "row": ("architecture", "model_type", "value", "reason", "source"),
     "constraint": ("id", "decision", "severity", "when", "message", "fix", "reason", "source"),
+    "checkpoint_rule": ("id", "model_type", "multimodal", "architecture", "reason", "source"),
     "notice": ("id", "severity", "message"),
     "case": ("name", "context", "expect", "starts", "decided_by", "diagnostics"),
 }
@@ -80,6 +81,8 @@ def _kind(path: tuple[str, ...]) -> str:
         return "feature"
     if path[0] == "constraints" and len(path) == 1:
         return "constraint"
+    if path[0] == "checkpoint_rules" and len(path) == 1:
+        return "checkpoint_rule"
     if path[0] == "case" and len(path) == 1:
         return "case"
     if path[0] == "decisions":

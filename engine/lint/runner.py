@@ -75,29 +75,20 @@ def selected_codes(config: LintConfig) -> list[str]:
 
 def find_config(start: Path | None = None, explicit: str | None = None) -> LintConfig:
     """Read ``[tool.kvpolicy]`` from ``explicit`` or the nearest ``pyproject.toml`` upwards."""
+    from ..policyroot import find_pyproject, kvpolicy_table
+
     if explicit is not None:
         path: Path | None = Path(explicit)
         if not path.is_file():  # type: ignore[union-attr]
             raise LintUsageError(f"config file {explicit} does not exist")
     else:
-        path = None
-        here = (start or Path.cwd()).resolve()
-        for folder in (here, *here.parents):
-            candidate = folder / "pyproject.toml"
-            if candidate.is_file():
-                path = candidate
-                break
+        path = find_pyproject(start)
     if path is None:
         return LintConfig()
-    from ..policyfile import _read_capped
-
     try:
-        data = tomllib.loads(_read_capped(path, str(path), 1 << 20).decode("utf-8"))
+        table = kvpolicy_table(path)
     except PolicyError as exc:
         raise LintUsageError(str(exc.problems[0])) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise LintUsageError(f"cannot read {path}: {exc}") from None
-    table = data.get("tool", {}).get("kvpolicy")
     if table is None:
         return LintConfig()
     return config_from_table(table, str(path))
@@ -107,7 +98,8 @@ def config_from_table(table: Any, source: str) -> LintConfig:
     """Check and turn a ``[tool.kvpolicy]`` table into a configuration."""
     if not isinstance(table, dict):
         raise LintUsageError(f"{source}: [tool.kvpolicy] must be a table")
-    known = ("select", "ignore", "fail-level", "allow-symlinks", "analysis-limit")
+    # policies: the folder commands use (checked where it is used, kvpolicy.policyroot.policy_source)
+    known = ("select", "ignore", "fail-level", "allow-symlinks", "analysis-limit", "policies")
     unknown = sorted(set(table) - set(known))
     if unknown:
         raise LintUsageError(f"{source}: unknown [tool.kvpolicy] key(s) {', '.join(unknown)} (known: {', '.join(known)})")

@@ -6,7 +6,7 @@ import json
 
 from kvpolicy.cli import main
 
-from .conftest import check_golden
+from .conftest import REPO, check_golden
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -30,7 +30,10 @@ def test_python_by_default_golden(capsys) -> None:
 def test_equal_versions_print_no_change(capsys) -> None:
     code, out, _ = run(capsys, "diff", "2026.07.09", "2026.07.09", "--exit-code")
     assert code == 0
-    assert out.strip() == "kvpolicy diff 2026.07.09 -> 2026.07.09: no change"
+    assert out.strip().splitlines() == [
+        "policies: ./policies (found in the working directory)",
+        "kvpolicy diff 2026.07.09 -> 2026.07.09: no change",
+    ]
 
 
 def test_exit_code_when_changed(capsys) -> None:
@@ -78,3 +81,17 @@ def test_unknown_version_is_a_usage_error(capsys) -> None:
     code, _, err = run(capsys, "diff", "2026.01.01", "2026.08.11")
     assert code == 2
     assert "OLD:" in err and "2026.01.01" in err
+
+
+def test_a_new_checkpoint_rule_is_part_of_the_diff(capsys) -> None:
+    # 2026.08.07 reads kimi_k3 / kimi_linear checkpoints as KimiLinearForCausalLM (#17269); the
+    # contexts the groups count are (architecture, model_type) as read, so the rule shows on its own.
+    code = main(["diff", "2026.08.03", "2026.08.07", "--exit-code", "--policy", str(REPO / "policies")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "+ kimi-k3-text-checkpoint: model_type kimi_k3 or kimi_linear loads as KimiLinearForCausalLM" in out
+    code = main(["diff", "2026.08.03", "2026.08.07", "--format", "json", "--policy", str(REPO / "policies")])
+    data = json.loads(capsys.readouterr().out)
+    assert data["checkpoint_rules"] == [
+        {"change": "+", "rule": "kimi-k3-text-checkpoint: model_type kimi_k3 or kimi_linear loads as KimiLinearForCausalLM"}
+    ]

@@ -83,6 +83,9 @@ def test_impact_reads_every_layout(shipped) -> None:
 def test_resolve_config_resolves_each_server(capsys, name) -> None:
     code = main(["resolve", "--config", str(FIXTURES / name), "--arch", "LlamaForCausalLM", "--format", "json"])
     data = json.loads(capsys.readouterr().out)
-    assert len(data) == 2 and all(entry["used"] for entry in data)
-    assert code == (0 if all(e["resolution"]["ok"] for e in data) else 1)
+    servers = data["servers"]
+    assert len(servers) == 2 and all(entry["used"] for entry in servers)
+    assert all(entry["model"]["source"] == "--arch" for entry in servers)
+    assert code == (0 if all(e["resolution"]["ok"] for e in servers) else 1)
     assert code == (1 if name.startswith("disagg") else 0)
+    assert data["ok"] is (code == 0) and data["verdict"]["architecture_known"] is True

@@ -252,14 +252,40 @@ def test_a_whole_serving_config_gets_the_right_hint():
         kvpolicy.load().resolve({"cache_transceiver_config": {"backend": "UCX"}})
 
 
-def test_near_miss_architecture_and_ignored_env_values_get_notes(capsys):
-    code = main(["resolve", "--arch", "LlamaForCausalLm", "--env", "TRTLLM_USE_UCX_KVCACHE=true"])
+def test_a_near_miss_architecture_is_refused_and_ignored_env_values_get_notes(capsys):
+    # A typo of a named architecture would resolve as "any other model": on UCX, "can start",
+    # where the real LlamaForCausalLM cannot. The CLI refuses it (exit 2) with did-you-mean.
+    code = main(["resolve", "--arch", "LlamaForCausalLm", "--backend", "UCX"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "--arch 'LlamaForCausalLm'" in captured.err and "did you mean 'LlamaForCausalLM'?" in captured.err
+    assert "can start" not in captured.out
+    code = main(["resolve", "--arch", "LlamaForCausalLM", "--env", "TRTLLM_USE_UCX_KVCACHE=true"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "note: architecture 'LlamaForCausalLm' is not named by policy" in out and "did you mean 'LlamaForCausalLM'?" in out
     assert "note: TRTLLM_USE_UCX_KVCACHE='true' is ignored" in out
     code = main(["resolve", "--arch", "LlamaForCausalLM", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--format", "json"])
     assert "notes" not in json.loads(capsys.readouterr().out)
+
+
+def test_a_real_architecture_one_letter_from_a_named_one_is_not_a_typo(capsys):
+    # Gemma3n is a real model (transformers names it), not a misspelt Gemma3.
+    code = main(["resolve", "--arch", "Gemma3nForConditionalGeneration", "--backend", "NIXL"])
+    assert code == 0, capsys.readouterr().err
+    assert "did you mean" not in capsys.readouterr().out
+
+
+def test_the_api_flags_a_near_miss_architecture_and_strict_refuses_it():
+    import kvpolicy
+
+    lenient = kvpolicy.resolve(architecture="LlamaForCausalLm", backend="UCX")
+    assert [d.id for d in lenient.warnings] == ["architecture-near-miss"]
+    assert "did you mean 'LlamaForCausalLM'?" in lenient.warnings[0].message
+    strict = kvpolicy.resolve(architecture="LlamaForCausalLm", backend="UCX", strict=True)
+    assert not strict.ok and [d.id for d in strict.errors] == ["architecture-near-miss"]
+    assert kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", strict=True).ok
+    with pytest.raises(kvpolicy.ContextError):
+        kvpolicy.resolve(architecture="LlamaForCausalLM", strict="yes")
 
 
 AGREEING = """

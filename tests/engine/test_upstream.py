@@ -137,3 +137,51 @@ def test_advice_never_changes_a_verdict(version: str) -> None:
         assert dict(advised.values) == dict(plain.values)
         assert advised.ok == plain.ok
         assert {d.id for d in advised.errors} == {d.id for d in plain.errors}
+
+
+#: Checkpoints as their config.json reads: (architectures, model_type, extra keys). Upstream's
+#: load_pretrained_config rewrites some of them by model_type before the model registry reads
+#: architectures[0]; kvpolicy's checkpoint rules must do the same, through the public resolve().
+_COMPOSITE = {"text_config": {"hidden_size": 8}, "vision_config": {"hidden_size": 8}}
+CHECKPOINTS = [
+    (["KimiK3ForCausalLM"], "kimi_k3", {}),
+    (["KimiK3ForConditionalGeneration"], "kimi_k3", _COMPOSITE),
+    (["KimiK3ForConditionalGeneration"], "kimi_k3", {**_COMPOSITE, "language_model_only": True}),
+    (["KimiK3ForConditionalGeneration"], "kimi_k3", {"text_config": {"hidden_size": 8}, "vision_config": {}}),
+    (["KimiLinearForCausalLM"], "kimi_linear", {}),
+    (["SomeNewModelForCausalLM"], "kimi_linear", {}),
+    (["DeepseekV4ForCausalLM"], "deepseek_v4", {}),
+    (["LlamaForCausalLM"], "llama", _COMPOSITE),
+]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_checkpoints_resolve_as_upstream_loads_them(version: str) -> None:
+    """The raw checkpoint through ``resolve(pretrained_config=...)``: the architecture upstream runs
+    after its load-time rewrites, then its values and start verdict."""
+    policy_set = kvpolicy.load(version=version)
+    mismatches = []
+    for (architectures, model_type, extra), backend, runtime, timeout, (manager, use_v2) in itertools.product(
+        CHECKPOINTS, ("NIXL", "UCX"), RUNTIMES, (60000, None), MANAGERS
+    ):
+        composite = bool(extra.get("text_config")) and bool(extra.get("vision_config")) and extra.get("language_model_only") is not True
+        want = upstream.resolve(version, architectures[0], model_type, backend, runtime, timeout, use_v2, {}, False, composite)
+        got = policy_set.resolve(
+            pretrained_config={"architectures": architectures, "model_type": model_type, **extra},
+            backend=backend, transceiver_runtime=runtime, kv_transfer_timeout_ms=timeout, kv_cache_manager=manager,
+        )
+        values = (got.backend, got.runtime, got.kv_cache_manager)
+        if values != (want.backend, want.runtime, want.kv_cache_manager) or got.ok != want.starts:
+            mismatches.append(f"{architectures}/{model_type}/{sorted(extra)} {backend} {runtime} {timeout} {manager}: "
+                              f"kvpolicy {values} ok={got.ok}, upstream {want}")
+    assert not mismatches, f"{len(mismatches)} differ, e.g.:\n" + "\n".join(mismatches[:10])
+
+
+def test_the_kimi_k3_text_checkpoint_is_read_as_upstream_reads_it() -> None:
+    """The issue's case: a Kimi K3 text checkpoint with explicit CPP on NIXL fails upstream (it loads as
+    KimiLinearForCausalLM, which refuses every route but NIXL + PYTHON), whatever architectures[0] says."""
+    resolution = kvpolicy.load(version="2026.09.10").resolve(
+        pretrained_config={"architectures": ["KimiK3ForCausalLM"], "model_type": "kimi_k3"}, backend="NIXL", transceiver_runtime="CPP"
+    )
+    assert resolution.context["architecture"] == "KimiLinearForCausalLM"
+    assert not resolution.ok

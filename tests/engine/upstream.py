@@ -39,6 +39,15 @@ PIPELINED = "2026-09-02"  # #15727
 KIMI_K3_GATE = "2026-08-17"  # #17480
 #: Hybrid hooks: PR and date not found (present by 08-26); kvpolicy ships them with #18134's version.
 HYBRIDS = "2026-08-28"
+#: Assumption: the disaggregated-serving guard that keeps a model's V2 default only on NIXL + PYTHON.
+#: Its own PR was not found; #16942 (described 07-28) cites it as present. Before it, a V2 default
+#: (DeepSeek-V4's, the only one that early) stays, and fails with the C++ transceiver.
+V2_GUARD = "2026-07-28"
+#: Assumption: #17269 (described 08-05, merge date not found) rewrites kimi_k3 / kimi_linear
+#: checkpoints to KimiLinearForCausalLM; taken as merged by 2026.08.07's state.
+KIMI_TEXT_REWRITE = "2026-08-07"
+#: #17050 (08-13): a composite kimi_k3 checkpoint loads as KimiK3ForConditionalGeneration.
+KIMI_MULTIMODAL_REWRITE = "2026-08-13"
 
 BACKEND_ENV = (
     ("TRTLLM_USE_NIXL_KVCACHE", "NIXL"),
@@ -127,6 +136,15 @@ class DeepseekV3(PreTrainedModel):
         return "V2" if date >= "2026-08-11" else None  # #16060
 
 
+class DeepseekV4(PreTrainedModel):
+    """#15633 (07-03; the merge date the held-out check gives, its thread was not found):
+    get_model_defaults sets use_kv_cache_manager_v2, which auto then keeps like a preference."""
+
+    @classmethod
+    def kv_version(cls, date):
+        return "V2" if date >= "2026-07-03" else None
+
+
 class MistralLarge3(DeepseekV3):
     """Subclasses DeepseekV3ForCausalLM and inherits both hooks (inferred)."""
 
@@ -194,6 +212,7 @@ MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "MiniMaxM2ForCausalLM": MiniMaxM2,
     "DeepseekV3ForCausalLM": DeepseekV3,
     "DeepseekV32ForCausalLM": DeepseekV3,
+    "DeepseekV4ForCausalLM": DeepseekV4,
     "GlmMoeDsaForCausalLM": DeepseekV3,
     "MistralLarge3ForCausalLM": MistralLarge3,
     "LlamaForCausalLM": Llama,
@@ -224,6 +243,16 @@ class Outcome:
     starts: bool
 
 
+def load_pretrained_config(date: str, architectures: list[str], model_type: str | None, multimodal: bool) -> list[str]:
+    """``load_pretrained_config``'s rewrites by model_type (config_utils.py): the architectures the
+    model registry then reads, whatever the checkpoint's own list says."""
+    if model_type == "kimi_k3" and multimodal and date >= KIMI_MULTIMODAL_REWRITE:
+        return ["KimiK3ForConditionalGeneration"]
+    if model_type in ("kimi_k3", "kimi_linear") and date >= KIMI_TEXT_REWRITE:
+        return ["KimiLinearForCausalLM"]
+    return architectures
+
+
 def effective_backend(backend: str, env: dict[str, str]) -> str:
     """``CacheTransceiverConfig._resolve_default_backend``."""
     if backend != "DEFAULT":
@@ -244,13 +273,16 @@ def resolve(
     use_v2: bool | str,
     env: dict[str, str],
     pipelined: bool,
+    multimodal: bool = False,
 ) -> Outcome | None:
-    """Upstream's outcome for one serving context (None: disaggregation off)."""
+    """Upstream's outcome for one serving context (None: disaggregation off). ``architecture`` and
+    ``model_type`` are the checkpoint's own; ``multimodal``: it has text and vision configs."""
     date = VERSION_STATE[version]
     if backend is None:
         return None
+    architectures = load_pretrained_config(date, [architecture] if architecture else [], model_type, multimodal)
+    architecture = architectures[0] if architectures else None
     model = MODEL_CLASS_MAPPING.get(architecture or "", PreTrainedModel)
-    architectures = [architecture] if architecture else []
     eff = effective_backend(backend, env)
 
     # Load time (ModelLoader): the runtime first, then the KV-cache manager.
@@ -268,7 +300,7 @@ def resolve(
     v2 = use_v2
     if use_v2 == "auto":
         v2 = model.kv_version(date) == "V2"
-        if v2 and (eff != "NIXL" or resolved != "PYTHON"):
+        if v2 and date >= V2_GUARD and (eff != "NIXL" or resolved != "PYTHON"):
             v2 = False
 
     # Creation time.

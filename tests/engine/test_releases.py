@@ -1,0 +1,326 @@
+"""TensorRT-LLM releases -> policy versions: the shipped table, tag spelling, the installed release
+found without importing it, and the CLI's --trtllm and release tags in --from/--to."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpolicy.cli import main
+from kvpolicy.cli.policies import load_policy_argument
+from kvpolicy.errors import PolicyError
+from kvpolicy.policyfile import policy_files, shipped_root
+from kvpolicy.releases import (
+    CERTAINTIES,
+    RELEASES_FILE,
+    ReleaseError,
+    installed_trtllm,
+    normalise_tag,
+    policy_version_for,
+    release,
+    releases,
+)
+
+from tests import golden
+
+from . import upstream
+from .conftest import VERSIONS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def fake_trtllm(folder: Path, version: str, name: str | None = None) -> Path:
+    """A ``tensorrt_llm`` dist-info as pip leaves it, in ``folder``."""
+    info = folder / (name or f"tensorrt_llm-{version}.dist-info")
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {version}\n\nlong description\nVersion: 0\n")
+    return info
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def test_table_parses_with_every_field():
+    rows = releases()
+    assert [row.tag for row in rows][:2] == ["v1.3.0rc20", "v1.3.0rc21"]
+    assert len({row.tag for row in rows}) == len(rows) == 11
+    for row in rows:
+        assert normalise_tag(row.tag) == row.tag
+        assert row.certainty in CERTAINTIES
+        assert row.source and row.note and row.date
+        assert row.location.path.endswith("releases.toml") and row.location.line > 1
+
+
+def test_every_policy_version_it_names_ships():
+    named = {row.policy_version for row in releases() if row.policy_version is not None}
+    assert named <= set(VERSIONS), named - set(VERSIONS)
+
+
+def test_later_releases_never_map_to_earlier_policies():
+    mapped = [row.policy_version for row in releases() if row.policy_version is not None]
+    assert mapped == sorted(mapped, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def test_a_release_holds_only_merges_before_its_date():
+    """Where the date is known (tag page, bump PR), the policy version's upstream merge date
+    (tests/engine/upstream.py's VERSION_STATE) is not after it; releases without a policy version
+    were cut before #16164 or are the 1.4 line kvpolicy does not model."""
+    first = upstream.VERSION_STATE[VERSIONS[0]]
+    for row in releases():
+        day = re.match(r"~?(\d{4}-\d{2}-\d{2})", row.date)
+        if row.policy_version is None:
+            assert row.tag.startswith("v1.4.") or (day and day.group(1) < first), row
+        elif day:
+            assert upstream.VERSION_STATE[row.policy_version] <= day.group(1), row
+
+
+def test_the_table_ships_with_the_package_not_among_the_policies():
+    assert RELEASES_FILE.parent == Path(sys.modules["kvpolicy"].__file__).parent
+    # Not in the policy folder: load, lint, fmt and test read every *.toml there as a policy.
+    assert RELEASES_FILE.parent != shipped_root()
+    assert all(path.name != "releases.toml" for path in policy_files(shipped_root()))
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "*.toml" in data["tool"]["setuptools"]["package-data"]["kvpolicy"]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem", "line"),
+    [
+        ('schema = 1\n[[release]]\ntag = "v1.3.0rc1"\n', "`date` must be a non-empty string", 2),
+        ('schema = 1\n[[release]]\ntag = "v1.3.0rc1"\ndate = "2026-01-01"\ncertainty = "sure"\nsource = "s"\nnote = "n"\n',
+         "`certainty` 'sure'", 2),
+        ('schema = 1\n[[release]]\ntag = "1.3.0.rc1"\ndate = "2026-01-01"\ncertainty = "low"\nsource = "s"\nnote = "n"\n',
+         "write 'v1.3.0rc1'", 2),
+        ('schema = 1\n\n[[release]]\ntag = "v1.3.0rc1"\ndate = "2026-01-01"\ncertainty = "low"\nsource = "s"\nnote = "n"\n'
+         'policy_version = "latest"\nurl = "x"\n', "unknown key(s) url", 3),
+        ('schema = 1\n[[release]]\ntag = "v1.3.0rc1"\ndate = "2026-01-01"\ncertainty = "low"\nsource = "s"\nnote = "n"\n'
+         '[[release]]\ntag = "v1.3.0rc1"\ndate = "2026-01-01"\ncertainty = "low"\nsource = "s"\nnote = "n"\n', "listed twice", 8),
+        ('schema = 1\n[[release]]\ntag = "v1.3.0rc1\n', "toml", 3),
+        ("schema = 2\nrelease = []\n", "no [[release]] rows", 1),
+    ],
+)
+def test_a_broken_table_is_a_located_error(tmp_path, text, problem, line):
+    path = tmp_path / "releases.toml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as caught:
+        releases(path)
+    found = [p for p in caught.value.problems if problem in str(p)]
+    assert found, caught.value
+    assert found[0].location.line == line
+
+
+def test_a_table_is_read_with_a_cap(tmp_path):
+    path = tmp_path / "releases.toml"
+    path.write_bytes(b"#" * (2 << 20))
+    with pytest.raises(PolicyError, match="limited to"):
+        releases(path)
+
+
+# -- tags ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "tag"),
+    [
+        ("v1.3.0rc25", "v1.3.0rc25"),
+        ("1.3.0rc25", "v1.3.0rc25"),
+        ("1.3.0.rc25", "v1.3.0rc25"),
+        ("1.3.0-rc25", "v1.3.0rc25"),
+        ("V1.3.0RC25", "v1.3.0rc25"),
+        (" 1.3.0rc025 ", "v1.3.0rc25"),
+        ("1.4.0", "v1.4.0"),
+        ("2026.08.18", None),  # a policy version id
+        ("1.3.0rc25+cu129", None),  # a local build
+        ("1.3.0rc26.dev20260901", None),
+        ("1.3", None),
+    ],
+)
+def test_tags_normalise(text, tag):
+    assert normalise_tag(text) == tag
+
+
+def test_policy_version_for_every_spelling():
+    assert policy_version_for("v1.3.0rc25").policy_version == "2026.08.18"
+    assert policy_version_for("1.3.0.rc25") == policy_version_for("1.3.0rc25")
+    assert policy_version_for("1.3.0rc26").policy_version == "2026.09.02"
+
+
+def test_unknown_release_lists_the_known_ones_and_the_way_out():
+    with pytest.raises(ReleaseError) as caught:
+        release("v1.5.0")
+    message = str(caught.value)
+    assert "v1.3.0rc20" in message and "v1.4.0rc1" in message and "--version" in message
+    assert caught.value.release is None
+    with pytest.raises(ReleaseError, match="local build"):
+        release("1.3.0rc25+cu129")
+
+
+@pytest.mark.parametrize(("tag", "why"), [("v1.3.0rc20", "transceiver_runtime"), ("v1.3.0rc21", "#16164"), ("v1.4.0rc1", "#17495")])
+def test_a_release_no_policy_models_is_refused_with_its_note(tag, why):
+    with pytest.raises(ReleaseError, match=re.escape(why)) as caught:
+        policy_version_for(tag)
+    assert caught.value.release is not None and caught.value.release.tag == tag
+
+
+# -- the installed TensorRT-LLM --------------------------------------------------------------------
+
+
+def test_installed_trtllm_from_a_dist_info_on_sys_path(tmp_path, monkeypatch):
+    assert installed_trtllm([str(tmp_path)]) is None
+    fake_trtllm(tmp_path / "site", "1.3.0rc26")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(tmp_path / "site"), *sys.path])
+    assert installed_trtllm() == "1.3.0rc26"
+    assert "tensorrt_llm" not in sys.modules
+
+
+def test_installed_trtllm_metadata_forms(tmp_path):
+    # A source checkout's egg-info: the version only inside.
+    egg = tmp_path / "a" / "tensorrt_llm.egg-info"
+    egg.mkdir(parents=True)
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: tensorrt-llm\nVersion: 1.3.0rc27\n")
+    assert installed_trtllm([str(tmp_path / "a")]) == "1.3.0rc27"
+    # An old egg-info that is a file; a dist-info without METADATA (the folder name says it).
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "tensorrt_llm-1.3.0rc22-py3.12.egg-info").write_text("Name: tensorrt_llm\nVersion: 1.3.0rc22\n")
+    assert installed_trtllm([str(tmp_path / "b")]) == "1.3.0rc22"
+    (tmp_path / "c" / "TensorRT-LLM-1.3.0rc24.dist-info").mkdir(parents=True)
+    assert installed_trtllm([str(tmp_path / "c")]) == "1.3.0rc24"
+    # Other distributions are not it.
+    fake_trtllm(tmp_path / "d", "9.9", name="tensorrt_llm_extras-9.9.dist-info")
+    assert installed_trtllm([str(tmp_path / "d"), str(tmp_path / "c")]) == "1.3.0rc24"
+
+
+def test_resolve_defaults_to_the_installed_release(capsys, tmp_path, monkeypatch):
+    fake_trtllm(tmp_path, "1.3.0rc26")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
+    assert code == 0
+    assert "TensorRT-LLM 1.3.0rc26 installed: policy 2026.09.02" in out
+    assert "\npolicy 2026.09.02 (sha256" in out
+    code, out, _ = run(capsys, "explain", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--format", "json")
+    data = json.loads(out)
+    assert data["policy_version"] == "2026.09.02"
+    assert data["trtllm"]["installed"] is True and data["trtllm"]["release"]["tag"] == "v1.3.0rc26"
+    # An explicit version wins, and nothing is said about the installed release.
+    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--version", "2026.08.11")
+    assert code == 0 and "\npolicy 2026.08.11 (sha256" in out and "TensorRT-LLM" not in out
+
+
+def test_an_installed_release_without_a_policy_warns_and_uses_the_newest(capsys, tmp_path, monkeypatch):
+    fake_trtllm(tmp_path, "1.4.0rc1")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
+    assert code == 0
+    assert "warning: TensorRT-LLM 1.4.0rc1 installed: no policy version models" in out
+    assert f"using the newest policy, {VERSIONS[-1]}" in out and f"\npolicy {VERSIONS[-1]} (sha256" in out
+
+
+def test_an_installed_release_missing_from_the_chosen_folder_uses_its_newest(capsys, tmp_path, monkeypatch):
+    fake_trtllm(tmp_path / "site", "1.3.0rc25")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site"), *sys.path])
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / f"{VERSIONS[-1]}.toml").write_bytes((shipped_root() / f"{VERSIONS[-1]}.toml").read_bytes())
+    code, out, _ = run(capsys, "resolve", "--policy", str(tmp_path / "mine"), "--arch", "LlamaForCausalLM", "--backend", "NIXL")
+    assert code == 0
+    assert "it is policy 2026.08.18, but the policies in" in out and f"using the newest policy, {VERSIONS[-1]}" in out
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+
+def test_resolve_trtllm_picks_the_release_policy(capsys):
+    code, out, err = run(capsys, "resolve", "--trtllm", "v1.3.0rc25", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
+    assert code == 0, err
+    assert "TensorRT-LLM v1.3.0rc25: policy 2026.08.18 (medium certainty" in out
+    assert "\npolicy 2026.08.18 (sha256" in out
+    code, out, _ = run(capsys, "resolve", "--trtllm", "1.3.0.rc25", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--format", "json")
+    data = json.loads(out)
+    assert data["policy_version"] == "2026.08.18"
+    assert data["trtllm"] == {"given": "1.3.0.rc25", "installed": False, "release": policy_version_for("v1.3.0rc25").to_dict()}
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--trtllm", "v1.5.0"], "not in kvpolicy's release table; known releases: v1.3.0rc20"),
+        (["--trtllm", "banana"], "is not a TensorRT-LLM release version"),
+        (["--trtllm", "v1.4.0rc1"], "no policy version models TensorRT-LLM v1.4.0rc1"),
+        (["--trtllm", "1.3.0rc20"], "no transceiver_runtime field yet"),
+        (["--trtllm", "v1.3.0rc25", "--version", "2026.08.18"], "--trtllm and --version both pick"),
+    ],
+)
+def test_resolve_trtllm_refusals_exit_2_with_the_reason(capsys, argv, reason):
+    code, out, err = run(capsys, "resolve", "--arch", "LlamaForCausalLM", *argv)
+    assert code == 2 and out == ""
+    assert reason in err
+
+
+def test_resolve_trtllm_when_the_folder_lacks_its_version(capsys, tmp_path):
+    (tmp_path / f"{VERSIONS[-1]}.toml").write_bytes((shipped_root() / f"{VERSIONS[-1]}.toml").read_bytes())
+    code, _, err = run(capsys, "resolve", "--policy", str(tmp_path), "--trtllm", "v1.3.0rc25", "--arch", "LlamaForCausalLM")
+    assert code == 2
+    assert "is reproduced by policy 2026.08.18, but the policies in" in err and f"available: {VERSIONS[-1]}" in err
+
+
+def test_impact_takes_release_tags_and_trtllm_for_to(capsys):
+    code, out, err = run(
+        capsys, "impact", "--configs", "examples/configs", "--from", "v1.3.0rc24", "--trtllm", "1.3.0rc25",
+        "--format", "json", "--fail-on", "never",
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["from"], data["to"]) == ("2026.08.07", "2026.08.18")
+    code, out, _ = run(capsys, "impact", "--configs", "examples/configs", "--from", "v1.3.0rc24", "--to", "v1.3.0rc26", "--fail-on", "never")
+    assert code == 0
+    assert "--to v1.3.0rc26: TensorRT-LLM v1.3.0rc26 is policy 2026.09.02" in out
+    assert "kvpolicy impact 2026.08.07 -> 2026.09.02" in out
+    code, _, err = run(capsys, "impact", "--configs", "examples/configs", "--from", "v1.4.0rc1", "--to", "2026.09.10")
+    assert code == 2 and "--from: no policy version models TensorRT-LLM v1.4.0rc1" in err
+    code, _, err = run(capsys, "impact", "--configs", "examples/configs", "--from", "v1.3.0rc24", "--to", "2026.09.10", "--trtllm", "v1.3.0rc25")
+    assert code == 2 and "not allowed with" in err
+
+
+def test_report_names_versions_by_release(capsys, tmp_path):
+    assert load_policy_argument("v1.3.0rc22").version == "2026.07.21"
+    assert load_policy_argument("2026.07.21").version == "2026.07.21"
+    code, _, err = run(capsys, "report", "--to", "2026.09.10", "--trtllm", "v1.3.0rc25", "-o", str(tmp_path / "r.html"))
+    assert code == 2 and "not allowed with" in err
+    code, _, err = run(capsys, "report", "--trtllm", "v1.3.0rc21", "-o", str(tmp_path / "r.html"))
+    assert code == 2 and "--trtllm: no policy version models TensorRT-LLM v1.3.0rc21" in err
+
+
+def test_releases_command(capsys, tmp_path, monkeypatch):
+    code, out, _ = run(capsys, "releases")
+    assert code == 0
+    golden.check_golden(Path(__file__).parent / "golden" / "releases.txt", out)
+    assert re.search(r"v1\.3\.0rc25\s+~2026-08-27\s+2026\.08\.18\s+medium\n", out)
+    assert re.search(r"v1\.4\.0rc1\s+2026-10-22 01:38\s+none\s+high\n", out)
+    fake_trtllm(tmp_path, "1.3.0rc26")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    code, out, _ = run(capsys, "releases", "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["installed"] == "1.3.0rc26"
+    assert [r["tag"] for r in data["releases"] if r["installed"]] == ["v1.3.0rc26"]
+    assert {"tag", "date", "policy_version", "certainty", "source", "note"} <= set(data["releases"][0])
