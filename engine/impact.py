@@ -33,7 +33,7 @@ from .errors import ContextError
 from .identity import ArchitectureMap, ModelIdentity, find_model, load_architecture_map, model_reference, models_root
 from .policyset import PolicySet
 from .resolution import Resolution
-from .serving import Server, kind, section_keys, servers_of, sides_disagree
+from .serving import kind, section_keys, servers_of, sides_disagree
 from .verdict import model_label, resolve_model
 
 __all__ = [
@@ -271,20 +271,10 @@ def _parse(path: Path) -> tuple[Any, Any] | ConfigProblem:
 
 def _line_of(node: Any, *keys: Any) -> int | None:
     """The 1-based line of the value at ``keys`` in a YAML node tree (the key's line)."""
-    import yaml
+    from .configfile import position_of
 
-    line = None
-    for key in keys:
-        if not isinstance(node, yaml.MappingNode):
-            return line
-        for key_node, value_node in node.value:
-            if key_node.value == key:
-                line = key_node.start_mark.line + 1
-                node = value_node
-                break
-        else:
-            return line
-    return line
+    found = position_of(node, *keys) if node is not None else None
+    return found[0] if found else None
 
 
 def impact_of(
@@ -397,14 +387,14 @@ def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None
 def _over_models(result: ConfigImpact, old: PolicySet, new: PolicySet, disaggregated: bool) -> ConfigImpact:
     """A config whose model is unknown, resolved for every class of models either version tells
     apart: the classes' statuses, and the "any other architecture" class's resolutions as shown."""
-    models = list(dict.fromkeys([*old._index.models(), *new._index.models()]))
+    models = list(dict.fromkeys([*old.models(), *new.models()]))
     models.sort(key=lambda m: (m[0] is None, m[0] or "", m[1] or ""))
     config_statuses: dict[str, list[str]] = {}
     section_statuses: list[dict[str, list[str]]] = [{} for _ in result.sections]
     shown = result
     for model in models:
         sections = [
-            replace(s, old=_for_model(s.old, model), new=_for_model(s.new, model))
+            replace(s, old=_for_model(old, s.old, model), new=_for_model(new, s.new, model))
             if s.identity is not None and not s.identity.known else s
             for s in result.sections
         ]
@@ -430,10 +420,10 @@ def _over_models(result: ConfigImpact, old: PolicySet, new: PolicySet, disaggreg
     )
 
 
-def _for_model(side: Side, model: tuple[str | None, str | None]) -> Side:
+def _for_model(policy_set: PolicySet, side: Side, model: tuple[str | None, str | None]) -> Side:
     if side.resolution is None:
         return side
-    return Side(resolve_model(side.resolution, model), side.invalid, side.field, side.fixed)
+    return Side(resolve_model(policy_set, side.resolution, model), side.invalid, side.field, side.fixed)
 
 
 def _mentions_transceiver(document: Any) -> bool:

@@ -13,7 +13,7 @@ a near miss of one of the two section names (:func:`misspelling_of`), e.g.
 
 pydantic is imported on first use (and only for a section with a field outside the lists), never at
 import: only reading a serving config needs it, and a plain ``kvpolicy resolve`` must not pay for it.
-:mod:`kvpolicy.serving` imports this module inside its functions, for the same reason.
+:mod:`kvpolicy.serving` turns each refusal into a problem of the server.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from functools import cache
 from typing import Any
 
 from .index import CACHE_TRANSCEIVER_FIELDS
-from .serving import ServerProblem
 
-__all__ = ["KV_CACHE_FIELDS", "SECTIONS", "check_sections", "misspelling_of"]
+__all__ = ["KV_CACHE_FIELDS", "SECTIONS", "Refusal", "check_sections", "misspelling_of"]
 
 #: Every field of upstream's ``KvCacheConfig`` (llm_args.py, stored commit 00043967; docs 1.3.0rc27).
 KV_CACHE_FIELDS = frozenset(
@@ -141,17 +140,21 @@ def misspelling_of(key: Any) -> str | None:
     return _closest(key, tuple(SECTIONS), NEAR_MISS_RATIO)
 
 
-def check_sections(settings: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, ...]]) -> list[ServerProblem]:
+#: A refused key: its path in the document, and the message.
+Refusal = tuple[tuple[Any, ...], str]
+
+
+def check_sections(settings: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, ...]]) -> list[Refusal]:
     """What upstream refuses in a server's effective LLM arguments: keys that are near misses of
     the two section names, and unknown fields inside either section. ``origin`` maps each key of
     ``settings`` to the path of the section it came from (``()`` for the top level), so each
     problem carries the exact key path, e.g. ``("context_servers", "cache_transceiver_config",
     "kv_transfer_timout_ms")``. A section that is not a mapping is left to the caller's checks."""
-    problems: list[ServerProblem] = []
+    problems: list[Refusal] = []
     for key in settings:
         meant = misspelling_of(key)
         if meant is not None:
-            problems.append(ServerProblem(
+            problems.append((
                 (*origin.get(key, ()), key),
                 f"unknown LLM argument {key}; did you mean {meant!r}? " + _REFUSED.format(what="LLM arguments"),
             ))
@@ -174,7 +177,7 @@ def check_sections(settings: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, 
             field = str(error["loc"][0])
             meant = _closest(field, known, 0.7)
             hint = f"; did you mean {meant!r}?" if meant else ";"
-            problems.append(ServerProblem(
+            problems.append((
                 (*at, by_name.get(field, field)),
                 f"unknown field {field} of {section}{hint} " + _REFUSED.format(what="fields"),
             ))

@@ -108,10 +108,30 @@ class PolicySet:
         """Every architecture the policy names (preference rows and conditions)."""
         return self._index.named
 
+    def models(self) -> tuple[tuple[str | None, str | None], ...]:
+        """The classes of models this version tells apart: (architecture, model_type) pairs, ``None``
+        standing for every architecture (or model_type) it does not name."""
+        return self._index.models()  # type: ignore[no-any-return]
+
+    def resolve_normalised(self, context: Mapping[str, Any]) -> Resolution:
+        """The resolution of a context as ``Resolution.context`` holds it (already normalised)."""
+        ctx = dict(context)
+        if ctx.get("backend") is None:
+            return Resolution({}, {}, (), ctx, self)
+        values, decided_by, diagnostics = self._index.evaluate(ctx)
+        return Resolution(values, decided_by, diagnostics, ctx, self)
+
+    def verdict_of(self, resolution: Resolution) -> Any:
+        """A :class:`kvpolicy.verdict.Verdict`: whether a context this version resolved starts for
+        every model it may be about."""
+        from .verdict import verdict_of
+
+        return verdict_of(self, resolution)
+
     def verdict(self, config: Mapping[str, Any] | None = None, /, **fields: Any) -> Any:
         """Resolve a context and say what holds for every model it may be about: a
         :class:`kvpolicy.verdict.Verdict` (see :meth:`Resolution.verdict`)."""
-        return self.resolve(config, **fields).verdict()
+        return self.verdict_of(self.resolve(config, **fields))
 
     @property
     def features(self) -> frozenset[str]:

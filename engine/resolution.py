@@ -199,9 +199,7 @@ class Resolution(tuple):  # type: ignore[type-arg]
         about. With a known architecture, this resolution alone; with an unknown one, the context
         resolved for every class of models the policy tells apart, e.g. ``depends on the model:
         cannot start for DeepseekV3ForCausalLM, ...; starts for any other architecture``."""
-        from .verdict import verdict_of
-
-        return verdict_of(self)
+        return self._policy.verdict_of(self)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form, stable for scripts."""

@@ -32,6 +32,7 @@ __all__ = ["CACHE_TRANSCEIVER_FIELDS", "NON_RESOLVING_BACKENDS", "Server", "Serv
 
 #: Every field of upstream's ``CacheTransceiverConfig`` (defined with the decision index, which reads it).
 from .index import CACHE_TRANSCEIVER_FIELDS  # noqa: E402
+from .llmargs import check_sections, misspelling_of  # noqa: E402
 #: Top-level ``backend`` values whose servers never resolve ``transceiver_runtime: auto``.
 NON_RESOLVING_BACKENDS = frozenset({"trt", "tensorrt", "_autodeploy"})
 
@@ -119,8 +120,6 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
             server = _server(".".join(keys), role, dict(section), {k: keys for k in section}, env, fixed)
             found.append(_with(server, env_used, problems))
         return found if _transfers(found) else None
-    from .llmargs import misspelling_of  # here, not at the top: llmargs imports ServerProblem from this module
-
     if "cache_transceiver_config" in document or any(misspelling_of(k) == "cache_transceiver_config" for k in document):
         return [_server("server", "server", dict(document), {k: () for k in document}, {}, fixed)]
     return None
@@ -167,10 +166,8 @@ def _server(
     fixed: str | None,
 ) -> Server:
     """A server from its effective LLM arguments; ``origin`` maps each key to its section path."""
-    from .llmargs import check_sections, misspelling_of  # see servers_of
-
     # What upstream's strict models refuse (a misspelt section name or field): the server does not start.
-    problems: list[ServerProblem] = check_sections(settings, origin)
+    problems: list[ServerProblem] = [ServerProblem(keys, message) for keys, message in check_sections(settings, origin)]
     used: list[str] = []
     parallel = tuple((k, v) for k, v in settings.items() if isinstance(k, str) and k.endswith("_parallel_size"))
     at = origin.get("cache_transceiver_config", ())

@@ -20,7 +20,19 @@ from typing import Any
 
 from .resolution import Resolution
 
-__all__ = ["STARTS", "CANNOT_START", "DEPENDS", "OFF", "EXIT_CODES", "Outcome", "Verdict", "model_label", "verdict_of", "verdict_of_sides"]
+__all__ = [
+    "CANNOT_START",
+    "DEPENDS",
+    "EXIT_CODES",
+    "OFF",
+    "STARTS",
+    "Outcome",
+    "Verdict",
+    "model_label",
+    "resolve_model",
+    "verdict_of",
+    "verdict_of_sides",
+]
 
 STARTS = "starts"
 CANNOT_START = "cannot start"
@@ -146,44 +158,32 @@ def _names(labels: list[str]) -> str:
     return ", ".join(named + other)
 
 
-def resolve_model(resolution: Resolution, model: Model) -> Resolution:
-    """``resolution``'s context answered for another model by the same policy set."""
-    policy_set = resolution._policy
-    ctx = dict(resolution._context)
-    ctx["architecture"], ctx["model_type"] = model
-    if ctx.get("backend") is None:
-        return Resolution({}, {}, (), ctx, policy_set)
-    values, decided_by, diagnostics = policy_set._index.evaluate(ctx)
-    return Resolution(values, decided_by, diagnostics, ctx, policy_set)
+def resolve_model(policy_set: Any, resolution: Resolution, model: Model) -> Resolution:
+    """``resolution``'s context answered for another model by ``policy_set``."""
+    context = dict(resolution.context)
+    context["architecture"], context["model_type"] = model
+    return policy_set.resolve_normalised(context)
 
 
-def candidates(resolution: Resolution) -> tuple[Model, ...] | None:
-    """The model classes an unknown architecture may be (None when the architecture is known)."""
-    if resolution._context.get("architecture") is not None:
-        return None
-    return resolution._policy._index.models()  # type: ignore[no-any-return]
-
-
-def verdict_of(resolution: Resolution) -> Verdict:
+def verdict_of(policy_set: Any, resolution: Resolution) -> Verdict:
     """The verdict on one resolved context: itself when its architecture is known, else over every
-    class of models its policy tells apart."""
-    return verdict_of_sides([resolution])
+    class of models ``policy_set`` tells apart."""
+    return verdict_of_sides(policy_set, [resolution])
 
 
 def verdict_of_sides(
-    resolutions: Sequence[Resolution], pairing: Callable[[Sequence[Resolution]], str | None] | None = None
+    policy_set: Any, resolutions: Sequence[Resolution], pairing: Callable[[Sequence[Resolution]], str | None] | None = None
 ) -> Verdict:
     """The verdict on the sides of one config (one model): each side resolved, then ``pairing``
     (which may say why the sides cannot talk). With an unknown architecture every class of models
     is resolved on every side; classes with the same values and errors on every side are grouped."""
     pair = pairing or (lambda _: None)
-    unknown = [r for r in resolutions if r._context.get("architecture") is None]
-    if not unknown:
-        models = tuple((r._context.get("architecture"), r._context.get("model_type")) for r in resolutions[:1])
+    if all(r.architecture_known for r in resolutions):
+        models = tuple((r.context.get("architecture"), r.context.get("model_type")) for r in resolutions[:1])
         return Verdict((Outcome(models, tuple(resolutions), pair(resolutions)),), True)
     groups: dict[Any, tuple[list[Model], tuple[Resolution, ...], str | None]] = {}
-    for model in candidates(unknown[0]) or ():
-        answered = tuple(r if r._context.get("architecture") is not None else resolve_model(r, model) for r in resolutions)
+    for model in policy_set.models():
+        answered = tuple(r if r.architecture_known else resolve_model(policy_set, r, model) for r in resolutions)
         problem = pair(answered)
         key = (
             tuple((tuple(r.values.items()), tuple(sorted(d.id for d in r.errors))) for r in answered),

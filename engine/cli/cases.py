@@ -7,10 +7,9 @@ file is broken or coverage is below the threshold, 2 a usage error.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
-from .common import choose_policies, fail, with_policies
+from .common import fail, own_policies, with_policies
 
 __all__ = ["register"]
 
@@ -41,16 +40,10 @@ def run_test(args: Any) -> int:
     paths = args.paths
     source = None
     if not paths:
-        source = choose_policies()
-        if isinstance(source, int):
-            return source
-        if source.path is None:  # tests run the user's cases, never the shipped ones
-            if not Path("policies").is_dir():
-                return fail("no PATHS given and ./policies/ does not exist; name the policy files or folders to test")
-            source = None
-            paths = ["policies"]
-        else:
-            paths = [str(source.path)]
+        chosen = own_policies("test")
+        if isinstance(chosen, int):
+            return chosen
+        paths, source = chosen
     if args.threshold is not None and not 0 <= args.threshold <= 100:
         return fail("--threshold must be a percentage between 0 and 100")
     try:

@@ -4,16 +4,17 @@ reporting unusable input."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
     from typing import Any
 
 from ..errors import ContextError, PolicyError
-from ..policyroot import PolicySource, policy_source
+from ..policyroot import DEFAULT_FOLDER, PolicySource, policy_source
 from ..policyset import PolicySet, load
 
-__all__ = ["POLICIES_DEFAULT", "add_policy_arguments", "choose_policies", "fail", "load_from_args", "with_policies"]
+__all__ = ["POLICIES_DEFAULT", "add_policy_arguments", "choose_policies", "fail", "load_from_args", "own_policies", "with_policies"]
 
 #: Where commands look for policies when none is named (kvpolicy.policyroot), for help texts.
 POLICIES_DEFAULT = "default: [tool.kvpolicy] policies in pyproject.toml, else ./policies, else the shipped policies"
@@ -46,6 +47,21 @@ def choose_policies(option: str | None = None, *, pyproject: str | None = None) 
         return policy_source(option, pyproject=pyproject)
     except PolicyError as exc:  # a problem of pyproject.toml, not of a policy: its location alone
         return fail("; ".join(str(problem) for problem in exc.problems))
+
+
+def own_policies(verb: str, *, pyproject: str | None = None) -> tuple[list[str], PolicySource | None] | int:
+    """The default PATHS of a command that works on the user's own policy files (lint, test, fmt):
+    the chosen folder, or ``./policies`` when the choice falls to the shipped history (these
+    commands never read or rewrite the installed package as "yours"). Returns the paths and the
+    source (None when ``./policies`` was the fallback), or exit code 2 when there is no folder."""
+    source = choose_policies(pyproject=pyproject)
+    if isinstance(source, int):
+        return source
+    if source.path is None:
+        if not os.path.isdir(DEFAULT_FOLDER):
+            return fail(f"no PATHS given and ./{DEFAULT_FOLDER}/ does not exist; name the policy files or folders to {verb}")
+        return [DEFAULT_FOLDER], None
+    return [str(source.path)], source
 
 
 def load_from_args(args: Any, source: PolicySource) -> PolicySet | int:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import choose_policies, fail
+from .common import fail, own_policies
 
 __all__ = ["check_format", "register"]
 
@@ -89,17 +89,12 @@ def run_fmt(args: Any) -> int:
     """Format, check or diff."""
     paths = args.paths
     if not paths:
-        source = choose_policies()
-        if isinstance(source, int):
-            return source
-        if source.path is None:  # fmt rewrites the user's files, never the shipped ones
-            if not Path("policies").is_dir():
-                return fail("no PATHS given and ./policies/ does not exist; name the files or folders to format")
-            paths = ["policies"]
-        else:
-            # stderr, with fmt's summary: stdout carries the diff that --diff prints
+        chosen = own_policies("format")
+        if isinstance(chosen, int):
+            return chosen
+        paths, source = chosen
+        if source is not None:  # on stderr, with fmt's summary: stdout carries what --diff prints
             print(source.describe(), file=sys.stderr)
-            paths = [str(source.path)]
     from ..lint.fmt import diff
 
     checked = check_format(paths)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import choose_policies, fail, with_policies
+from .common import fail, own_policies, with_policies
 
 __all__ = ["register"]
 
@@ -83,16 +83,10 @@ def run_lint(args: Any) -> int:
         paths = args.paths
         source = None
         if not paths:
-            source = choose_policies(pyproject=args.config)
-            if isinstance(source, int):
-                return source
-            if source.path is None:  # lint reads the user's files, never the shipped ones
-                if not Path(DEFAULT_PATH).is_dir():
-                    return fail(f"no PATHS given and ./{DEFAULT_PATH}/ does not exist; name the policy files or folders to lint")
-                source = None
-                paths = [DEFAULT_PATH]
-            else:
-                paths = [str(source.path)]
+            chosen = own_policies("lint", pyproject=args.config)
+            if isinstance(chosen, int):
+                return chosen
+            paths, source = chosen
         result = lint_paths(paths, config, base=args.base)
     except LintUsageError as exc:
         return fail(str(exc))

@@ -203,30 +203,12 @@ def _verdict_json(verdict: Any, *, explain: bool = False) -> dict[str, Any]:
 
 def _run_config(args: Any, policy_set: Any) -> int:
     """``resolve --config``: every server the config starts, each with the model TensorRT-LLM would
-    load (found as upstream finds it, see :mod:`kvpolicy.identity`), and one verdict for the whole
-    config over every model it may be about."""
-    from ..configfile import ConfigFileError, position_of, read_config
-    from ..identity import ModelIdentity, find_model, load_architecture_map, model_reference, models_root
-    from ..serving import section_keys, servers_of, sides_disagree
+    load, and one verdict for the whole config over every model it may be about
+    (:mod:`kvpolicy.servingcheck`)."""
+    from ..identity import ModelIdentity, load_architecture_map, models_root
+    from ..servingcheck import ServingConfigError, answer_config
 
     path = Path(args.config)
-    try:
-        document, node = read_config(path)
-    except ConfigFileError as exc:
-        return fail(str(exc))
-
-    def at(*keys: Any) -> str:
-        found = position_of(node, *keys) if node is not None else None
-        return f"{path}:{found[0]}:{found[1]}" if found else str(path)
-
-    if not isinstance(document, dict):
-        return fail(f"{path}:1:1: expected a serving config (a mapping of LLM arguments), got {type(document).__name__}")
-    servers = servers_of(document)
-    if not servers:
-        return fail(f"{path}: no cache_transceiver_config in any layout TensorRT-LLM reads: nothing to resolve")
-    for server in servers:
-        if server.problems:
-            return fail("; ".join(f"{at(*p.keys)}: {p.message}" for p in server.problems))
     explicit: ModelIdentity | None = None
     arch_map = None
     if args.arch:
@@ -247,35 +229,13 @@ def _run_config(args: Any, policy_set: Any) -> int:
             return fail("--arch-map: " + "; ".join(misses))
     if args.models_root and not Path(args.models_root).is_dir():
         return fail(f"--models-root {args.models_root}: not a folder")
-    root = models_root(args.models_root)
-    rows: list[tuple[Any, Any, Any, str | None]] = []  # (server, identity, resolution, why not resolved)
-    for server in servers:
-        if server.fixed is not None:
-            rows.append((server, None, None, server.fixed))
-            continue
-        if server.fields is None:
-            rows.append((server, None, None, f"no cache_transceiver_config at {'.'.join(map(str, server.keys))}: disaggregation off"))
-            continue
-        identity = explicit or find_model(
-            model_reference(document, section_keys(server)), config_dir=path.parent, root=root, architecture_map=arch_map
-        )
-        if identity.problem and identity.architecture is None and identity.model_type is None:
-            return fail(f"{identity.problem} (the model of {server.name})")
-        fields = dict(server.fields)
-        if identity.architecture is not None:
-            fields["pretrained_config"] = identity.pretrained_config()
-        try:
-            resolution = policy_set.resolve(**fields)
-        except ContextError as exc:
-            keys = (*server.keys, exc.field) if exc.field in (server.fields or {}) else server.keys
-            return fail(f"{at(*keys)}: invalid {exc.field}: {exc.reason}")
-        rows.append((server, identity, resolution, None))
-    resolved = [(server.role, resolution) for server, _, resolution, _ in rows if resolution is not None]
-    if resolved:
-        roles = [role for role, _ in resolved]
-        verdict = _sides_verdict([r for _, r in resolved], roles, sides_disagree)
-    else:
-        verdict = None
+    try:
+        answer = answer_config(path, policy_set, explicit=explicit, root=models_root(args.models_root), architecture_map=arch_map)
+    except ServingConfigError as exc:
+        return fail("\n  ".join(exc.problems) if len(exc.problems) > 1 else exc.problems[0])
+    rows = [(a.server, a.identity, a.resolution, a.not_resolved) for a in answer.servers]
+    resolved = [(a.server.role, a.resolution) for a in answer.servers if a.resolution is not None]
+    verdict = answer.verdict
     if args.format == "json":
         print(json.dumps(
             {
@@ -290,7 +250,7 @@ def _run_config(args: Any, policy_set: Any) -> int:
                     for s, i, r, why in rows
                 ],
                 "verdict": _verdict_json(verdict, explain=args.explain) if verdict is not None else None,
-                "ok": verdict is None or verdict.status in ("starts", "off"),
+                "ok": answer.ok,
             },
             indent=2,
             sort_keys=True,
@@ -329,12 +289,7 @@ _UNKNOWN_HINT = (
     "hint: the model's architecture is unknown; put its checkpoint (with config.json) under --models-root or "
     "$LLM_MODELS_ROOT, or name it with --arch-map FILE or --arch NAME"
 )
-
-
-def _sides_verdict(resolutions: list[Any], roles: list[str], sides_disagree: Any) -> Any:
-    from ..verdict import verdict_of_sides
-
-    return verdict_of_sides(resolutions, lambda answered: sides_disagree(list(zip(roles, answered))))
+_NAME_IT_HINT = "hint: the model's architecture is unknown; name it with --arch NAME or --model CONFIG_JSON"
 
 
 def _identity_json(identity: Any) -> dict[str, Any]:
@@ -378,12 +333,8 @@ def _render_side_outcomes(verdict: Any, side: int) -> str:
 def render_unknown(resolution: Resolution, verdict: Any, *, explain: bool = False) -> str:
     """A context with an unknown architecture: the resolution of each class of models that
     resolves alike, then what is true for every one of them."""
-    lines = [
-        f"policy {resolution.policy_version} (sha256 {resolution.policy_digest[:12]})",
-        f"context: {describe_context(resolution)}",
-    ]
+    lines = _head(resolution)
     if not resolution.enabled:
-        lines.append("disaggregation is off (backend null): nothing to resolve")
         return "\n".join(lines)
     lines += ["", f"the architecture is unknown: resolved for every model policy {resolution.policy_version} tells apart", ""]
     for number, outcome in enumerate(verdict.outcomes, 1):
@@ -395,7 +346,7 @@ def render_unknown(resolution: Resolution, verdict: Any, *, explain: bool = Fals
         lines.append("")
     lines.append(_summary_line(verdict))
     if verdict.status != "starts":
-        lines.append(_UNKNOWN_HINT.replace("put its checkpoint (with config.json) under --models-root or $LLM_MODELS_ROOT, or name it with --arch-map FILE or --arch NAME", "name it with --arch NAME or --model CONFIG_JSON"))
+        lines.append(_NAME_IT_HINT)
     return "\n".join(lines)
 
 
@@ -429,14 +380,21 @@ def describe_context(resolution: Resolution) -> str:
     return ", ".join(parts)
 
 
-def render(resolution: Resolution, *, explain: bool = False, summary: bool = True) -> str:
-    """The text a person reads: the values, the deciding rules, the diagnostics."""
+def _head(resolution: Resolution) -> list[str]:
+    """The policy and the context; the end of it when disaggregation is off."""
     lines = [
         f"policy {resolution.policy_version} (sha256 {resolution.policy_digest[:12]})",
         f"context: {describe_context(resolution)}",
     ]
     if not resolution.enabled:
         lines.append("disaggregation is off (backend null): nothing to resolve")
+    return lines
+
+
+def render(resolution: Resolution, *, explain: bool = False, summary: bool = True) -> str:
+    """The text a person reads: the values, the deciding rules, the diagnostics."""
+    lines = _head(resolution)
+    if not resolution.enabled:
         return "\n".join(lines)
     lines.append("")
     width = max(len(name) for name in resolution.values)

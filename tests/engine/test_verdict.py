@@ -46,7 +46,7 @@ def test_the_verdict_of_an_unknown_architecture_is_the_union_of_every_architectu
     verdict = policy_set.resolve(**fields).verdict()
     assert not verdict.known
     placed = {model: outcome for outcome in verdict.outcomes for model in outcome.models}
-    models = policy_set._index.models()
+    models = policy_set.models()
     assert set(placed) == set(models), "every class of models is in exactly one outcome"
     assert sum(len(o.models) for o in verdict.outcomes) == len(models)
     oks = set()
@@ -108,3 +108,12 @@ def test_the_cli_json_verdict_of_an_unknown_architecture(capsys):
     assert data["ok"] is False
     assert data["verdict"]["status"] == DEPENDS and data["verdict"]["architecture_known"] is False
     assert all(entry["resolutions"] for entry in data["verdict"]["outcomes"])
+
+
+def test_the_classes_of_models_are_the_diffs_partition():
+    # The verdict enumerates what the diff's domain enumerates: one machinery, not two.
+    from kvpolicy.domain import domain_of
+
+    for version in VERSIONS:
+        policy_set = kvpolicy.load(version=version)
+        assert policy_set.models() == domain_of(policy_set.policy).models, version
