@@ -6,10 +6,10 @@ TYPE_CHECKING = False  # typing itself is not imported: a cold `kvpolicy resolve
 if TYPE_CHECKING:
     from .resolution import Diagnostic
 
-__all__ = ["ContextError", "Location", "PolicyError", "PolicyProblem", "ResolutionError"]
+__all__ = ["ContextError", "FrozenRecord", "Location", "PolicyError", "PolicyProblem", "ResolutionError"]
 
 
-class _Value:
+class FrozenRecord:
     """An immutable value with named fields: equality, hash, repr and pickling by fields.
 
     What ``@dataclass(frozen=True, slots=True)`` gives, without importing dataclasses (and
@@ -66,7 +66,7 @@ class _Value:
 _set = object.__setattr__
 
 
-class Location(_Value):
+class Location(FrozenRecord):
     """A position in a policy file: 1-based line and column."""
 
     __slots__ = ("path", "line", "column")
@@ -86,7 +86,7 @@ class Location(_Value):
         return f"{self.path}:{self.line}:{self.column}"
 
 
-class PolicyProblem(_Value):
+class PolicyProblem(FrozenRecord):
     """One problem in a policy file: where, which check found it, and what to change."""
 
     __slots__ = ("location", "check", "message")

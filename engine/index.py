@@ -350,6 +350,7 @@ class DecisionIndex:
         self._by_name = {d["name"]: d for d in self.decisions}
         self.named = frozenset(data["architectures"])
         self._models: tuple[tuple[str | None, str | None], ...] | None = None
+        self._near_misses: dict[str, str | None] = {}
         self._requests = tuple((d["name"], d["auto"], frozenset(self.requests(d["name"]))) for d in self.decisions)
         self._rank = {name: index for index, name in enumerate(self.order)}
         self._order_key = self._sort_key(self._rank)
@@ -440,9 +441,15 @@ class DecisionIndex:
     def name_diagnostic(self, architecture: str, strict: bool) -> Diagnostic | None:
         """A diagnostic for an architecture this policy does not name that looks like a typo of one
         it does (see :mod:`kvpolicy.names`), or None."""
-        from .names import near_miss
+        cache = self._near_misses
+        if architecture in cache:
+            close = cache[architecture]
+        else:
+            from .names import near_miss
 
-        close = near_miss(architecture, self.named)
+            close = near_miss(architecture, self.named)
+            if len(cache) < 4096:  # names a serving process meets; a flood of new ones is just not cached
+                cache[architecture] = close
         if close is None:
             return None
         fix = f"use {close!r} (or a name this policy does not name on purpose)"

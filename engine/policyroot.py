@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import Location, PolicyError, PolicyProblem, _Value
+from .errors import Location, PolicyError, PolicyProblem, FrozenRecord
 from .policyfile import _Pattern, _read_capped, policy_files
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
@@ -38,7 +38,7 @@ _MAY_CONFIGURE = _Pattern(
 )
 
 
-class PolicySource(_Value):
+class PolicySource(FrozenRecord):
     """The policies a command uses and why: ``path`` is the file or folder (None: the shipped
     history), ``origin`` one of ``--policy``, ``pyproject``, ``working-directory``, ``shipped``,
     ``config`` the ``pyproject.toml`` that named the folder, ``note`` why a folder was passed over."""

@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import Location, PolicyError, PolicyProblem, _Value
+from .errors import Location, PolicyError, PolicyProblem, FrozenRecord
 from .policyfile import _Pattern
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
@@ -64,7 +64,7 @@ _ROW_HEADER = _Pattern(r"^[ \t]*\[\[[ \t]*release[ \t]*\]\]", re.MULTILINE)
 _TOML_POSITION = _Pattern(r"\(at line (\d+), column (\d+)\)")
 
 
-class Release(_Value):
+class Release(FrozenRecord):
     """One TensorRT-LLM release: its ``tag`` (``v1.3.0rc25``), ``date``, the ``policy_version`` that
     reproduces it (None: none does), ``certainty`` (one of :data:`CERTAINTIES`), ``source``,
     ``note``, and where the row stands in the table (``location``)."""

@@ -14,11 +14,14 @@ policy reads nothing of the model but its architecture and model_type.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from .errors import FrozenRecord
 
-from .resolution import Resolution
+TYPE_CHECKING = False  # typing (and dataclasses) cost a cold `kvpolicy resolve` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    from .resolution import Resolution
 
 __all__ = [
     "CANNOT_START",
@@ -43,7 +46,8 @@ OFF = "off"
 #: 1 cannot start, 3 depends on the model (2 is bad input).
 EXIT_CODES = {STARTS: 0, OFF: 0, CANNOT_START: 1, DEPENDS: 3}
 
-Model = tuple["str | None", "str | None"]
+if TYPE_CHECKING:
+    Model = tuple[str | None, str | None]
 
 
 def model_label(model: Model) -> str:
@@ -53,14 +57,16 @@ def model_label(model: Model) -> str:
     return text + (f" (model_type {model_type})" if model_type else "")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """The models that resolve alike, and how: one resolution per side (one side for a context)."""
+class Outcome(FrozenRecord):
+    """The models that resolve alike, and how: ``models``, one resolution per side in
+    ``resolutions`` (one side for a context), and ``problem``: why the sides together cannot start
+    though each can (e.g. they disagree on the runtime), or None."""
 
+    __slots__ = ("models", "resolutions", "problem")
+    _defaults = {"problem": None}
     models: tuple[Model, ...]
     resolutions: tuple[Resolution, ...]
-    problem: str | None = None
-    """Why the sides together cannot start though each can (e.g. they disagree on the runtime)."""
+    problem: str | None
 
     @property
     def ok(self) -> bool:
@@ -83,14 +89,14 @@ class Outcome:
         return (*ids, "sides-disagree") if self.problem else tuple(ids)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """Whether a context (or a config's sides) starts, for every model it may be about."""
+class Verdict(FrozenRecord):
+    """Whether a context (or a config's sides) starts, for every model it may be about: ``outcomes``,
+    one per distinct outcome (a single one when the model is known), and ``known``, whether the
+    architecture was known."""
 
+    __slots__ = ("outcomes", "known")
     outcomes: tuple[Outcome, ...]
-    """One per distinct outcome: a single one when the model is known or does not matter."""
     known: bool
-    """Whether the architecture was known (then there is exactly one outcome)."""
 
     @property
     def status(self) -> str:

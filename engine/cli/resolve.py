@@ -125,6 +125,8 @@ def read_model_config(path: Path) -> dict[str, Any]:
 
 def _near_miss(name: str, policy_set: Any, what: str) -> str | None:
     """An error message when ``name`` looks like a typo of an architecture the policy names."""
+    if name in policy_set.architectures:
+        return None
     from ..names import near_miss
 
     close = near_miss(name, policy_set.architectures)
