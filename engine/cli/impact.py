@@ -12,7 +12,7 @@ from .common import POLICIES_DEFAULT, choose_policies, fail
 from .policies import load_policy_argument
 from .releases import add_trtllm_argument, release_lines
 
-__all__ = ["register", "render_github", "render_text", "to_json"]
+__all__ = ["register", "render_github", "render_sarif", "render_text", "to_json"]
 
 _SIDE_LABELS = {
     "context_servers": "context",
@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live, e.g. $LLM_MODELS_ROOT")
     parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
-    parser.add_argument("--format", choices=("text", "json", "github"), default="text")
+    parser.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text")
     parser.add_argument(
         "--fail-on",
         type=_fail_on,
@@ -122,6 +122,8 @@ def run(args: Any) -> int:
         results = [r for r in results if not _same_file(r.path, arch_map.path)]
     if args.format == "json":
         print(json.dumps({"policies": source.to_dict(), **to_json(results, old.version, new.version)}, indent=2))
+    elif args.format == "sarif":
+        print(render_sarif(results, old.version, new.version), end="")
     elif args.format == "github":
         text = render_github(results, old.version, new.version)
         if text:
@@ -396,3 +398,74 @@ def render_github(results: list[ConfigImpact], old: str, new: str) -> str:
             lines.append(_annotation("error", r.path, line, f"under {new}: {r.mismatch_new}{still}"))
     return "\n".join(lines)
 
+
+
+#: SARIF rules of ``impact``: one per status worth a look, with its level.
+_SARIF_RULES = {
+    "starts-failing": ("error", "A config that starts under the old version fails under the new one"),
+    "fails-differently": ("error", "A config fails under both versions, for other reasons"),
+    "malformed": ("error", "A config that cannot be read or resolved"),
+    "architecture-unknown": ("warning", "The config's model could not be identified and the outcome depends on it"),
+    "still-failing": ("note", "A config fails under both versions, alike"),
+    "changes": ("note", "A config resolves differently (runtime, backend, KV-cache manager or warnings)"),
+}
+
+
+def render_sarif(results: list[ConfigImpact], old: str, new: str) -> str:
+    """SARIF 2.1.0 for code scanning: one result per config that fails, may fail for an unknown
+    model (level error when some model would start failing, warning otherwise) or changes."""
+    from .. import __version__
+
+    found: list[dict[str, Any]] = []
+
+    def add(rule: str, level: str, path: str, line: int | None, message: str) -> None:
+        region = {"region": {"startLine": line}} if line else {}
+        found.append({
+            "ruleId": rule,
+            "ruleIndex": list(_SARIF_RULES).index(rule),
+            "level": level,
+            "message": {"text": message},
+            "locations": [{"physicalLocation": {"artifactLocation": {"uri": Path(path).as_posix()}, **region}}],
+        })
+
+    for r in results:
+        if r.skipped:
+            continue
+        for p in r.problems:
+            add("malformed", "error", p.path, p.line, p.message)
+        if r.problems:
+            continue
+        line = r.sections[0].line if r.sections else None
+        if r.status == "architecture unknown":
+            detail = "; ".join(f"{status} for {', '.join(labels)}" for status, labels in r.possibilities)
+            add("architecture-unknown", "error" if r.may_fail else "warning", r.path, line,
+                f"the model is unknown and the outcome from {old} to {new} depends on it: {detail}. "
+                "Give the checkpoint's config.json (--models-root, $LLM_MODELS_ROOT) or --arch-map")
+            continue
+        status = r.status
+        rule = {"starts failing": "starts-failing", "fails differently": "fails-differently", "still failing": "still-failing"}.get(
+            status, "changes" if status not in ("unchanged", "stops failing") else None
+        )
+        if rule is None:
+            continue
+        level = _SARIF_RULES[rule][0]
+        reasons = [f"{s.name}: {s.old.short()} -> {s.new.short()}" for s in r.sections if s.status != "unchanged"]
+        if r.mismatch_new:
+            reasons.append(r.mismatch_new)
+        add(rule, level, r.path, line, f"{status} from {old} to {new}: " + "; ".join(reasons))
+    document = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "kvpolicy impact",
+                "version": __version__,
+                "rules": [
+                    {"id": rule, "shortDescription": {"text": text}, "defaultConfiguration": {"level": level}}
+                    for rule, (level, text) in _SARIF_RULES.items()
+                ],
+            }},
+            "results": found,
+        }],
+    }
+    return json.dumps(document, indent=2) + "\n"

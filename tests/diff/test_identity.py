@@ -272,3 +272,17 @@ def test_the_example_checkpoints_identify_every_example_model(capsys, monkeypatc
     unknown = [c["path"] for c in data["configs"] if not c["architecture_known"]]
     assert unknown == ["examples/configs/single/mistral-7b-context.yaml"]  # it names no model
     assert all(c["architecture_source"].startswith("config.json") for c in data["configs"] if c["architecture_known"])
+
+
+def test_impact_sarif_flags_an_unknown_model_that_may_fail(capsys, tmp_path):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "ds.yaml").write_text(DISAGG_UCX.format(model="DeepSeek-V3-Lite/fp8"))
+    policies = str(Path(__file__).resolve().parents[2] / "policies")
+    code = main(["impact", "--configs", str(configs), "--from", "2026.07.09", "--to", VERSION, "--policy", policies, "--format", "sarif"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1
+    (result,) = data["runs"][0]["results"]
+    assert result["ruleId"] == "architecture-unknown" and result["level"] == "error"
+    assert "starts failing for DeepseekV32ForCausalLM" in result["message"]["text"]
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith("configs/ds.yaml")
