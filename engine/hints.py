@@ -46,7 +46,7 @@ def notes(version: str, named: list[str], known: Mapping[str, Any], context: Map
     ``named`` and reads the environment variables ``known`` (variable -> the values it tests)."""
     found: list[str] = []
     # A misspelt architecture is a diagnostic of the resolution itself (architecture-near-miss).
-    env = context.get("env") or {}
+    env = dict(context.get("env") or {})  # the values as written (a set-empty variable reads as "")
     for variable, accepted in sorted(known.items()):
         value = env.get(variable)
         if value is not None and value not in accepted:

@@ -723,12 +723,32 @@ def _pretrained(ctx: dict[str, Any], value: Any, rules: list[list[Any]] = ()) ->
         ctx["architecture"] = rule[3]
 
 
+#: What a variable set to the empty string reads as in conditions. A policy writes ``""`` for
+#: *unset*; a variable set to ``""`` is another value, as upstream reads it: its
+#: ``getenv("TRTLLM_NIXL_KVCACHE_BACKEND", "UCX")`` returns ``""`` then, which the in-flight-cancel
+#: gate refuses (#15238). No real environment value holds a NUL, so this cannot be a value someone set.
+SET_EMPTY = "\x00set-empty"
+
+
+class EnvView(dict):  # type: ignore[type-arg]
+    """A context's environment in which a variable set to ``""`` reads as :data:`SET_EMPTY` through
+    ``get`` (what conditions use), while items, iteration and ``dict(...)`` show it as written."""
+
+    __slots__ = ()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = dict.get(self, key, default)
+        return SET_EMPTY if value == "" and key in self else value
+
+
 def _env(value: Any) -> Mapping[str, str]:
     if not isinstance(value, Mapping):
         raise ContextError("env", f"expected a mapping of environment variables, got {type(value).__name__}")
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):
             raise ContextError("env", f"environment variables and values must be strings, got {key!r}={item!r}")
+    if "" in value.values():
+        return EnvView(value)
     return value
 
 

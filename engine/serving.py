@@ -219,7 +219,10 @@ def _server(
             problems.append(ServerProblem(env_keys, f"{_dotted(env_keys)}: expected a mapping of variables, got {kind(value)}"))
             continue
         for variable, item in value.items():
-            server_env[str(variable)] = "" if item is None else str(item).lower() if isinstance(item, bool) else str(item)
+            if item is None:  # null: the variable is not set (a set-empty variable is another value)
+                server_env.pop(str(variable), None)
+            else:
+                server_env[str(variable)] = str(item).lower() if isinstance(item, bool) else str(item)
             used.append(f"{_dotted((*env_keys, variable))} = {_show(item)}")
     features = settings.get("kvpolicy_features", [])
     if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
@@ -256,7 +259,7 @@ def _env_words(raw: Any, keys: tuple[str, str]) -> tuple[dict[str, str], tuple[s
     """``"A=1 B=2"`` words (or a mapping) as environment variables."""
     env: dict[str, str] = {}
     if isinstance(raw, Mapping):
-        env = {str(k): "" if v is None else str(v) for k, v in raw.items()}
+        env = {str(k): str(v) for k, v in raw.items() if v is not None}  # null: not set
     elif isinstance(raw, str):
         try:
             words = shlex.split(raw)

@@ -360,3 +360,27 @@ def test_config_mapping_without_backend_is_disaggregation_off(newest):
     assert not newest.resolve({"kv_transfer_timeout_ms": 30000}).enabled
     assert newest.resolve({"kv_transfer_timeout_ms": 30000}, backend="NIXL").enabled
     assert newest.resolve(kv_transfer_timeout_ms=30000).backend == "NIXL"  # keywords: DEFAULT
+
+
+def test_only_the_exact_value_1_turns_in_flight_cancel_on():
+    # #15238: getenv("TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL", "0") == "1"; "0", "true" and "" leave it off.
+    import kvpolicy
+
+    for value, on in (("1", True), ("0", False), ("true", False), ("", False), ("01", False)):
+        resolution = kvpolicy.resolve(backend="NIXL", transceiver_runtime="PYTHON", env={"TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL": value})
+        assert ("inflight_cancel" in resolution.context["features"]) is on, value
+        assert resolution.ok is not on, value  # cancel refuses PYTHON
+
+
+def test_a_nixl_plugin_variable_set_to_empty_is_not_ucx():
+    # The gate reads getenv("TRTLLM_NIXL_KVCACHE_BACKEND", "UCX"): unset is UCX, set to "" is not.
+    import kvpolicy
+
+    base = {"TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL": "1"}
+    ok = kvpolicy.resolve(architecture="MistralForCausalLM", backend="NIXL", transceiver_runtime="CPP", env=base)
+    assert ok.ok
+    empty = kvpolicy.resolve(
+        architecture="MistralForCausalLM", backend="NIXL", transceiver_runtime="CPP", env={**base, "TRTLLM_NIXL_KVCACHE_BACKEND": ""}
+    )
+    assert [d.id for d in empty.errors] == ["inflight-cancel-requires-ucx-plugin"]
+    assert empty.to_dict()["context"]["env"]["TRTLLM_NIXL_KVCACHE_BACKEND"] == ""  # shown as written

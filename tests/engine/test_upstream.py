@@ -30,10 +30,13 @@ MODELS = [(a, None) for a in sorted(upstream.MODEL_CLASS_MAPPING)] + [
     ("DeepseekV32ForCausalLM", "glm_moe_dsa"),
     ("DeepseekV3ForCausalLM", "deepseek_v3"),
 ]
-#: The cancel gate's variables, each unset or set to what the gate looks at.
-GATE = [{}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "UCX"}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "LIBFABRIC"}] + [
+#: The cancel gate's variables, each unset or set to what the gate looks at. Set to "" the plugin
+#: variable is not UCX: upstream's getenv(name, "UCX") returns "" and the gate refuses it.
+GATE = [{}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "UCX"}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "LIBFABRIC"}, {"TRTLLM_NIXL_KVCACHE_BACKEND": ""}] + [
     {variable: "1"} for variable in upstream.GATE_ENV
 ]
+#: The cancel switch: only the exact value "1" turns it on (#15238), so "0" and "true" leave it off.
+CANCEL_VALUES = ("1", "0", "true")
 
 
 def _backend_envs(backend: str) -> list[dict[str, str]]:
@@ -52,31 +55,32 @@ def _contexts(cancel_gate: bool):
         MODELS, BACKENDS, RUNTIMES, (60000, None), MANAGERS, (False, True)
     ):
         for env in _backend_envs(backend):
-            gates = GATE if cancel_gate else [None]
-            for gate in gates:
+            gates = [(value, gate) for value in CANCEL_VALUES for gate in GATE] if cancel_gate else [(None, None)]
+            for value, gate in gates:
                 full = dict(env)
                 if gate is not None:
-                    full[upstream.CANCEL_ENV] = "1"
+                    full[upstream.CANCEL_ENV] = value
                     full.update(gate)
                 yield (architecture, model_type, backend, runtime, timeout, manager, use_v2, pipelined, full)
 
 
-def _engine_context(policy_set: Any, architecture, model_type, backend, runtime, timeout, manager, pipelined, env) -> dict:
-    features = set()
-    if pipelined:
-        features.add("pipelined_transfer")
-    if env.get(upstream.CANCEL_ENV) == "1":
-        features.add("inflight_cancel")
-    return {
-        "architecture": architecture,
-        "model_type": model_type,
-        "kv_transfer_timeout_ms": timeout,
-        "features": frozenset(features),
-        "env": env,
+def _fields(architecture, model_type, backend, runtime, timeout, manager, pipelined, env) -> dict:
+    """The context as a caller passes it to the public ``resolve()``: the engine reads the cancel
+    switch from the environment and pipelined transfer from its config field itself."""
+    fields = {
         "backend": backend,
-        "transceiver_runtime": "null" if runtime is None else runtime,
+        "transceiver_runtime": runtime,
+        "kv_transfer_timeout_ms": timeout,
         "kv_cache_manager": manager,
+        "env": env,
     }
+    if model_type is not None:
+        fields["pretrained_config"] = {"architectures": [architecture] if architecture else [], "model_type": model_type}
+    elif architecture is not None:
+        fields["architecture"] = architecture
+    if pipelined:
+        fields["enable_pipelined_transfer"] = True
+    return fields
 
 
 def _check(version: str, cancel_gate: bool, models: list | None = None) -> int:
@@ -88,10 +92,10 @@ def _check(version: str, cancel_gate: bool, models: list | None = None) -> int:
             continue
         count += 1
         want = upstream.resolve(version, architecture, model_type, backend, runtime, timeout, use_v2, env, pipelined)
-        ctx = _engine_context(policy_set, architecture, model_type, backend, runtime, timeout, manager, pipelined, env)
-        values, by, diagnostics = policy_set.outcome(ctx)
-        got = (values["backend"], values["transceiver_runtime"], values["kv_cache_manager"])
-        starts = not any(d.severity == "error" for d in diagnostics)
+        got_resolution = policy_set.resolve(**_fields(architecture, model_type, backend, runtime, timeout, manager, pipelined, env))
+        got = (got_resolution.backend, got_resolution.runtime, got_resolution.kv_cache_manager)
+        starts = got_resolution.ok
+        diagnostics = got_resolution.diagnostics
         if got != (want.backend, want.runtime, want.kv_cache_manager) or starts != want.starts:
             mismatches.append(
                 f"{architecture}/{model_type} backend={backend} runtime={runtime} timeout={timeout} kv={manager} "
