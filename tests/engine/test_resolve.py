@@ -384,3 +384,22 @@ def test_a_nixl_plugin_variable_set_to_empty_is_not_ucx():
     )
     assert [d.id for d in empty.errors] == ["inflight-cancel-requires-ucx-plugin"]
     assert empty.to_dict()["context"]["env"]["TRTLLM_NIXL_KVCACHE_BACKEND"] == ""  # shown as written
+
+
+def test_a_model_type_row_wins_over_the_plain_row_of_its_architecture(tmp_path, policy_text):
+    # Upstream's hooks see the checkpoint's config: a model_type-qualified row is the more specific
+    # one, whatever the order of the rows in the file.
+    plain = '  { architecture = "LlamaForCausalLM", value = "PYTHON",'
+    assert plain in policy_text
+    qualified = (
+        '  { architecture = "LlamaForCausalLM", model_type = "llama_cpp_only", value = "CPP", reason = "r", source = "s" },\n'
+    )
+    for text in (policy_text.replace(plain, qualified + plain, 1), policy_text.replace(plain, plain, 1).replace(
+        "\n]\n\n[decisions.kv_cache_manager]", "\n" + qualified.rstrip("\n") + "\n]\n\n[decisions.kv_cache_manager]", 1
+    )):
+        edited = kvpolicy.load(write(tmp_path, text))
+        special = edited.resolve(pretrained_config={"architectures": ["LlamaForCausalLM"], "model_type": "llama_cpp_only"}, backend="NIXL")
+        assert special.runtime == "CPP"
+        assert special.decided_by["transceiver_runtime"] == "runtime-preference[LlamaForCausalLM,model_type=llama_cpp_only]"
+        usual = edited.resolve(pretrained_config={"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, backend="NIXL")
+        assert usual.runtime == "PYTHON" and usual.decided_by["transceiver_runtime"] == "runtime-preference[LlamaForCausalLM]"

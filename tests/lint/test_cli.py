@@ -62,7 +62,7 @@ def test_github_annotations_escape(cli, tmp_path):
 def test_junit_is_xml(cli):
     _, out, _ = cli("lint", MIXED, str(FIXTURES / "clean.toml"), "--format", "junit")
     root = ElementTree.fromstring(out.split("\n", 1)[1])
-    assert root.get("failures") == "2" and root.get("tests") == "3"
+    assert root.get("failures") == "3" and root.get("tests") == "4"
 
 
 def test_exit_codes(cli, tmp_path):
