@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError
-from .policyfile import _read_capped
+from .policyfile import read_capped
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -141,7 +141,7 @@ def read_config(path: Path, shown: str | None = None, *, limit: int = MAX_CONFIG
     """(document, YAML node tree or None) of a config file; :class:`ConfigFileError` if unusable."""
     shown = shown or str(path)
     try:
-        raw = _read_capped(path, shown, limit, "config files")
+        raw = read_capped(path, shown, limit, "config files")
     except PolicyError as exc:
         problem = exc.problems[0]
         raise ConfigFileError(shown, problem.message) from None

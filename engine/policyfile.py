@@ -40,12 +40,15 @@ __all__ = [
     "MAX_POLICY_BYTES",
     "MAX_ROWS",
     "MAX_TABLE_KEYS",
+    "Pattern",
     "allowed_symlink_roots",
     "check_text",
     "display_path",
     "policy_files",
+    "read_capped",
     "read_policy_bytes",
     "shipped_root",
+    "size_error",
     "version_key",
 ]
 
@@ -83,7 +86,7 @@ def display_path(path: Path) -> str:
     except ValueError:
         return str(path)
 
-class _Pattern:
+class Pattern:
     """A regular expression compiled on first use: reading a policy through the compiled-policy
     cache never scans it, and compiling these at import cost ~2 ms of every cold start."""
 
@@ -131,7 +134,8 @@ MAX_HEADERS = 150_000
 MAX_TABLE_KEYS = 10_000
 
 
-def _problem(path: str, message: str, check: str = "size", line: int = 1, column: int = 1) -> PolicyError:
+def size_error(path: str, message: str, check: str = "size", line: int = 1, column: int = 1) -> PolicyError:
+    """A :class:`PolicyError` with one problem at ``path:line:column`` (a bound a file passed)."""
     return PolicyError(PolicyProblem(Location(path, line, column), check, message))
 
 
@@ -148,7 +152,7 @@ def allowed_symlink_roots(start: Path) -> tuple[Path, ...]:
         if not candidate.is_file():
             continue
         try:
-            data = tomllib.loads(_read_capped(candidate, str(candidate), 1 << 20).decode("utf-8"))
+            data = tomllib.loads(read_capped(candidate, str(candidate), 1 << 20).decode("utf-8"))
         except (PolicyError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, ValueError):
             return ()
         table = data.get("tool", {}).get("kvpolicy", {})
@@ -174,51 +178,51 @@ def read_policy_bytes(
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+        raise size_error(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
     if stat.S_ISLNK(info.st_mode):
         try:
             target = path.resolve(strict=True)
         except RuntimeError:
-            raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+            raise size_error(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
         except OSError as exc:
             if exc.errno == 40:  # ELOOP on Linux; Python >= 3.13 raises OSError instead of RuntimeError
-                raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
-            raise _problem(shown, f"the symlink's target cannot be read: {exc.strerror or exc}", "io") from None
+                raise size_error(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+            raise size_error(shown, f"the symlink's target cannot be read: {exc.strerror or exc}", "io") from None
         base = (root if root is not None else path.parent).resolve()
         roots = (base, *(allowed if allowed is not None else allowed_symlink_roots(path.parent)))
         if not any(target == r or r in target.parents for r in roots):
-            raise _problem(
+            raise size_error(
                 shown,
                 f"the symlink points outside the policy folder (to {target}); copy the file in, or allow "
                 'its folder with allow-symlinks = ["..."] in [tool.kvpolicy] of pyproject.toml',
                 "io",
             )
-    return _read_capped(path, shown, limit)
+    return read_capped(path, shown, limit)
 
 
-def _read_capped(path: Path, shown: str, limit: int, kind: str = "policy files") -> bytes:
+def read_capped(path: Path, shown: str, limit: int, kind: str = "policy files") -> bytes:
     """At most ``limit`` bytes of a regular file; :class:`PolicyError` (``io`` or ``size``) otherwise.
     ``kind`` names the files in messages ("policy files", "config files")."""
     try:
         info = os.stat(path)
     except RuntimeError:
-        raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+        raise size_error(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
     except OSError as exc:
         if exc.errno == 40:
-            raise _problem(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
-        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+            raise size_error(shown, "the symlink points to itself through a loop; point it at a policy file", "io") from None
+        raise size_error(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
     if not stat.S_ISREG(info.st_mode):
-        raise _problem(shown, f"not a regular file ({_kind(info.st_mode)}); {kind} must be regular files", "io")
+        raise size_error(shown, f"not a regular file ({_kind(info.st_mode)}); {kind} must be regular files", "io")
     if info.st_size > limit:
-        raise _problem(shown, f"the file is {info.st_size:,} bytes; {kind} are limited to {limit:,} bytes")
+        raise size_error(shown, f"the file is {info.st_size:,} bytes; {kind} are limited to {limit:,} bytes")
     try:
         # O_NONBLOCK: if the path was swapped for a FIFO since the stat, opening must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
-        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+        raise size_error(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _problem(shown, f"not a regular file; {kind} must be regular files", "io")
+            raise size_error(shown, f"not a regular file; {kind} must be regular files", "io")
         chunks = []
         total = 0
         while total <= limit:
@@ -228,11 +232,11 @@ def _read_capped(path: Path, shown: str, limit: int, kind: str = "policy files")
             chunks.append(chunk)
             total += len(chunk)
     except OSError as exc:
-        raise _problem(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
+        raise size_error(shown, f"cannot read the file: {exc.strerror or exc}", "io") from None
     finally:
         os.close(fd)
     if total > limit:
-        raise _problem(shown, f"the file grew past {limit:,} bytes while read; {kind} are limited to {limit:,} bytes")
+        raise size_error(shown, f"the file grew past {limit:,} bytes while read; {kind} are limited to {limit:,} bytes")
     return b"".join(chunks)
 
 
@@ -251,7 +255,7 @@ def _kind(mode: int) -> str:
 
 # -- bounds before tomllib -------------------------------------------------------------------------
 
-_ARRAY_HEADER = _Pattern(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
+_ARRAY_HEADER = Pattern(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
 
 
 
@@ -271,8 +275,8 @@ def check_text(raw: bytes, shown: str, source_map: SourceMap | None = None) -> N
     scan(text, shown, source_map)
 
 
-_HEADER = _Pattern(rb"^[ \t]*\[", re.MULTILINE)
-_FEATURE_HEADER = _Pattern(rb"^[ \t]*\[[ \t]*features[ \t]*\.", re.MULTILINE)
+_HEADER = Pattern(rb"^[ \t]*\[", re.MULTILINE)
+_FEATURE_HEADER = Pattern(rb"^[ \t]*\[[ \t]*features[ \t]*\.", re.MULTILINE)
 
 
 def _check_headers(raw: bytes, shown: str) -> None:
@@ -286,7 +290,7 @@ def _check_headers(raw: bytes, shown: str) -> None:
         for match in pattern.finditer(raw):
             count += 1
             if count > limit:
-                raise _problem(shown, what, line=raw.count(b"\n", 0, match.start()) + 1)
+                raise size_error(shown, what, line=raw.count(b"\n", 0, match.start()) + 1)
 
 
 def _check_array_tables(raw: bytes, shown: str) -> None:
@@ -300,7 +304,7 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
         limit = MAX_ROWS if name.endswith(b".rows") else MAX_ARRAY_TABLES
         if counts[name] > limit:
             line = raw.count(b"\n", 0, match.start()) + 1
-            raise _problem(
+            raise size_error(
                 shown,
                 f"more than {limit:,} [[{name.decode('utf-8', 'replace')}]] tables; "
                 f"a policy allows at most {limit:,} per list",
@@ -311,11 +315,11 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
 
 # Strings and comments, removed before counting rows: multi-line strings first (replaced by their
 # newlines, so line numbers stay), then one-line strings and comments (they hold no newline).
-_MULTILINE_STRING = _Pattern(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
+_MULTILINE_STRING = Pattern(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
 # Unrolled ("normal* (special normal*)*"): twice as fast as a per-character alternation.
-_LINE_STRING_OR_COMMENT = _Pattern(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
-_LIST_KEY = _Pattern(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
-_BRACKET = _Pattern(r"[\[\]{}]")
+_LINE_STRING_OR_COMMENT = Pattern(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
+_LIST_KEY = Pattern(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
+_BRACKET = Pattern(r"[\[\]{}]")
 
 
 def _count_rows(text: str, shown: str) -> None:
@@ -338,7 +342,7 @@ def _count_rows(text: str, shown: str) -> None:
                 if depth == 0 and char == "{":
                     count += 1
                     if count > limit:
-                        raise _problem(
+                        raise size_error(
                             shown,
                             f"more than {limit:,} entries in `{name} = {'{...}' if name == 'features' else '[...]'}`; "
                             f"the schema allows at most {limit:,} "
@@ -355,7 +359,7 @@ def _count_rows(text: str, shown: str) -> None:
         at = -1
         for _ in range(MAX_INLINE_TABLES + 1):
             at = bare.find("{", at + 1)
-        raise _problem(
+        raise size_error(
             shown,
             f"more than {MAX_INLINE_TABLES:,} inline tables; a policy has at most {MAX_ROWS:,} rows plus its "
             "rules' conditions",

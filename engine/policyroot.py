@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from .errors import Location, PolicyError, PolicyProblem, FrozenRecord
-from .policyfile import _Pattern, _read_capped, policy_files
+from .policyfile import Pattern, read_capped, policy_files
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ DEFAULT_FOLDER = "policies"
 
 # Text that may hold a [tool.kvpolicy] table: `[tool.kvpolicy]`, `tool.kvpolicy.x = `, a bare `[tool]`
 # table or an inline `tool = {...}`. A pyproject.toml without any of these is not parsed.
-_MAY_CONFIGURE = _Pattern(
+_MAY_CONFIGURE = Pattern(
     rb"""tool["']?[ \t]*\.[ \t]*["']?kvpolicy|^[ \t]*\[[ \t]*["']?tool["']?[ \t]*\]|^[ \t]*["']?tool["']?[ \t]*=""",
     re.MULTILINE,
 )
@@ -155,7 +155,7 @@ def kvpolicy_table(path: Path, *, lazy: bool = False) -> dict[str, Any] | None:
 
     Raises :class:`PolicyError` when the file cannot be read or is not TOML, or the table is not a
     table. ``lazy``: a file whose text cannot hold the table is not parsed (and not judged)."""
-    raw = _read_capped(path, str(path), 1 << 20, "pyproject.toml files")
+    raw = read_capped(path, str(path), 1 << 20, "pyproject.toml files")
     if lazy and _MAY_CONFIGURE.search(raw) is None:
         return None
     if sys.version_info >= (3, 11):

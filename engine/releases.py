@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from .errors import Location, PolicyError, PolicyProblem, FrozenRecord
-from .policyfile import _Pattern
+from .policyfile import Pattern
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
@@ -56,12 +56,12 @@ _REQUIRED = ("tag", "date", "certainty", "source", "note")
 # A release as pip or NVIDIA write it: v1.3.0rc25, 1.3.0rc25, 1.3.0.rc25, 1.3.0-rc25 (PEP 440's
 # separators and `c` for `rc`), or a final 1.4.0. Three numbers of at most three digits: a policy
 # version id (2026.08.18) is never a release. Local (`+cu129`) and dev builds are not releases.
-# Compiled on first use (_Pattern): a cold `kvpolicy resolve` imports this module and needs none of them.
-_TAG = _Pattern(r"v?(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?:[-_.]?(?:rc|c)[-_.]?(\d{1,4}))?", re.IGNORECASE)
-_POLICY_VERSION = _Pattern(r"\d{4}\.\d{2}\.\d{2}(?:\.\d+)?")
-_DATE = _Pattern(r"~?\d{4}-\d{2}-\d{2}(?: \d{2}:\d{2}|\.\.(?:\d{2}-)?\d{2})?|unknown")
-_ROW_HEADER = _Pattern(r"^[ \t]*\[\[[ \t]*release[ \t]*\]\]", re.MULTILINE)
-_TOML_POSITION = _Pattern(r"\(at line (\d+), column (\d+)\)")
+# Compiled on first use (Pattern): a cold `kvpolicy resolve` imports this module and needs none of them.
+_TAG = Pattern(r"v?(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?:[-_.]?(?:rc|c)[-_.]?(\d{1,4}))?", re.IGNORECASE)
+_POLICY_VERSION = Pattern(r"\d{4}\.\d{2}\.\d{2}(?:\.\d+)?")
+_DATE = Pattern(r"~?\d{4}-\d{2}-\d{2}(?: \d{2}:\d{2}|\.\.(?:\d{2}-)?\d{2})?|unknown")
+_ROW_HEADER = Pattern(r"^[ \t]*\[\[[ \t]*release[ \t]*\]\]", re.MULTILINE)
+_TOML_POSITION = Pattern(r"\(at line (\d+), column (\d+)\)")
 
 
 class Release(FrozenRecord):
@@ -119,10 +119,10 @@ def releases(path: Path | None = None) -> tuple[Release, ...]:
 
 
 def _read_table(path: Path) -> tuple[Release, ...]:
-    from .policyfile import _read_capped, display_path
+    from .policyfile import read_capped, display_path
 
     shown = display_path(path)
-    raw = _read_capped(path, shown, MAX_RELEASES_BYTES, "release tables")
+    raw = read_capped(path, shown, MAX_RELEASES_BYTES, "release tables")
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
@@ -238,8 +238,8 @@ def policy_version_for(version: str, table: Iterable[Release] | None = None) -> 
 # A distribution's metadata folder: tensorrt_llm-1.3.0rc25.dist-info, tensorrt_llm-1.3.0-py3.12.egg-info,
 # or tensorrt_llm.egg-info (a source checkout: the version is only inside). Names compare as pip
 # normalises them (case, and runs of - _ . alike).
-_METADATA_FOLDER = _Pattern(r"tensorrt[-_.]+llm(?:-([^-]+?))?(?:-py[\d.]+)?\.(dist|egg)-info", re.IGNORECASE)
-_VERSION_HEADER = _Pattern(r"^Version:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
+_METADATA_FOLDER = Pattern(r"tensorrt[-_.]+llm(?:-([^-]+?))?(?:-py[\d.]+)?\.(dist|egg)-info", re.IGNORECASE)
+_VERSION_HEADER = Pattern(r"^Version:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 
 
 def installed_trtllm(path: Iterable[str] | None = None) -> str | None:

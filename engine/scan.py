@@ -13,14 +13,14 @@ from __future__ import annotations
 import re
 
 from .errors import PolicyError
-from .policyfile import MAX_BARE_VALUE, MAX_KEY_PARTS, MAX_NESTING, MAX_TABLE_KEYS, _Pattern, _problem
+from .policyfile import MAX_BARE_VALUE, MAX_KEY_PARTS, MAX_NESTING, MAX_TABLE_KEYS, Pattern, size_error
 
 __all__ = ["SourceMap", "scan"]
 
 # One token per match; strings and comments are consumed whole so that brackets and dots inside
 # them do not count. Possessive quantifiers keep an unterminated string linear (the parser then
 # reports it with its position).
-_TOKEN = _Pattern(
+_TOKEN = Pattern(
     r'''
       (?P<mlb>"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+)
     | (?P<mll>\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+)
@@ -37,7 +37,7 @@ _TOKEN = _Pattern(
     re.VERBOSE,
 )
 # A key of a simple inline table (the ``itab`` token above), for the source map.
-_INLINE_KEY = _Pattern(r'([A-Za-z0-9_-]++)[ \t]*=[ \t]*"[^"\\\n]*+"(?!")')  # (each match skips its string)
+_INLINE_KEY = Pattern(r'([A-Za-z0-9_-]++)[ \t]*=[ \t]*"[^"\\\n]*+"(?!")')  # (each match skips its string)
 
 
 class SourceMap:
@@ -97,7 +97,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
     element = False  # in an array, the next value is an element
 
     def fail(message: str, offset: int) -> PolicyError:
-        return _problem(shown, message, "size", line, offset - line_start + 1)
+        return size_error(shown, message, "size", line, offset - line_start + 1)
 
     def deep(offset: int) -> PolicyError:
         return fail(f"arrays and inline tables nested more than {MAX_NESTING} deep; policies need at most 4", offset)

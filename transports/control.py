@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Union
 
 import msgpack
 
-from .rank import MAX_METADATA, MAX_NAME, MAX_POOL_BLOCKS, ControlMessageError, RankInfo, _check_text
+from .rank import MAX_METADATA, MAX_NAME, MAX_POOL_BLOCKS, ControlMessageError, RankInfo, check_text
 
 __all__ = ["MAX_METADATA", "MAX_NAME", "MAX_POOL_BLOCKS", "ControlMessageError", "RankInfo"]
 
@@ -291,7 +291,7 @@ def _check_body(body: Any) -> Message:
         data[key] = value
     if kind in ("hello", "welcome"):
         return cls(RankInfo.from_wire(data["rank"]))
-    _check_text(f"{kind}.request_id", data["request_id"])
+    check_text(f"{kind}.request_id", data["request_id"])
     nonce = "token" if kind in ("offer", "release") else "nonce"
     if not 0 <= data[nonce] < _MAX_COUNT or (kind != "cancel" and data[nonce] == 0):
         raise ControlMessageError(f"{kind}.{nonce} {data[nonce]} out of range")

@@ -55,8 +55,8 @@ class RankInfo:
                 raise ControlMessageError(f"rank.layout.{key} {value} out of range")
         if data["memory_type"] not in ("DRAM", "VRAM"):
             raise ControlMessageError(f"rank.memory_type {data['memory_type']!r} is not DRAM or VRAM")
-        _check_text("rank.name", data["name"])
-        _check_text("rank.agent", data["agent"])
+        check_text("rank.name", data["name"])
+        check_text("rank.agent", data["agent"])
         if len(data["metadata"]) > MAX_METADATA:
             raise ControlMessageError(f"rank.metadata: {len(data['metadata'])} bytes, more than {MAX_METADATA}")
         if not 0 < data["num_blocks"] <= MAX_POOL_BLOCKS:
@@ -95,7 +95,8 @@ def _check_fields(where: str, data: Any, schema: dict[str, type | tuple[type, ..
             raise ControlMessageError(f"{where}.{key}: expected {expected}, got {type(value).__name__}")
 
 
-def _check_text(where: str, value: str, limit: int = MAX_NAME) -> None:
+def check_text(where: str, value: str, limit: int = MAX_NAME) -> None:
+    """Refuse an empty name or text longer than ``limit`` (:class:`ControlMessageError`)."""
     if not value or len(value) > limit:
         raise ControlMessageError(f"{where}: empty or longer than {limit} characters")
 

@@ -110,10 +110,10 @@ def read_model_config(path: Path) -> dict[str, Any]:
         path = path / "config.json"
     from ..configfile import ConfigFileError, parse_json
     from ..errors import PolicyError
-    from ..policyfile import _read_capped
+    from ..policyfile import read_capped
 
     try:  # as every config is read: regular files only, size-capped, bounded depth, no duplicate keys
-        data = parse_json(_read_capped(path, str(path), 4 << 20, "model configs").decode("utf-8", "replace"), str(path))
+        data = parse_json(read_capped(path, str(path), 4 << 20, "model configs").decode("utf-8", "replace"), str(path))
     except PolicyError as exc:
         raise ValueError(f"--model: {exc.problems[0]}") from None
     except ConfigFileError as exc:
