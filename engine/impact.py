@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ContextError
-from .identity import ArchitectureMap, ModelIdentity, find_model, load_architecture_map, model_reference, models_root
+from .identity import ArchitectureMap, ModelIdentity, find_model, load_architecture_map, model_reference
+from .identity import models_root as root_of  # impact_of's parameter is named models_root
 from .policyset import PolicySet
 from .resolution import Resolution
 from .serving import kind, section_keys, servers_of, sides_disagree
@@ -291,7 +292,7 @@ def impact_of(
     files, missing = find_configs(paths)
     named = {Path(p) for p in paths if Path(p).is_file()}
     results = [ConfigImpact(p.path, problems=(p,)) for p in missing]
-    root = _root(models_root)
+    root = root_of(models_root)
     for path in files:
         result = _config_impact(path, old, new, root, architecture_map or ArchitectureMap())
         if result.skipped and path in named:
@@ -303,10 +304,6 @@ def impact_of(
             ),))
         results.append(result)
     return results
-
-
-def _root(explicit: str | Path | None) -> Path | None:
-    return models_root(explicit)
 
 
 def _config_impact(path: Path, old: PolicySet, new: PolicySet, root: Path | None, arch_map: ArchitectureMap) -> ConfigImpact:

@@ -413,7 +413,7 @@ class DecisionIndex:
         ``None`` ("any other"), each without a model_type and with every model_type that can matter
         for it. One representative per class answers for every model in it."""
         if self._models is None:
-            conditions = [self.data["constraints"][i]["when"] for i in range(len(self.data["constraints"]))]
+            conditions = [constraint["when"] for constraint in self.data["constraints"]]
             qualified: dict[str, set[str]] = {}
             for decision in self.decisions:
                 for rule in (*decision["requirements"], *decision["conditionals"], decision["default"], *decision["adjustments"]):

@@ -104,23 +104,23 @@ def context_from_args(args: Any) -> dict[str, Any]:
     return fields
 
 
-def read_model_config(path: Path) -> dict[str, Any]:
-    """Read a Hugging Face ``config.json`` (or the one in a checkpoint folder)."""
-    if path.is_dir():
-        path = path / "config.json"
-    from ..configfile import ConfigFileError, parse_json
-    from ..errors import PolicyError
-    from ..policyfile import read_capped
+def model_identity(path: Path) -> Any:
+    """The :class:`kvpolicy.identity.ModelIdentity` a ``--model`` config.json (or checkpoint folder)
+    names, read as every checkpoint is (:func:`kvpolicy.identity.read_checkpoint`); ValueError if unusable."""
+    from ..identity import ModelIdentity, read_checkpoint
 
-    try:  # as every config is read: regular files only, size-capped, bounded depth, no duplicate keys
-        data = parse_json(read_capped(path, str(path), 4 << 20, "model configs").decode("utf-8", "replace"), str(path))
-    except PolicyError as exc:
-        raise ValueError(f"--model: {exc.problems[0]}") from None
-    except ConfigFileError as exc:
-        raise ValueError(f"--model: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"--model: {path}: expected a JSON object with `architectures`")
-    return {"architectures": data.get("architectures"), "model_type": data.get("model_type")}
+    config = path / "config.json" if path.is_dir() else path
+    read = read_checkpoint(config)
+    if isinstance(read, str):
+        raise ValueError(f"--model: {read}")
+    architecture, model_type, composite = read
+    return ModelIdentity(architecture, model_type, "--model", str(config), multimodal=composite)
+
+
+def read_model_config(path: Path) -> dict[str, Any]:
+    """The ``pretrained_config`` of a Hugging Face ``config.json`` (or the one in a checkpoint folder)."""
+    identity = model_identity(path)
+    return identity.pretrained_config() or {"architectures": None, "model_type": identity.model_type}
 
 
 def _near_miss(name: str, policy_set: Any, what: str) -> str | None:
@@ -217,10 +217,9 @@ def _run_config(args: Any, policy_set: Any) -> int:
         explicit = ModelIdentity(args.arch, None, "--arch")
     elif args.model:
         try:
-            read = read_model_config(Path(args.model))
+            explicit = model_identity(Path(args.model))
         except ValueError as exc:
             return fail(str(exc))
-        explicit = ModelIdentity(read["architectures"][0] if read.get("architectures") else None, read.get("model_type"), "--model", args.model)
     if args.arch_map:
         try:
             arch_map = load_architecture_map(args.arch_map)
@@ -236,7 +235,6 @@ def _run_config(args: Any, policy_set: Any) -> int:
     except ServingConfigError as exc:
         return fail("\n  ".join(exc.problems) if len(exc.problems) > 1 else exc.problems[0])
     rows = [(a.server, a.identity, a.resolution, a.not_resolved) for a in answer.servers]
-    resolved = [(a.server.role, a.resolution) for a in answer.servers if a.resolution is not None]
     verdict = answer.verdict
     if args.format == "json":
         print(json.dumps(
@@ -259,6 +257,7 @@ def _run_config(args: Any, policy_set: Any) -> int:
         ))
     else:
         blocks = []
+        side = 0  # the resolved servers are the verdict's sides, in order
         for server, identity, resolution, why in rows:
             lines = [f"== {server.name} ({path}) =="]
             if identity is not None:
@@ -267,10 +266,10 @@ def _run_config(args: Any, policy_set: Any) -> int:
             if resolution is None:
                 lines.append(why or "")
             elif verdict is not None and not verdict.known and not resolution.architecture_known:
-                index = [r for _, r in resolved].index(resolution)
-                lines.append(_render_side_outcomes(verdict, index))
+                lines.append(_render_side_outcomes(verdict, side))
             else:
                 lines.append(render(resolution, explain=args.explain, summary=False))
+            side += resolution is not None
             blocks.append("\n".join(lines))
         if verdict is not None:
             tail = []
