@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from typing import Any
 import zmq
 
 from . import control
-from .keys import fingerprint, split_address
+from .keys import agent_carries_key, fingerprint, split_address
 from .layout import KVLayout
 from .local import LocalSide, recv_parts
 from .mapping import map_ranks, overlap
@@ -40,6 +41,7 @@ _EVENTS, _POLLIN = zmq.EVENTS, int(zmq.POLLIN)
 
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
+_PROOF_POLL_S = 0.002
 REQUESTS_PER_FRAME = 16
 """Queued requests and cancels are sent once this many wait for one sender (and at every loop turn)."""
 
@@ -76,6 +78,8 @@ class Connection:
     fd: int = -1
     """The socket's ``ZMQ_FD``, which the service loop watches."""
     closed: bool = False
+    awaiting_proof: bool = False
+    """No welcome yet: a proof nonce from this sender is echoed on this connection."""
 
 
 class Connections:
@@ -86,7 +90,7 @@ class Connections:
         self.local = local
         self.ctx = ctx
         self._on_result: Callable = lambda peer, result: None
-        self._on_peer_gone: Callable = lambda name: None
+        self._on_peer_gone: Callable = lambda name, dead=False: None
         self._on_unsent: Callable = lambda name, messages: None
         self._receiver: Any = None
         self.connections: dict[str, Connection] = {}
@@ -101,6 +105,8 @@ class Connections:
         self.frames_sent = self.messages_sent = 0
         """Control frames and the messages in them sent to senders (batching makes the first smaller)."""
         local.loop.add_flusher(self.flush)
+        local.on_proof = self._on_proof
+        self._polling = False
 
     def deliver_to(self, receiver: Any) -> None:
         """Where results, offers, welcomes, lost senders and unsent messages go: the receiver role
@@ -139,9 +145,13 @@ class Connections:
         endpoint, key = split_address(address)
         if key is None:
             raise ValueError(f"address {address!r} lacks the sender's public key: pass the sender's own `address` (tcp://KEY@HOST:PORT)")
-        key_name = "plaintext" if self.local.plaintext else self.local.allowed.name_of(key)
+        key_name = "plaintext" if self.local.plaintext else self.local.allowed.name_of(key, role="prefill")
         if key_name is None:
-            raise PermissionError(f"the sender at {endpoint} has key {fingerprint(key)}, which is not in allowed_peers")
+            role = self.local.allowed.role_of(key) if self.local.allowed.contains(key) else None
+            raise PermissionError(
+                f"the sender at {endpoint} has key {fingerprint(key)}, which is not in allowed_peers"
+                + (f" as a sender (its key file says role {role!r})" if role else "")
+            )
         conn = self.connections.get(endpoint)
         if conn is not None:
             if conn.peer is not None and conn.key == key:
@@ -152,6 +162,12 @@ class Connections:
             self._publish()
         socket = self.ctx.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        # A routing id of our own (random, never 0 first: ZMQ keeps those) that the sender's ROUTER
+        # hands over to the reconnected pipe: after a TCP reset ZeroMQ reconnects (and the CURVE
+        # handshake runs again) and the session goes on, instead of arriving as a peer that never
+        # said hello. Only the holder of an allowed key can complete that handshake, and the id is
+        # never shown to anyone else.
+        socket.setsockopt(zmq.ROUTING_ID, b"\x01" + os.urandom(15))
         socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
         if not self.local.plaintext:
             socket.curve_secretkey = self.local.identity.secret
@@ -163,11 +179,46 @@ class Connections:
         self.connections[endpoint] = conn
         self.local.loop.register(conn.fd, functools.partial(self._on_dealer, conn))
         conn.timer = self.local.loop.call_at(deadline, lambda: self._connect_expired(conn))
+        conn.awaiting_proof = True
+        self.local.proofs_wanted += 1
+        if not self._polling:
+            self._polling = True
+            self._poll_proofs()
         if self.local.metadata == "etcd":
             self._republish(conn, time.monotonic() + _REFETCH_S * 2)
         with conn.lock:
             socket.send(control.encode(control.Hello(self.local.rank_info(with_metadata=True))))
             self._after_send(conn)
+
+    def _poll_proofs(self) -> None:
+        """While a connection waits for its welcome, read NIXL's notifications every few ms: the
+        sender's proof nonce comes that way (see :data:`.local.PROOF_PREFIX`)."""
+        if self.local.proofs_wanted <= 0:
+            self._polling = False
+            return
+        self.local.drain_notifications()
+        self.local.loop.call_at(time.monotonic() + _PROOF_POLL_S, self._poll_proofs)
+
+    def _on_proof(self, agent: str, nonce: int) -> None:
+        """A proof nonce arrived: echo it to the sender whose key the claimed agent name carries,
+        on a connection still waiting for its welcome (NIXL does not check the claimed name; a wrong
+        echo only makes that sender wait on, until the right one or its own timeout)."""
+        for conn in list(self.connections.values()):
+            if not conn.awaiting_proof or conn.closed or not (self.local.plaintext or agent_carries_key(agent, conn.key)):
+                continue
+            with conn.lock:
+                if conn.closed:
+                    continue
+                try:
+                    conn.socket.send(control.encode(control.Proof(nonce)), zmq.NOBLOCK)
+                except zmq.ZMQError as exc:
+                    log.warning("transceiver %s: could not send a proof to %s: %s", self.local.name, conn.endpoint, exc)
+                self._after_send(conn)
+
+    def _done_waiting(self, conn: Connection) -> None:
+        if conn.awaiting_proof:
+            conn.awaiting_proof = False
+            self.local.proofs_wanted -= 1
 
     def _publish(self) -> None:
         # Before every hello and until the welcome: a publication made while etcd was away is lost
@@ -209,6 +260,9 @@ class Connections:
                 pass  # the loop has stopped: nothing reads this connection any more
 
     def _on_dealer(self, conn: Connection) -> None:
+        self.local.check_allow_list()  # (a sender taken off the list loses its connection first)
+        if conn.closed:
+            return
         for _ in range(256):
             with conn.lock:
                 if conn.closed:
@@ -241,6 +295,12 @@ class Connections:
         self.local.loop.post(lambda: self._on_dealer(conn))
 
     def _on_dealer_frames(self, conn: Connection, frames: list[bytes]) -> None:
+        if not self.local.plaintext and not self.local.allowed.contains(conn.key, role="prefill"):
+            # Taken off the allow-list since the connection was made: close it, read nothing of it.
+            self.local.check_allow_list(now=True)
+            if not conn.closed:
+                self.withdraw_keys(frozenset((conn.key,)))
+            return
         if len(frames) != 1:
             self.local.drop("malformed", f"{len(frames)} frames from {conn.endpoint}")
             return
@@ -269,20 +329,32 @@ class Connections:
         if conn.peer is not None:
             self.local.drop("unexpected", f"second welcome from {conn.endpoint}")
             return
+        self._done_waiting(conn)
         # A sender that came back with the same key (a restart, a new address) replaces the old one.
         for other in [c for c in self.connections.values() if c is not conn and c.key == conn.key and c.peer]:
             self.close_connection(other)
+        # The sender's name is its key's name on this side's allow-list, never what it claims: a
+        # rank that welcomes as "prefill-0" under another key is called by its own key's name, so it
+        # cannot take the requests meant for prefill-0 (one connection per key: see above).
+        name = rank.name if self.local.plaintext else conn.key_name
+        if name != rank.name:
+            log.info("transceiver %s: the sender at %s calls itself %r; its key is %r here", self.local.name, conn.endpoint, rank.name, name)
         with self.lock:
-            name = rank.name if rank.name not in self.peers else f"{rank.name}@{conn.endpoint}"
+            if name in self.peers:
+                name = f"{name}@{conn.endpoint}"
             conn.peer = Peer(name, conn.endpoint, rank.layout, rank.num_blocks, conn.key_name)
             self.peers[name] = conn.peer
             self._by_name[name] = conn
             self.version += 1
         if conn.timer is not None:
             conn.timer.cancel()
-        self._receiver.on_welcome(conn.peer, conn.key, rank)
-        if not conn.future.done():
-            conn.future.set_result(conn.peer)
+        peer = conn.peer
+
+        def ready() -> None:  # (once this side knows whether it reads from the sender: see .reads)
+            if not conn.future.done() and not conn.closed:
+                conn.future.set_result(peer)
+
+        self._receiver.on_welcome(peer, conn.key, rank, ready)
 
     def connection_of(self, peer_name: str) -> Connection | None:
         """The live connection to the sender called ``peer_name``."""
@@ -352,10 +424,12 @@ class Connections:
                 # Not queued, so never written: the receiver role stops waiting for these at once.
                 self._on_unsent(conn.peer.name, unsent)
 
-    def close_connection(self, conn: Connection) -> None:
-        """Tear a connection to a sender down; what waited on it is told (``on_peer_gone``)."""
+    def close_connection(self, conn: Connection, *, dead: bool = False) -> None:
+        """Tear a connection to a sender down; what waited on it is told (``on_peer_gone``; ``dead``:
+        the caller knows the sender's process is gone, so nothing it held stays quarantined)."""
         if self.connections.get(conn.endpoint) is conn:
             del self.connections[conn.endpoint]
+        self._done_waiting(conn)
         self.local.loop.unregister(conn.fd)
         with conn.lock:
             conn.closed = True
@@ -368,7 +442,14 @@ class Connections:
                 self.version += 1
             if self._by_name.get(conn.peer.name) is conn:
                 del self._by_name[conn.peer.name]
-            self._on_peer_gone(conn.peer.name)
+            self._on_peer_gone(conn.peer.name, dead)
+
+    def withdraw_keys(self, keys: frozenset[bytes]) -> None:
+        """Keys taken off the allow-list (or given another role): close the connections to them."""
+        for conn in [c for c in self.connections.values() if c.key in keys]:
+            self.local.stats["closed_removed_keys"] += 1
+            log.warning("transceiver %s: key %s (%s) left the allow-list; closing the connection to %s", self.local.name, fingerprint(conn.key), conn.key_name, conn.endpoint)
+            self.close_connection(conn)
 
     def close(self) -> None:
         """Close every connection (after the loop stopped)."""

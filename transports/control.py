@@ -34,8 +34,11 @@ __all__ = ["MAX_METADATA", "MAX_NAME", "MAX_POOL_BLOCKS", "ControlMessageError",
 
 #: 2: bounded fields, nonces, deadlines (issue 11); 3: several messages per frame (batches, issue 13);
 #: 4: positional messages, ``[version, kind, field, ...]`` (a third of a map's decoding, issue 13);
-#: 5: offers and releases (receivers may read, issue 13).
-PROTOCOL_VERSION = 5
+#: 5: offers and releases (receivers may read, issue 13); 6: timeouts as durations, not Unix
+#: deadlines (each side measures them on its own monotonic clock), a cancel says whether it ends the
+#: request or one attempt, and a receiver proves that the NIXL metadata of its hello is its own
+#: (*proof*, issue 26).
+PROTOCOL_VERSION = 6
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
 _MAX_FRAME = 16 << 20
@@ -46,6 +49,8 @@ MAX_BATCH = 256
 BATCH_BYTES = 1 << 20
 """A sender of batches starts a new frame once this many bytes are queued (far below the 16 MiB bound)."""
 _BATCHABLE = frozenset(("request", "cancel", "result", "offer", "release"))
+MAX_TIMEOUT_MS = 86_400_000
+"""Longest timeout a request or offer may carry (a day): beyond it a figure is forged, not chosen."""
 _MAX_COUNT = 1 << 53
 """Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
 _INT_ONLY = frozenset((int,))  # issuperset(map(type, xs)): all exact ints, in C (no frame per item)
@@ -74,8 +79,11 @@ class Request(NamedTuple):
     """This attempt, chosen by the receiver; results and cancels name it."""
     blocks: tuple[int, ...]
     skip_blocks: int
-    deadline_ms: int
-    """Absolute deadline (Unix time, ms): no write may start after it."""
+    timeout_ms: int
+    """Time left to the receiver when it sent this (ms). The sender counts it from when it read the
+    frame, on its own monotonic clock: no wall clock is compared across hosts. The receiver's blocks
+    stay fenced until the sender's result, so a sender that starts later than the receiver expects
+    (the frame's transit) never writes into memory given to another request."""
     kind = "request"
 
 
@@ -84,6 +92,9 @@ class Cancel(NamedTuple):
 
     request_id: str
     nonce: int = 0
+    final: int = 1
+    """1: the receiver gives the request up (``cancel()``), so the sender need not wait for it;
+    0: only this attempt ends (it timed out) and a retry may still ask."""
     kind = "cancel"
 
 
@@ -105,15 +116,16 @@ class Result(NamedTuple):
 
 
 class Offer(NamedTuple):
-    """Sender -> receiver (reads only): the blocks of ``request_id`` may be read until ``deadline_ms``."""
+    """Sender -> receiver (reads only): the blocks of ``request_id`` may be read for ``timeout_ms``."""
 
     request_id: str
     token: int
     """This offer, chosen by the sender; the release names it."""
     blocks: tuple[int, ...]
     """The sender's block ids, all of the request's blocks."""
-    deadline_ms: int
-    """Absolute deadline (Unix time, ms): no read may start after it."""
+    timeout_ms: int
+    """Time left to the offer when it was sent (ms), counted by the receiver from when it read the
+    frame on its own monotonic clock; no read starts after it."""
     kind = "offer"
 
 
@@ -132,7 +144,16 @@ class Release(NamedTuple):
     kind = "release"
 
 
-Message = Union[Hello, Welcome, Request, Cancel, Result, Offer, Release]
+class Proof(NamedTuple):
+    """Receiver -> sender, before the welcome: the nonce the sender sent as a NIXL notification to
+    the agent of the hello's metadata. Only the process that owns that agent receives it, so a peer
+    that says hello with another peer's metadata (renamed to its own agent) cannot answer."""
+
+    nonce: int
+    kind = "proof"
+
+
+Message = Union[Hello, Welcome, Request, Cancel, Result, Offer, Release, Proof]
 
 RESULT_STATUSES = ("ok", "error", "cancelled", "aborted")
 RELEASE_STATUSES = ("ok", "declined", "cancelled", "error")
@@ -140,8 +161,8 @@ RELEASE_STATUSES = ("ok", "declined", "cancelled", "error")
 _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
     "hello": (Hello, (("rank", dict),)),
     "welcome": (Welcome, (("rank", dict),)),
-    "request": (Request, (("request_id", str), ("nonce", int), ("blocks", list), ("skip_blocks", int), ("deadline_ms", int))),
-    "cancel": (Cancel, (("request_id", str), ("nonce", int))),
+    "request": (Request, (("request_id", str), ("nonce", int), ("blocks", list), ("skip_blocks", int), ("timeout_ms", int))),
+    "cancel": (Cancel, (("request_id", str), ("nonce", int), ("final", int))),
     "result": (
         Result,
         (
@@ -149,8 +170,9 @@ _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
             ("descriptors_before", int), ("descriptors", int), ("queue_us", int), ("transfer_us", int),
         ),
     ),
-    "offer": (Offer, (("request_id", str), ("token", int), ("blocks", list), ("deadline_ms", int))),
+    "offer": (Offer, (("request_id", str), ("token", int), ("blocks", list), ("timeout_ms", int))),
     "release": (Release, (("request_id", str), ("token", int), ("status", str), ("reason", str), ("nbytes", int), ("transfer_us", int))),
+    "proof": (Proof, (("nonce", int),)),
 }
 """Each kind's class and its fields, in wire order, with their types."""
 
@@ -291,6 +313,10 @@ def _check_body(body: Any) -> Message:
         data[key] = value
     if kind in ("hello", "welcome"):
         return cls(RankInfo.from_wire(data["rank"]))
+    if kind == "proof":
+        if not 0 < data["nonce"] < _MAX_COUNT:
+            raise ControlMessageError(f"proof.nonce {data['nonce']} out of range")
+        return cls(**data)
     check_text(f"{kind}.request_id", data["request_id"])
     nonce = "token" if kind in ("offer", "release") else "nonce"
     if not 0 <= data[nonce] < _MAX_COUNT or (kind != "cancel" and data[nonce] == 0):
@@ -299,9 +325,11 @@ def _check_body(body: Any) -> Message:
         blocks = data["blocks"]
         if not all(type(b) is int and 0 <= b < MAX_POOL_BLOCKS for b in blocks):
             raise ControlMessageError(f"{kind}.blocks: expected ints in 0..{MAX_POOL_BLOCKS - 1}")
-        if not 0 <= data.get("skip_blocks", 0) < MAX_POOL_BLOCKS or not 0 < data["deadline_ms"] < _MAX_COUNT:
-            raise ControlMessageError(f"{kind}: skip_blocks or deadline_ms out of range")
+        if not 0 <= data.get("skip_blocks", 0) < MAX_POOL_BLOCKS or not 0 < data["timeout_ms"] <= MAX_TIMEOUT_MS:
+            raise ControlMessageError(f"{kind}: skip_blocks or timeout_ms out of range (timeout_ms 1..{MAX_TIMEOUT_MS})")
         data["blocks"] = tuple(blocks)
+    elif kind == "cancel" and data["final"] not in (0, 1):
+        raise ControlMessageError(f"cancel.final {data['final']} is not 0 or 1")
     elif kind in ("result", "release"):
         statuses = RESULT_STATUSES if kind == "result" else RELEASE_STATUSES
         if data["status"] not in statuses:
@@ -320,14 +348,14 @@ def _request_fast(body: list[Any]) -> Request | None:
     which words the error."""
     if len(body) != 7:
         return None
-    _, _, rid, nonce, blocks, skip, deadline = body
+    _, _, rid, nonce, blocks, skip, timeout = body
     if (
         type(rid) is str and 0 < len(rid) <= MAX_NAME and type(nonce) is int and 0 < nonce < _MAX_COUNT
         and type(blocks) is list and type(skip) is int and 0 <= skip < MAX_POOL_BLOCKS
-        and type(deadline) is int and 0 < deadline < _MAX_COUNT
+        and type(timeout) is int and 0 < timeout <= MAX_TIMEOUT_MS
         and (not blocks or (_INT_ONLY.issuperset(map(type, blocks)) and min(blocks) >= 0 and max(blocks) < MAX_POOL_BLOCKS))
     ):
-        return Request(rid, nonce, tuple(blocks), skip, deadline)
+        return Request(rid, nonce, tuple(blocks), skip, timeout)
     return None
 
 

@@ -13,8 +13,11 @@ its auth lets only the transceivers' role touch ``/kvpolicy/``; (2) each keep-al
 one transaction that the record's ``mod_revision`` is still its own write, and writes it back if
 anyone else changed or deleted it (:attr:`Registration.restorations`); (3) a reader accepts only
 records naming a key in its ``trusted_keys``, and the CURVE handshake to that address then succeeds
-only if the process there holds the matching secret key. A forged record can delay a decoder until
-its owner restores it, never redirect it. The README ("etcd with TLS and auth") walks through it.
+only if the process there holds the matching secret key. The key checked is the key ``connect()``
+uses: an address that carries a key (``tcp://HEX@host:port``) must carry the record's ``public_key``,
+or the record is refused (:class:`InvalidRecord`, reason ``key-mismatch``). A forged or garbled record
+can delay a decoder until its owner restores it, never redirect it, and never hides the records of
+other names. The README ("etcd with TLS and auth") walks through it.
 
 The client speaks etcd's v3 gRPC-JSON gateway with the standard library
 (:mod:`~kvpolicy.transports.etcd_client`). Every call has a finite timeout; an unreachable etcd raises
@@ -31,16 +34,27 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .etcd_client import EtcdClient, EtcdSecurity, RegistryDenied, RegistryError, RegistryUnavailable, b64, unb64
+from .etcd_client import (
+    EtcdClient,
+    EtcdSecurity,
+    RegistryDenied,
+    RegistryError,
+    RegistryUnavailable,
+    b64,
+    prefix_end,
+    unb64,
+)
+from .keys import split_address
 
 log = logging.getLogger("kvpolicy.transports")
 
 __all__ = [  # the client's names too: callers import them from here
-    "EtcdClient", "EtcdRegistry", "EtcdSecurity", "RankRecord", "RankWatch", "Registration",
+    "EtcdClient", "EtcdRegistry", "EtcdSecurity", "InvalidRecord", "RankRecord", "RankWatch", "Registration",
     "RegistryDenied", "RegistryError", "RegistryUnavailable", "nixl_metadata_key",
 ]  # fmt: skip
 
@@ -50,6 +64,58 @@ _ADDRESS = re.compile(r"^tcp://[^\s/]{1,253}:(\d{1,5})$")
 _Z85_KEY = re.compile(r"^[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40}$")
 #: A record is a small JSON map; anything larger in the store is not ours and is refused.
 _MAX_RECORD = 4 << 10
+#: When one range of the whole prefix cannot be read (oversized values push the answer past the
+#: client's limit), :meth:`EtcdRegistry.list` reads it one key at a time, at most this many keys.
+_MAX_WALK = 4096
+_Z85_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+class InvalidRecord(RegistryError):
+    """What is stored under a rank's key is not a record this registry accepts. ``reason`` says why
+    in one word (``too-large``, ``not-json``, ``not-a-map``, ``invalid``, ``key-mismatch``,
+    ``bad-name``, ``untrusted``); the message names the rank and the problem."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class KeyMismatch(ValueError):
+    """A rank address carries one CURVE key and the record's ``public_key`` names another."""
+
+
+def _z85_encode(raw: bytes) -> str:
+    # ZeroMQ's Z85 (RFC 32), for hosts without pyzmq; test_discovery checks it against zmq's.
+    out = []
+    for i in range(0, len(raw), 4):
+        value = int.from_bytes(raw[i : i + 4], "big")
+        out.extend(_Z85_CHARS[value // 85**k % 85] for k in (4, 3, 2, 1, 0))
+    return "".join(out)
+
+
+def address_key(address: str) -> str | None:
+    """The CURVE public key (Z85) that a control address carries, as ``connect()`` reads it
+    (:func:`~kvpolicy.transports.keys.split_address`), or None; ``ValueError`` if the part before
+    ``@`` is not a 32-byte key in hex."""
+    try:
+        _, key = split_address(address)
+    except ImportError:  # no pyzmq on this host: the same split, with Z85 done here
+        scheme, sep, rest = address.partition("://")
+        hexkey, at, _ = rest.rpartition("@")
+        if not sep or not at:
+            return None
+        try:
+            raw = bytes.fromhex(hexkey)
+        except ValueError:
+            raise ValueError(f"address {address!r}: the part before '@' must be the sender's public key in hex") from None
+        if len(raw) != 32:
+            raise ValueError(f"address {address!r}: the key before '@' must be 32 bytes (64 hex digits)")
+        return _z85_encode(raw)
+    return None if key is None else key.decode("ascii")
+
+
+def _short(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def nixl_metadata_key(agent: str) -> str:
@@ -63,8 +129,13 @@ def nixl_metadata_key(agent: str) -> str:
 @dataclass(frozen=True)
 class RankRecord:
     """What a sender publishes about itself: ``address``, where its control socket listens
-    (``tcp://host:port``), and ``public_key``, the CURVE public key (Z85, 40 characters) it proves in
-    the control-plane handshake. Nothing else: no agent metadata, pool address or remote key."""
+    (``tcp://host:port``, or ``tcp://HEX@host:port`` carrying its key as a transceiver's ``address``
+    does), and ``public_key``, the CURVE public key (Z85, 40 characters) it proves in the control-plane
+    handshake. Nothing else: no agent metadata, pool address or remote key.
+
+    ``connect()`` uses the key the address carries, so when it carries one, ``public_key`` must be
+    that same key (``KeyMismatch``, a ``ValueError``, otherwise) and is filled from it when omitted:
+    the key a reader checks is always the key it will connect with."""
 
     address: str
     public_key: str | None = None
@@ -75,6 +146,24 @@ class RankRecord:
             raise ValueError(f"rank address {self.address!r} must be tcp://host:port")
         if self.public_key is not None and not (isinstance(self.public_key, str) and _Z85_KEY.match(self.public_key)):
             raise ValueError("rank public_key must be a CURVE public key in Z85 (40 characters), as `kvpolicy keys` writes")
+        try:
+            carried = address_key(self.address)
+        except ValueError as exc:
+            raise ValueError(f"rank {exc}") from None
+        if carried is None:
+            return
+        if self.public_key is None:
+            object.__setattr__(self, "public_key", carried)
+        elif self.public_key != carried:
+            raise KeyMismatch(
+                f"rank address carries public key {_short(carried)} but public_key names {_short(self.public_key)}: "
+                "connect() would use the address's key, not the one checked (a forged record?)"
+            )
+
+    @property
+    def address_key(self) -> str | None:
+        """The CURVE public key (Z85) the address carries, which ``connect()`` uses, or None."""
+        return address_key(self.address)
 
     @property
     def fingerprint(self) -> str:
@@ -96,19 +185,22 @@ class RankRecord:
 
     @classmethod
     def parse(cls, name: str, value: bytes) -> RankRecord:
-        """Read a stored record; raises :class:`RegistryError` naming the rank if it is not one."""
+        """Read a stored record; raises :class:`InvalidRecord` (a :class:`RegistryError`) naming the
+        rank and saying why if it is not one."""
         if len(value) > _MAX_RECORD:
-            raise RegistryError(f"record of rank {name!r} is {len(value)} bytes, over the {_MAX_RECORD} limit")
+            raise InvalidRecord(f"record of rank {name!r} is {len(value)} bytes, over the {_MAX_RECORD} limit", "too-large")
         try:
             data = json.loads(value)
-        except ValueError:
-            raise RegistryError(f"record of rank {name!r} is not JSON") from None
+        except (ValueError, RecursionError):
+            raise InvalidRecord(f"record of rank {name!r} is not JSON", "not-json") from None
         if not isinstance(data, dict):
-            raise RegistryError(f"record of rank {name!r} is a {type(data).__name__}, not a map")
+            raise InvalidRecord(f"record of rank {name!r} is a {type(data).__name__}, not a map", "not-a-map")
         try:
             return cls.from_mapping(data)
+        except KeyMismatch as exc:
+            raise InvalidRecord(f"record of rank {name!r}: {exc}", "key-mismatch") from None
         except ValueError as exc:
-            raise RegistryError(f"record of rank {name!r}: {exc}") from None
+            raise InvalidRecord(f"record of rank {name!r}: {exc}", "invalid") from None
 
 
 class Registration:
@@ -229,6 +321,11 @@ class EtcdRegistry:
         self.prefix = f"/kvpolicy/{namespace}/ranks/"
         self._registrations: dict[str, Registration] = {}
         self._lock = threading.Lock()
+        #: How often a record read from etcd was refused (by :meth:`lookup` or :meth:`list`), by
+        #: :attr:`InvalidRecord.reason`: ``key-mismatch``, ``untrusted``, ``not-json``, ...
+        self.skipped: Counter[str] = Counter()
+        #: The entries the latest :meth:`list` skipped: rank name -> why.
+        self.last_skipped: dict[str, str] = {}
 
     def key(self, name: str) -> str:
         """The etcd key of rank ``name``."""
@@ -275,41 +372,77 @@ class EtcdRegistry:
     ) -> RankRecord:
         """Rank ``name``'s record, waiting up to ``timeout_s`` for it to appear.
 
+        What is stored under the name but is not a valid record (not JSON, wrong types, too large,
+        an address whose key is not its ``public_key``) is skipped: the lookup logs it, counts it in
+        :attr:`skipped` and keeps waiting, since the owner's keep-alive restores a replaced record.
         With ``trusted_keys`` (Z85 CURVE public keys of the senders this decoder may use), a record
-        naming another key, or none, is not returned: the lookup keeps waiting (its owner's keep-alive
-        restores a replaced record) and raises :class:`RegistryError` if that is all it saw.
-        Raises ``LookupError`` if no record appears in time, :class:`RegistryUnavailable` if etcd
-        could not be reached during the whole wait, :class:`RegistryDenied` if etcd refuses us.
+        whose key (the one its address carries, which ``connect()`` uses; else ``public_key``) is
+        not among them, or that names none, is skipped the same way. If that is all it saw until
+        the timeout it raises :class:`InvalidRecord` naming the problem; ``LookupError`` if no
+        record appeared at all, :class:`RegistryUnavailable` if etcd could not be reached during the
+        whole wait, :class:`RegistryDenied` at once if etcd refuses us. Other names are never read.
         """
+        key = self.key(name)
         trusted = None if trusted_keys is None else frozenset(trusted_keys)
         deadline = time.monotonic() + timeout_s
         last_error: RegistryError | None = None
+        refused: InvalidRecord | None = None  # the latest record skipped (kept across a failed read)
+        logged: set[str] = set()
         while True:
             left = deadline - time.monotonic()
             try:
-                value = self.client.call(
-                    "/v3/kv/range", {"key": b64(self.key(name))}, timeout_s=max(0.05, min(self.client.timeout_s, left))
-                )
-                kvs = value.get("kvs", [])
-                last_error = None
-                if kvs:
-                    record = RankRecord.parse(name, unb64(kvs[0].get("value", "")))
-                    if trusted is None or record.public_key in trusted:
-                        return record
-                    last_error = RegistryError(
-                        f"record of rank {name!r} names public key {record.fingerprint or '(none)'}, which is not among "
-                        f"the {len(trusted)} trusted sender keys: a forged record, or a sender whose key you did not allow"
-                    )
+                value = self.client.call("/v3/kv/range", {"key": b64(key)}, timeout_s=max(0.05, min(self.client.timeout_s, left)))
             except RegistryUnavailable as exc:
                 last_error = exc
-            if time.monotonic() + poll_s >= deadline:
+            else:
+                kvs = value.get("kvs", [])
+                last_error = refused = None
+                if kvs:
+                    try:
+                        record = RankRecord.parse(name, unb64(kvs[0].get("value", "")))
+                        if trusted is not None:
+                            self._check_trusted(name, record, trusted)
+                        return record
+                    except InvalidRecord as exc:
+                        last_error = refused = exc
+                        self._skip(name, exc, warn=str(exc) not in logged)
+                        logged.add(str(exc))
+            now = time.monotonic()
+            if now >= deadline:
+                if refused is not None:  # even if the last read failed: what was found is the problem
+                    raise InvalidRecord(
+                        f"no usable record of rank {name!r} within {timeout_s:.1f}s; the one stored was skipped: {refused}",
+                        refused.reason,
+                    ) from None
                 if isinstance(last_error, RegistryUnavailable):
                     raise RegistryUnavailable(f"looking up rank {name!r}: {last_error}") from None
                 if last_error is not None:
                     raise last_error
                 raise LookupError(f"no rank {name!r} registered under {self.prefix} within {timeout_s:.1f}s")
-            time.sleep(poll_s)
+            time.sleep(min(poll_s, deadline - now))  # the last read is at the deadline
             poll_s = min(poll_s * 2, 0.5)
+
+    @staticmethod
+    def _check_trusted(name: str, record: RankRecord, trusted: frozenset[str]) -> None:
+        # The key connect() will use: the address's own when it carries one. RankRecord already
+        # refused a record whose public_key differs from it; this check does not rely on that.
+        key = record.address_key
+        if key is None:
+            key = record.public_key
+        elif record.public_key != key:
+            raise InvalidRecord(f"record of rank {name!r}: its address and public_key name different keys", "key-mismatch")
+        if key not in trusted:
+            raise InvalidRecord(
+                f"record of rank {name!r} names public key {_short(key) if key else '(none)'}, which is not among the "
+                f"{len(trusted)} trusted sender keys: a forged record, or a sender whose key you did not allow",
+                "untrusted",
+            )
+
+    def _skip(self, name: str, exc: InvalidRecord, *, warn: bool) -> None:
+        with self._lock:
+            self.skipped[exc.reason] += 1
+        if warn:
+            log.warning("registry: skipping the record of %r under %s (%s): %s", name, self.prefix, exc.reason, exc)
 
     def lookup_address(self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None) -> str:
         """The control address (``tcp://host:port``) of rank ``name``, for
@@ -318,15 +451,47 @@ class EtcdRegistry:
         return self.lookup(name, timeout_s=timeout_s, trusted_keys=trusted_keys).address
 
     def list(self) -> dict[str, RankRecord]:
-        """Every rank record of this namespace, by name. Entries that are not valid records are skipped."""
-        ranks = {}
-        for key, value in self.client.get_prefix(self.prefix).items():
+        """Every rank record of this namespace, by name. Entries that are not valid records (or whose
+        key is no rank name) are skipped: counted in :attr:`skipped`, listed in :attr:`last_skipped`
+        and logged once per problem. If values too large for one answer fill the prefix, it is read
+        one key at a time, so such entries never hide the others."""
+        try:
+            entries = self.client.get_prefix(self.prefix)
+        except (RegistryUnavailable, RegistryDenied):
+            raise
+        except RegistryError as exc:
+            log.warning("registry: could not read %s in one answer (%s); reading it key by key", self.prefix, exc)
+            entries = self._walk()
+        ranks: dict[str, RankRecord] = {}
+        skipped: dict[str, str] = {}
+        for key, value in entries.items():
             name = key[len(self.prefix) :]
             try:
+                if not _NAME.match(name):
+                    raise InvalidRecord(f"key {key!r} under {self.prefix} names no rank", "bad-name")
                 ranks[name] = RankRecord.parse(name, value)
-            except RegistryError as exc:
-                log.warning("registry: skipping %s: %s", key, exc)
+            except InvalidRecord as exc:
+                skipped[name] = str(exc)
+                self._skip(name, exc, warn=self.last_skipped.get(name) != str(exc))
+        self.last_skipped = skipped
         return ranks
+
+    def _walk(self) -> dict[str, bytes]:
+        """The prefix's entries, one range call per key (an entry always fits in one answer)."""
+        start, end = self.prefix.encode(), prefix_end(self.prefix.encode())
+        entries: dict[str, bytes] = {}
+        for _ in range(_MAX_WALK):
+            answer = self.client.call("/v3/kv/range", {"key": b64(start), "range_end": b64(end), "limit": 1})
+            kvs = answer.get("kvs", [])
+            if not kvs:
+                return entries
+            raw = unb64(kvs[0].get("key", ""))
+            entries[raw.decode(errors="replace")] = unb64(kvs[0].get("value", ""))
+            if not answer.get("more"):
+                return entries
+            start = raw + b"\0"  # the next key after this one
+        log.warning("registry: %s holds more than %d keys; read the first %d", self.prefix, _MAX_WALK, _MAX_WALK)
+        return entries
 
     def watch(self, on_change: Callable[[dict[str, RankRecord], set[str]], None], *, poll_s: float = 0.5) -> RankWatch:
         """Call ``on_change(appeared_or_changed, gone)`` from a background thread whenever the ranks

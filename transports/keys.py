@@ -2,29 +2,68 @@
 
 Every transceiver has an :class:`Identity` (a CURVE key pair with a name) and an :class:`AllowList`
 of the public keys it will talk to. Both come from files in ZeroMQ's certificate format, made by
-``kvpolicy keys new DIR --name NAME`` (``NAME.key`` is public and may be copied to peers,
-``NAME.key_secret`` holds the secret key and stays on its host), or from values in memory.
+``kvpolicy keys new DIR --name NAME --role ROLE`` (``NAME.key`` is public and may be copied to
+peers, ``NAME.key_secret`` holds the secret key and stays on its host), or from values in memory.
 
 A peer's *name* is the name of its key as the allow-list knows it (the file stem for a directory):
 that is the identity an offer names (``send(..., to=NAME)``), so a scheduler names receivers by keys
 an operator installed, never by what a peer claims about itself.
+
+File permissions are checked the way ssh checks its own. :func:`create_keys` makes the secret 0600
+before it shows under its name (no other user can read it at any point). :meth:`Identity.load`
+refuses a secret that group or others may access, or that another (non-root) user owns. An
+allow-list directory must not be writable by group or others nor owned by another non-root user
+(else anyone who may write there could add a key of their own); a ``.key`` file in it that group or
+others may write is skipped, with a logged warning.
+
+Roles. A key may carry a role in its certificate's ``metadata`` section (``--role``): ``prefill`` (a
+sender: it serves KV blocks) or ``decode`` (a receiver: it asks for them). A key without a role
+(``--role any``) may act as both; it is meant for single-process tests and tools. A sender's control
+socket, which hands out the receiver-facing side, accepts only ``decode`` (or role-less) keys:
+``allowed.name_of(key, role="decode")``; a receiver connects only to ``prefill`` (or role-less) keys:
+``allowed.name_of(key, role="prefill")``. So one peers directory shared by every rank still keeps a
+compromised decoder from posing as a sender to another decoder, and a compromised prefill rank from
+saying hello to another prefill rank as a receiver.
+
+A directory allow-list follows its folder at once and by contents: :meth:`AllowList.name_of` and
+:meth:`AllowList.key_of` look at the folder on every call (one ``scandir`` and a ``stat`` per
+``.key`` file; only changed files are read again), so a key file removed is no longer welcomed and a
+key file made again under the same name is read again, whatever the folder's mtime says.
+:meth:`AllowList.contains` answers from what was read last (no I/O, for per-frame checks), and
+:meth:`AllowList.refresh` says which keys were withdrawn since it last ran, so that their
+connections can be closed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
-_REREAD_S = 1.0
-"""A directory allow-list is read again on an unknown key when the directory changed, or at most
-this often otherwise (keys added by an operator are picked up without a restart; a flood of
-strangers costs a ``stat`` each and one directory read a second)."""
+log = logging.getLogger("kvpolicy.transports")
+
+ROLES = ("prefill", "decode")
+"""The roles a key may carry: ``prefill`` (a sender), ``decode`` (a receiver). A key without a role
+may act as either."""
+
+_MAKE_KEYS = "make one with `kvpolicy keys new DIR --name NAME --role prefill|decode|any`"
+
+_MAX_KEY_FILE = 64 * 1024
+"""A certificate is a few hundred bytes; a larger file is not read."""
+
+_RACY_NS = 100_000_000
+"""A key file whose times are this recent (ns) is read again at the next look even when its
+signature is unchanged: file times come from a coarse clock (a few ms), so two writes of the same
+size within one tick, on the same inode, would leave the same signature."""
 
 
 class KeyMaterialError(ValueError):
@@ -60,27 +99,174 @@ def _check_z85_key(key: bytes | str, where: str) -> bytes:
     return raw
 
 
-def _read_certificate(path: Path) -> tuple[bytes, bytes | None]:
-    import zmq.auth
+def _check_role(role: str | None) -> None:
+    if role is not None and role not in ROLES:
+        raise ValueError(f"role {role!r}: use 'prefill', 'decode' or None (any role)")
 
+
+def _role_allows(key_role: str | None, wanted: str | None) -> bool:
+    """A key without a role serves any role; one with a role only its own."""
+    return wanted is None or key_role is None or key_role == wanted
+
+
+# -- owners and modes (ssh's StrictModes) ---------------------------------------------------------
+
+
+def _user(uid: int) -> str:
     try:
-        public, secret = zmq.auth.load_certificate(str(path))
-    except (OSError, ValueError) as exc:
-        raise KeyMaterialError(
-            f"{path}: not a readable CURVE certificate ({exc}); make one with `kvpolicy keys new DIR --name NAME`"
-        ) from None
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _foreign_owner(st: os.stat_result) -> bool:
+    """Owned by a user other than this process's (effective) one and other than root."""
+    euid = os.geteuid() if hasattr(os, "geteuid") else None
+    return euid is not None and st.st_uid not in (euid, 0)
+
+
+def _me() -> str:
+    return _user(os.geteuid()) if hasattr(os, "geteuid") else "this user"
+
+
+def _writers(mode: int) -> str:
+    return " and ".join(who for who, bit in (("group", 0o020), ("others", 0o002)) if mode & bit)
+
+
+def _unsafe_directory(path: Path, st: os.stat_result) -> str | None:
+    """Why an allow-list directory cannot be trusted (None: it can)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        return (
+            f"allowed_peers directory {path} is writable by {_writers(mode)} (mode {mode:04o}): whoever may write "
+            f"there could add a key of their own; run `chmod go-w {path}`"
+        )
+    if _foreign_owner(st):
+        return (
+            f"allowed_peers directory {path} is owned by {_user(st.st_uid)}, not by {_me()} or root: its owner could "
+            f"add a key of their own; run `chown {os.geteuid()} {path}` (or make it root's)"
+        )
+    return None
+
+
+def _unsafe_key_file(path: Path, st: os.stat_result) -> str | None:
+    """Why a public key file cannot be trusted (None: it can)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        return (
+            f"{path} is writable by {_writers(mode)} (mode {mode:04o}): whoever may write it could put their own key "
+            f"in it; run `chmod go-w {path}`"
+        )
+    if _foreign_owner(st):
+        return (
+            f"{path} is owned by {_user(st.st_uid)}, not by {_me()} or root: its owner could put their own key in it; "
+            f"run `chown {os.geteuid()} {path}` (or make it root's)"
+        )
+    return None
+
+
+def _unprotected_secret(path: Path, st: os.stat_result) -> str | None:
+    """Why a secret key file must not be used (None: it may), as ssh says UNPROTECTED PRIVATE KEY FILE."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        return (
+            f"{path}: UNPROTECTED PRIVATE KEY FILE: mode {mode:04o} gives group or others access to the secret key; "
+            f"run `chmod 600 {path}` (and make a new key with `kvpolicy keys new ... --force` if another user may "
+            "have read it)"
+        )
+    if _foreign_owner(st):
+        return (
+            f"{path}: the secret key is owned by {_user(st.st_uid)}, not by {_me()}: a secret of another user is not "
+            f"this process's to use; run `chown {os.geteuid()} {path}`, or make a key of this user's own with "
+            "`kvpolicy keys new`"
+        )
+    return None
+
+
+# -- certificate files ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Certificate:
+    public: bytes
+    secret: bytes | None
+    role: str | None
+    stat: os.stat_result
+
+
+def _parse_certificate(data: bytes) -> tuple[bytes | None, bytes | None, dict[str, str]]:
+    """``(public key, secret key, metadata)`` of a certificate in ZeroMQ's ZPL format, as pyzmq's
+    ``zmq.auth.create_certificates`` writes it: top-level section names (``metadata``, ``curve``) at
+    the start of a line, their ``name = value`` entries indented below. Key lines are taken from any
+    section but ``metadata`` (as ``zmq.auth.load_certificate`` takes them, and so metadata cannot
+    carry a key)."""
+    public = secret = None
+    metadata: dict[str, str] = {}
+    section = b""
+    for raw in data.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(b"#"):
+            continue
+        name, eq, value = line.partition(b"=")
+        name, value = name.strip(), value.strip().strip(b" \t'\"")
+        if section != b"metadata" and name in (b"public-key", b"secret-key") and eq:
+            if name == b"public-key" and public is None:
+                public = value
+            elif name == b"secret-key" and secret is None:
+                secret = value
+        elif raw[:1] not in (b" ", b"\t"):
+            section = name
+        elif section == b"metadata" and eq:
+            metadata[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return public, secret, metadata
+
+
+def _read_certificate(path: Path) -> _Certificate:
+    """Read a certificate through one open file, so that the owner and mode checked (``fstat``) are
+    those of the bytes read."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise KeyMaterialError(f"{path}: cannot be read ({exc.strerror}); {_MAKE_KEYS}") from None
+    with os.fdopen(fd, "rb") as file:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyMaterialError(f"{path}: not a regular file; {_MAKE_KEYS}")
+        data = file.read(_MAX_KEY_FILE + 1)
+    if len(data) > _MAX_KEY_FILE:
+        raise KeyMaterialError(f"{path}: over {_MAX_KEY_FILE} bytes, not a CURVE certificate; {_MAKE_KEYS}")
+    public, secret, metadata = _parse_certificate(data)
     if public is None:
-        raise KeyMaterialError(f"{path}: no public-key line; make one with `kvpolicy keys new DIR --name NAME`")
-    return _check_z85_key(public, str(path)), secret
+        raise KeyMaterialError(f"{path}: not a CURVE certificate (no public-key line); {_MAKE_KEYS}")
+    role = metadata.get("role") or None
+    if role == "any":
+        role = None
+    if role is not None and role not in ROLES:
+        raise KeyMaterialError(
+            f"{path}: role {role!r} is none of prefill, decode; make the key again with "
+            "`kvpolicy keys new DIR --name NAME --role prefill|decode|any --force`"
+        )
+    return _Certificate(
+        _check_z85_key(public, str(path)), None if secret is None else _check_z85_key(secret, str(path)), role, st
+    )
+
+
+def _stem(path: Path | str) -> str:
+    return Path(path).name.removesuffix(".key_secret").removesuffix(".key")
 
 
 @dataclass(frozen=True)
 class Identity:
-    """This side's CURVE key pair (z85 bytes) and the name peers know it by."""
+    """This side's CURVE key pair (z85 bytes), the name peers know it by and its role (``prefill``,
+    ``decode``, or None: any)."""
 
     name: str
     public: bytes
     secret: bytes = field(repr=False)
+    role: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -97,20 +283,26 @@ class Identity:
 
     @classmethod
     def load(cls, spec: IdentitySpec) -> Identity:
-        """From an :class:`Identity`, a ``NAME.key_secret`` file, or a ``(public, secret)`` pair."""
+        """From an :class:`Identity`, a ``NAME.key_secret`` file, or a ``(public, secret)`` pair.
+
+        A secret file that group or others may access (``mode & 0o077``), or that another user than
+        this one (or root) owns, is refused with :class:`KeyMaterialError`, as ssh refuses an
+        unprotected private key file."""
         if isinstance(spec, Identity):
             return spec
         if spec is None:
             return cls.generate()
         if isinstance(spec, (str, os.PathLike)):
             path = Path(spec)
-            public, secret = _read_certificate(path)
-            if secret is None:
+            certificate = _read_certificate(path)
+            if certificate.secret is None:
                 raise KeyMaterialError(
                     f"{path}: holds no secret key; pass the NAME.key_secret file made by `kvpolicy keys new`"
                 )
-            name = path.name.removesuffix(".key_secret").removesuffix(".key")
-            return cls(name, public, _check_z85_key(secret, str(path)))
+            problem = _unprotected_secret(path, certificate.stat)
+            if problem:
+                raise KeyMaterialError(problem)
+            return cls(_stem(path), certificate.public, certificate.secret, certificate.role)
         if isinstance(spec, tuple) and len(spec) == 2:
             public = _check_z85_key(spec[0], "identity public key")
             return cls(fingerprint(public), public, _check_z85_key(spec[1], "identity secret key"))
@@ -120,115 +312,359 @@ class Identity:
 IdentitySpec = Union[Identity, str, os.PathLike, tuple, None]
 
 
-class AllowList:
-    """The public keys this side talks to, each with a name.
+class PeerKey(NamedTuple):
+    """One allowed key: its name, the public key (z85 bytes) and its role (None: any role)."""
 
-    Made from a directory of ``NAME.key`` files (read again, at most once a second, when an unknown
-    key shows up), a mapping ``{name: public_key}``, or an iterable of public keys, ``.key`` file
-    paths and :class:`Identity` objects. Thread-safe.
+    name: str
+    public: bytes
+    role: str | None
+
+
+@dataclass(frozen=True)
+class _KeyFile:
+    """What one ``.key`` file of an allow-list directory held when last read."""
+
+    signature: tuple
+    peer: PeerKey | None  # None: not usable (half-written, unsafe, bad role); skipped
+    problem: str | None
+    racy: bool
+
+
+def _signature(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid)
+
+
+class AllowList:
+    """The public keys this side talks to, each with a name and a role.
+
+    Made from a directory of ``NAME.key`` files (looked at again by :meth:`name_of`, :meth:`key_of`
+    and :meth:`refresh`: see the module docstring), a mapping ``{name: public_key}``, or an iterable
+    of public keys, ``.key`` file paths and :class:`Identity` objects. Thread-safe.
+
+    A directory must not be writable by group or others, nor owned by another non-root user: such a
+    directory is refused at construction, and one that turns so later is no longer trusted (no key
+    is allowed, an error is logged) until it is fixed. A ``.key`` file in it that group or others may
+    write, or that does not parse, is skipped with a logged warning: the directory's permissions
+    decide who may add keys, and one file that may have been tampered with must not take the other
+    peers, which an operator installed, out with it. A ``.key`` file named on its own is refused
+    (:class:`KeyMaterialError`), since the caller asked for exactly that key. If the directory itself
+    vanishes (unmounted, removed), the keys read before stay allowed and a warning is logged: keys
+    are withdrawn by removing their files.
     """
 
     def __init__(self, spec: Any) -> None:
         self._lock = threading.Lock()
         self._directory: Path | None = None
-        self._keys: dict[bytes, str] = {}
-        self._read_at = 0.0
-        self._mtime = 0
+        self._peers: dict[bytes, PeerKey] = {}
+        self._by_name: dict[str, bytes] = {}
+        self._files: dict[str, _KeyFile] = {}
+        self._trusted = True
+        self._unreadable = False
+        self._version = 0
+        self._since: dict[bytes, set[str | None]] = {}
         if spec is None:
             raise KeyMaterialError(
-                "allowed_peers is required: the control plane talks only to peers whose public keys it "
-                "knows. Make keys with `kvpolicy keys new DIR --name NAME` on each host, copy the NAME.key "
-                "files into one directory, and pass allowed_peers=DIR"
+                "allowed_peers is required: the control plane talks only to peers whose public keys it knows. "
+                "Make keys with `kvpolicy keys new DIR --name NAME --role prefill|decode` on each host, copy the "
+                "NAME.key files into one directory, and pass allowed_peers=DIR"
             )
+        peers: dict[bytes, PeerKey] = {}
         if isinstance(spec, (str, os.PathLike)) and Path(spec).is_dir():
             self._directory = Path(spec)
-            self._read_directory()
+            problem = _unsafe_directory(self._directory, os.stat(self._directory))
+            if problem:
+                raise KeyMaterialError(problem)
+            self._rescan()
         elif isinstance(spec, Mapping):
             for name, key in spec.items():
-                self._keys[_check_z85_key(key, f"allowed_peers[{name!r}]")] = str(name)
+                key = _check_z85_key(key, f"allowed_peers[{name!r}]")
+                peers[key] = PeerKey(str(name), key, None)
         elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_file():
-            self._add_file(Path(spec))
+            peer = self._read_file(Path(spec))
+            peers[peer.public] = peer
         elif isinstance(spec, Iterable) and not isinstance(spec, (str, bytes)):
             for item in spec:
                 if isinstance(item, Identity):
-                    self._keys[item.public] = item.name
+                    peers[item.public] = PeerKey(item.name, item.public, item.role)
                 elif isinstance(item, (str, os.PathLike)) and Path(item).is_file():
-                    self._add_file(Path(item))
+                    peer = self._read_file(Path(item))
+                    peers[peer.public] = peer
                 else:
                     key = _check_z85_key(item, "allowed_peers entry")
-                    self._keys[key] = fingerprint(key)
+                    peers[key] = PeerKey(fingerprint(key), key, None)
         else:
             raise KeyMaterialError(f"allowed_peers {spec!r}: not a directory, a .key file, a mapping or a list of keys")
+        if self._directory is None:
+            self._install(peers)
+        self._since = {key: {peer.role} for key, peer in self._peers.items()}
 
-    def _add_file(self, path: Path) -> None:
-        public, _ = _read_certificate(path)
-        self._keys[public] = path.name.removesuffix(".key_secret").removesuffix(".key")
+    @staticmethod
+    def _read_file(path: Path) -> PeerKey:
+        certificate = _read_certificate(path)
+        problem = _unsafe_key_file(path, certificate.stat)
+        if problem:
+            raise KeyMaterialError(problem)
+        return PeerKey(_stem(path), certificate.public, certificate.role)
 
-    def _read_directory(self) -> None:
-        assert self._directory is not None
-        if not self._directory.is_dir():
-            self._read_at = time.monotonic()
-            return  # gone (or unmounted): keep what was read; a stranger stays a stranger
-        keys: dict[bytes, str] = {}
-        self._mtime = self._directory_mtime()
-        for path in sorted(self._directory.glob("*.key")):
-            try:
-                public, _ = _read_certificate(path)
-            except KeyMaterialError:
-                continue  # a half-written file is picked up on the next read
-            keys[public] = path.stem
-        self._keys = keys
-        self._read_at = time.monotonic()
+    # -- the directory, by contents ---------------------------------------------------------------
 
-    def _directory_mtime(self) -> int:
+    def _rescan(self) -> None:
+        """Look at the directory (lock held): a ``stat`` of it, a ``scandir`` and a ``stat`` per
+        ``.key`` entry; read again only the files whose signature changed (or that changed so recently
+        that the signature cannot tell)."""
+        folder = self._directory
+        assert folder is not None
         try:
-            return os.stat(self._directory).st_mtime_ns if self._directory else 0
-        except OSError:
-            return 0
+            problem = _unsafe_directory(folder, os.stat(folder))
+            entries = [] if problem else self._entries(folder)
+        except OSError as exc:
+            if not self._unreadable:
+                self._unreadable = True
+                log.warning(
+                    "allowed_peers directory %s cannot be read (%s): the %d keys read before stay allowed; "
+                    "remove key files to withdraw keys",
+                    folder, exc.strerror or exc, len(self._peers),
+                )
+            return
+        self._unreadable = False
+        if problem:
+            if self._trusted:
+                self._trusted = False
+                log.error("%s. Until then no peer is allowed", problem)
+            self._files = {}
+            self._install({})
+            return
+        if not self._trusted:
+            self._trusted = True
+            log.warning("allowed_peers directory %s is safe again: its keys are read again", folder)
+        now = time.time_ns()
+        files: dict[str, _KeyFile] = {}
+        changed = False
+        for name, path, signature in entries:
+            known = self._files.get(name)
+            if known is not None and known.signature == signature and not known.racy:
+                files[name] = known
+                continue
+            files[name] = self._read_entry(Path(path), signature, now, known)
+            changed = True
+        if changed or files.keys() != self._files.keys():
+            self._files = files
+            self._install({f.peer.public: f.peer for _, f in sorted(files.items()) if f.peer is not None})
 
-    def name_of(self, public: bytes) -> str | None:
-        """The name of an allowed key (z85 bytes), or None for a stranger."""
+    @staticmethod
+    def _entries(folder: Path) -> list[tuple[str, str, tuple]]:
+        entries = []
+        with os.scandir(folder) as listing:
+            for entry in listing:
+                if entry.name.startswith(".") or not entry.name.endswith(".key"):
+                    continue
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue  # removed meanwhile, or a dangling link
+                if stat.S_ISREG(st.st_mode):
+                    entries.append((entry.name, entry.path, _signature(st)))
+        return entries
+
+    @staticmethod
+    def _read_entry(path: Path, signature: tuple, now: int, known: _KeyFile | None) -> _KeyFile:
+        # The signature kept is the one scandir saw, taken before the read: if the file changed in
+        # between, the next look sees another signature and reads it again.
+        racy = now - max(signature[3], signature[4]) < _RACY_NS
+        try:
+            certificate = _read_certificate(path)
+            problem = _unsafe_key_file(path, certificate.stat)
+        except KeyMaterialError as exc:
+            certificate, problem = None, str(exc)
+        if problem is not None:
+            if known is None or known.problem != problem:
+                log.warning("allowed_peers: skipping %s", problem)  # each problem names the file
+            return _KeyFile(signature, None, problem, racy)
+        assert certificate is not None
+        return _KeyFile(signature, PeerKey(_stem(path), certificate.public, certificate.role), None, racy)
+
+    def _install(self, peers: dict[bytes, PeerKey]) -> None:
+        """Take ``peers`` as the allowed keys (lock held); a change bumps :attr:`version`."""
+        if peers == self._peers:
+            return
+        self._peers = peers
+        self._by_name = {peer.name: key for key, peer in peers.items()}
+        self._version += 1
+        for key, peer in peers.items():
+            self._since.setdefault(key, set()).add(peer.role)
+
+    def _look(self) -> None:
+        if self._directory is not None:
+            self._rescan()
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def name_of(self, public: bytes, role: str | None = None) -> str | None:
+        """The name of an allowed key (z85 bytes), or None for a stranger.
+
+        A directory is looked at on every call (it runs once per handshake): a key whose file was
+        removed is a stranger at once. With ``role`` (``prefill`` or ``decode``), a key that carries
+        another role is a stranger too; a key without a role matches any."""
+        _check_role(role)
         with self._lock:
-            name = self._keys.get(public)
-            if name is None and self._directory is not None and (
-                self._directory_mtime() != self._mtime or time.monotonic() - self._read_at >= _REREAD_S
-            ):
-                self._read_directory()
-                name = self._keys.get(public)
-            return name
+            self._look()
+            peer = self._peers.get(public)
+        return peer.name if peer is not None and _role_allows(peer.role, role) else None
+
+    def contains(self, public: bytes, role: str | None = None) -> bool:
+        """Whether ``public`` was allowed (for ``role``, as :meth:`name_of`) when last looked at: no
+        I/O, for per-frame checks; :meth:`refresh` (or any :meth:`name_of`) brings it up to date."""
+        _check_role(role)
+        peer = self._peers.get(public)
+        return peer is not None and _role_allows(peer.role, role)
+
+    def role_of(self, public: bytes) -> str | None:
+        """The role an allowed key carries (``prefill`` or ``decode``) as last read; None for a key
+        without a role, or one not allowed (ask :meth:`contains` or :meth:`name_of` first)."""
+        peer = self._peers.get(public)
+        return None if peer is None else peer.role
 
     def key_of(self, name_or_key: str) -> bytes | None:
-        """The public key named ``name_or_key`` (or that key itself, if allowed)."""
+        """The public key named ``name_or_key`` (or that key itself, if allowed). A directory is
+        looked at on every call: a key file made again under the same name is read at once."""
         with self._lock:
+            self._look()
             raw = name_or_key.encode()
-            if raw in self._keys:
+            if raw in self._peers:
                 return raw
-            for key, name in self._keys.items():
-                if name == name_or_key:
-                    return key
-            if self._directory is not None:
-                self._read_directory()
-                for key, name in self._keys.items():
-                    if name == name_or_key:
-                        return key
-        return None
+            return self._by_name.get(name_or_key)
+
+    def refresh(self) -> frozenset[bytes]:
+        """Look at the directory now; return the keys withdrawn since the last ``refresh``: removed,
+        replaced in their file by another key, or allowed at any moment since with another role than
+        they have now (their connections were made under rights they no longer have). Changes seen by
+        :meth:`name_of` or :meth:`key_of` in between count too. A list or mapping never changes."""
+        with self._lock:
+            self._look()
+            withdrawn = frozenset(
+                key for key, roles in self._since.items()
+                if key not in self._peers or roles != {self._peers[key].role}
+            )
+            self._since = {key: {peer.role} for key, peer in self._peers.items()}
+            return withdrawn
+
+    @property
+    def watches_directory(self) -> bool:
+        """Made from a folder, which an operator may change (a list or mapping never changes)."""
+        return self._directory is not None
+
+    @property
+    def version(self) -> int:
+        """A number bumped at every change of the allowed keys, their names or roles."""
+        return self._version
+
+    def entries(self) -> tuple[PeerKey, ...]:
+        """The allowed keys as last read (no I/O; :meth:`refresh` first for the newest), by name."""
+        with self._lock:
+            return tuple(sorted(self._peers.values()))
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._keys)
+        return len(self._peers)
 
 
-def create_keys(directory: str | os.PathLike, name: str) -> tuple[Path, Path]:
-    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (secret, mode 0600) into ``directory``."""
+def _fsync(path: str | os.PathLike, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a directory; the rename is what matters
+    finally:
+        os.close(fd)
+
+
+def _put(made: str, final: Path, overwrite: bool) -> None:
+    """Move ``made`` to ``final`` atomically; without ``overwrite``, fail if ``final`` exists (a hard
+    link never replaces a file, so there is no check-then-write race)."""
+    if overwrite:
+        os.replace(made, final)
+        return
+    try:
+        os.link(made, final)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links
+        if os.path.lexists(final):
+            raise FileExistsError(17, "File exists", str(final)) from None
+        os.replace(made, final)
+
+
+def create_keys(
+    directory: str | os.PathLike, name: str, role: str | None = None, *, overwrite: bool = True
+) -> tuple[Path, Path]:
+    """Write ``NAME.key`` (public, mode 0644) and ``NAME.key_secret`` (secret, mode 0600) into
+    ``directory`` (made 0700 if missing); return their paths.
+
+    role: ``prefill`` (a sender), ``decode`` (a receiver), or None (or ``"any"``: no role, both; for
+    single-process tests and tools). It is written into the ``metadata`` section of both files.
+    overwrite: replace a pair of that name (False: refuse with :class:`KeyMaterialError`).
+
+    No other user can read the secret at any moment: the pair is written (in ZeroMQ's certificate
+    format, by pyzmq) into a fresh 0700 directory inside ``directory``, made 0600 / 0644 there, and
+    only then renamed to its name, the secret first. So the public key, the file that peers trust,
+    never shows before its secret is in place, and a crash leaves at most a secret without its
+    public file (run again to replace it).
+    """
     import zmq.auth
 
-    if not name or "/" in name or name.startswith(".") or len(name) > 64:
+    if not name or "/" in name or "\0" in name or name.startswith(".") or len(name) > 64:
         raise KeyMaterialError(f"key name {name!r}: use 1-64 characters, no '/' and no leading '.'")
+    if role == "any":
+        role = None
+    if role is not None and role not in ROLES:
+        raise KeyMaterialError(f"key role {role!r}: use 'prefill' (a sender), 'decode' (a receiver) or None (any)")
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(str(folder), name)
-    os.chmod(secret, 0o600)
-    return Path(public), Path(secret)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    public_path, secret_path = folder / f"{name}.key", folder / f"{name}.key_secret"
+    if not overwrite:
+        for path in (secret_path, public_path):
+            if os.path.lexists(path):
+                raise KeyMaterialError(f"{path}: a key named {name!r} exists already; pass --force (overwrite=True in Python) to replace it")
+    metadata = {"role": role} if role else None
+    scratch = tempfile.mkdtemp(prefix=".kvpolicy-new-key-", dir=folder)  # mode 0700: only this user enters
+    try:
+        made_public, made_secret = zmq.auth.create_certificates(scratch, name, metadata=metadata)
+        os.chmod(made_secret, 0o600)
+        if metadata:
+            _add_metadata(Path(made_public), metadata)
+        os.chmod(made_public, 0o644)
+        _check_made(Path(made_public), Path(made_secret), role)
+        _fsync(made_secret)
+        _fsync(made_public)
+        try:
+            _put(made_secret, secret_path, overwrite)
+        except FileExistsError:
+            raise KeyMaterialError(f"{secret_path}: a key named {name!r} exists already; pass --force (overwrite=True in Python) to replace it") from None
+        try:
+            _put(made_public, public_path, overwrite)
+        except FileExistsError:
+            os.unlink(secret_path)  # ours, linked a moment ago: leave the folder as it was
+            raise KeyMaterialError(f"{public_path}: a key named {name!r} exists already; pass --force (overwrite=True in Python) to replace it") from None
+        _fsync(folder, directory=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return public_path, secret_path
+
+
+def _add_metadata(public: Path, metadata: dict[str, str]) -> None:
+    """pyzmq writes metadata into the secret file only; the public file, which peers read, needs the
+    role too: add the same ``    name = value`` lines under its (empty) ``metadata`` section."""
+    text = public.read_text(encoding="utf-8")
+    if "\nmetadata\n" not in text:
+        raise KeyMaterialError(f"{public}: pyzmq wrote no metadata section; cannot record the key's role")
+    lines = "".join(f"    {key} = {value}\n" for key, value in metadata.items())
+    public.write_text(text.replace("\nmetadata\n", "\nmetadata\n" + lines, 1), encoding="utf-8")
+
+
+def _check_made(public: Path, secret: Path, role: str | None) -> None:
+    """The files just written read back as one pair with its role (else nothing is moved into place)."""
+    mine, theirs = _read_certificate(secret), _read_certificate(public)
+    if not (mine.public == theirs.public and mine.secret and theirs.secret is None and mine.role == theirs.role == role):
+        raise KeyMaterialError(f"{public}: the key pair pyzmq wrote does not read back as written; nothing was replaced")
 
 
 def address_with_key(endpoint: str, public: bytes) -> str:

@@ -43,7 +43,27 @@ STAT_NAMES = (
     "internal_errors",
     "late_frames",
     "dropped_notifications",
+    "releases_expired",
+    "quarantined_blocks",
+    "refused_proofs",
+    "closed_removed_keys",
+    "refused_metadata",
 )
+
+ALLOW_LIST_CHECK_S = 0.1
+"""While frames arrive, how often the allow-list folder is looked at for keys taken off it."""
+
+PROOF_PREFIX = b"kvpolicy-proof:"
+"""A sender that loaded a receiver's NIXL metadata sends this prefix and a nonce as a NIXL
+notification to the agent that metadata describes; the receiver echoes the nonce over its CURVE
+connection (``proof``). Only the process owning that agent receives it: a peer that says hello with
+another peer's metadata (renamed as its own agent) never learns it, so it is never welcomed."""
+
+IDLE_AGENTS = 16
+"""Peer agents whose last use ended that stay loaded in NIXL, most recently used last: a peer that
+says hello again with one of them (a reconnect, or hellos alternating between its agents) finds it
+loaded. Removing it would not close NIXL's connection to it while it lives (see
+:meth:`LocalSide.load_agent`), and loading it again would open another."""
 
 NOTIFICATION_DRAIN_BUSY_S = 0.01
 """How soon NIXL's notification queue is emptied again after a drain that found something (on a
@@ -70,6 +90,12 @@ class Limits:
     """Metadata reads from etcd in flight at once (one per peer key at most)."""
     offers_per_peer: int = 4096
     """Offers a sender may have announced to this receiver and not yet seen taken; more are declined."""
+    release_grace_s: float = 5.0
+    """(Reads) How long after an announced offer ended the sender still waits for a receiver's
+    release before it takes its blocks back (counted in ``releases_expired``): a receiver that never
+    releases, or closed its socket, cannot pin a sender's blocks for longer. A receiver stops reading
+    at its own deadline, so only one that ignores that (or is stuck for this long) can read blocks
+    already given to another request; it holds the metadata of the whole pool anyway."""
     notification_drain_s: float = 1.0
     """How often NIXL's notification queue is emptied while the service thread is awake anyway (an
     idle side does not wake for it); every 10 ms while something arrives. This protocol sends no
@@ -122,7 +148,20 @@ class LocalSide:
         self.reads = reads
         """Receivers named in an offer may read its blocks (the sender's metadata goes in the welcome)."""
         self._agents: dict[str, int] = {}
+        self._blobs: dict[str, bytes] = {}
+        """The metadata last loaded per agent loaded in NIXL (a re-load of the same is no NIXL call)."""
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        """Agents loaded in NIXL that no one uses now (at most :data:`IDLE_AGENTS`)."""
         self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
+        self.probe: Any = None
+        """The :class:`~.probe.MetadataProbe` that loads a peer's metadata in a child first."""
+        self._allow_list_checked = 0.0
+        self.on_withdrawn: Callable[[frozenset[bytes]], None] = lambda keys: None
+        """Told of keys taken off the allow-list (:meth:`check_allow_list`)."""
+        self.proofs_wanted = 0
+        """Connections waiting for a welcome (and so for a proof nonce among the notifications)."""
+        self.on_proof: Callable[[str, int], None] = lambda agent, nonce: None
+        """Told of each proof nonce that arrives, with the agent name its sender claims."""
         self._notification_warned = 0.0
         self._next_drain = time.monotonic() + limits.notification_drain_s
         loop.add_flusher(self._drain_when_due)
@@ -131,27 +170,50 @@ class LocalSide:
 
     def load_agent(self, blob: bytes) -> str:
         """Load a peer's NIXL metadata, or count one more use of an agent already loaded (a peer may
-        be both a receiver of this side and a sender to it); the agent name NIXL loaded."""
+        be both a receiver of this side and a sender to it, and says hello again); the agent name
+        NIXL loaded.
+
+        An agent loaded once is not removed and added again while it may come back: NIXL's
+        ``remove_remote_agent`` does not close the UCX connection to a peer whose agent lives on
+        (UCX keeps a TCP connection the peer also uses open for receiving), and the next add opens
+        another: one descriptor per hello, kept until the peer exits. New metadata of a loaded agent
+        is loaded over the old (NIXL keeps the connection and updates the memory sections)."""
         name = agent_of_metadata(blob)
-        if name is not None and name in self._agents:
-            self._agents[name] += 1
+        if name is not None and name in self._blobs:
+            if self._blobs[name] != blob:
+                self.agent.add_remote_agent(blob)
+                self._blobs[name] = blob
+            self._idle.pop(name, None)
+            self._agents[name] = self._agents.get(name, 0) + 1
             return name
         loaded = self.agent.add_remote_agent(blob)
         loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         self._agents[loaded] = self._agents.get(loaded, 0) + 1
+        self._blobs[loaded] = blob
         return loaded
 
+    def agent_loaded(self, blob: bytes) -> bool:
+        """Whether exactly this metadata is loaded already (in use or idle): no probe needed."""
+        name = agent_of_metadata(blob)
+        return name is not None and self._blobs.get(name) == blob
+
     def unload_agent(self, name: str) -> None:
-        """One use of a loaded agent ended; NIXL forgets it with the last."""
+        """One use of a loaded agent ended; with the last it stays loaded, idle, and NIXL forgets
+        it once :data:`IDLE_AGENTS` more recent ones are idle."""
         uses = self._agents.get(name, 0) - 1
         if uses > 0:
             self._agents[name] = uses
             return
         self._agents.pop(name, None)
-        try:
-            self.agent.remove_remote_agent(name)
-        except Exception as exc:
-            log.debug("transceiver %s: removing agent %s failed: %s", self.name, name, exc)
+        if name in self._blobs:
+            self._idle[name] = None
+        while len(self._idle) > IDLE_AGENTS:
+            oldest, _ = self._idle.popitem(last=False)
+            del self._blobs[oldest]
+            try:
+                self.agent.remove_remote_agent(oldest)
+            except Exception as exc:
+                log.debug("transceiver %s: removing agent %s failed: %s", self.name, oldest, exc)
 
     def _drain_when_due(self) -> None:
         if time.monotonic() >= self._next_drain:
@@ -172,6 +234,8 @@ class LocalSide:
             found = sum(map(len, notifications.values()))
         except Exception as exc:
             log.debug("transceiver %s: reading NIXL notifications failed: %s", self.name, exc)
+        if found and self.proofs_wanted:
+            found -= self._take_proofs(notifications)
         if found:
             before = self.stats["dropped_notifications"]
             self.stats["dropped_notifications"] = before + found
@@ -189,6 +253,33 @@ class LocalSide:
         self._next_drain = now + max(NOTIFICATION_DRAIN_BUSY_S, now - started)
         if self.loop.alive and not self.loop.stopping:  # (a flood with no frames still gets drained)
             self.loop.call_at(self._next_drain, self.drain_notifications)
+
+    def check_allow_list(self, *, now: bool = False) -> None:
+        """(Service thread, when frames arrive.) Look at the allow-list folder at most every
+        :data:`ALLOW_LIST_CHECK_S`; keys taken off it (or given another role) lose their sessions
+        (:attr:`on_withdrawn`) before any frame of theirs is handled. New handshakes read the folder
+        each time. An idle transceiver does not wake up for it: a connection that sends nothing
+        gets nothing either."""
+        at = time.monotonic()
+        if (not now and at < self._allow_list_checked + ALLOW_LIST_CHECK_S) or not self.allowed.watches_directory:
+            return
+        self._allow_list_checked = at
+        withdrawn = self.allowed.refresh()
+        if withdrawn:
+            self.on_withdrawn(withdrawn)
+
+    def _take_proofs(self, notifications: dict[str, list[bytes]]) -> int:
+        """Hand the proof nonces among ``notifications`` (see :data:`PROOF_PREFIX`) to
+        :attr:`on_proof`, with the agent name their sender claims; how many there were."""
+        taken = 0
+        for agent, messages in notifications.items():
+            for message in messages:
+                if len(message) <= len(PROOF_PREFIX) + 20 and message.startswith(PROOF_PREFIX):
+                    taken += 1
+                    digits = message[len(PROOF_PREFIX):]
+                    if digits.isdigit():
+                        self.on_proof(agent, int(digits))
+        return taken
 
     def drop(self, reason: str, detail: str) -> None:
         """Count a dropped frame under ``dropped_<reason>`` (or ``reason`` itself) and log it."""

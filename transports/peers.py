@@ -25,8 +25,9 @@ from zmq.utils import z85
 from . import control
 from .discovery import EtcdClient, RegistryError, nixl_metadata_key
 from .keys import address_with_key, agent_carries_key, fingerprint
-from .local import LocalSide, agent_of_metadata, quietly
+from .local import PROOF_PREFIX, LocalSide, agent_of_metadata, quietly
 from .mapping import BlockSegments, block_segments
+from .request import next_nonce
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -41,6 +42,31 @@ _HANDSHAKE_MS = 5000
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 RESULTS_PER_FRAME = 16
 """Queued results are sent once this many wait for one receiver (and at the end of every read)."""
+TURN_S = 250e-6
+"""The longest the ROUTER handler reads frames in one turn of the loop; then writes in flight are
+polled, due timers run and queued results go out before it reads on. Without it a turn was 256
+frames of up to 256 messages each: one allowed peer flooding asks within its budget held another
+receiver's write completion and result for a whole turn (issue 26)."""
+
+
+CRASH_BAN_S = 60.0
+"""How long a key whose hello's metadata crashed the probe child is refused."""
+PROOF_S = 5.0
+"""Longest a receiver may take to echo the proof nonce (less if the transceiver's timeout is)."""
+
+
+@dataclass
+class Proving:
+    """A hello whose NIXL metadata was loaded, waiting for the receiver to echo the nonce sent as a
+    NIXL notification to that metadata's agent."""
+
+    identity: bytes
+    key: bytes
+    rank: control.RankInfo
+    segments: BlockSegments
+    stale: list
+    nonce: int
+    timer: Any = None
 
 
 @dataclass
@@ -102,7 +128,10 @@ class Remotes:
         self.zap = self.ctx.socket(zmq.REP)
         self.zap.setsockopt(zmq.LINGER, 0)
         self.router = self.ctx.socket(zmq.ROUTER)
-        for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, _MAX_FRAME), (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)):
+        # ROUTER_HANDOVER: a receiver whose TCP connection was reset reconnects with its own routing
+        # id (see .connections); its session (hello, NIXL state) carries over to the new pipe. Every
+        # frame is still checked against the key that authenticated the pipe it came on.
+        for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, _MAX_FRAME), (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS), (zmq.ROUTER_HANDOVER, 1)):
             self.router.setsockopt(option, value)
         if not local.plaintext:
             self.zap.bind(_ZAP_ENDPOINT)
@@ -120,6 +149,12 @@ class Remotes:
         self._frames: dict[bytes, Bucket] = {}
         self._hellos: dict[bytes, Bucket] = {}
         self._fetching: dict[bytes, object] = {}
+        self._proving: dict[bytes, Proving] = {}
+        self._probing: dict[bytes, object] = {}
+        """Hellos whose metadata is being loaded in a probe child, by key (the newest wins)."""
+        self._crashed: dict[bytes, float] = {}
+        """Keys whose metadata crashed a probe, until when they are refused."""
+        """Hellos waiting for their proof echo, by connection."""
         self._outbox: dict[bytes, list[bytes]] = {}
         """Encoded results queued per receiver connection this iteration (sent by :meth:`flush`)."""
         self.frames_sent = self.messages_sent = 0
@@ -146,7 +181,9 @@ class Remotes:
             key = None
             if len(frames) == 7 and frames[5] == b"CURVE" and len(frames[6]) == 32:
                 key = z85.encode(frames[6])
-            name = self.local.allowed.name_of(key) if key else None
+            # This socket serves receivers: a key that carries the prefill role is a stranger here
+            # (one shared peers folder still keeps a compromised sender from saying hello to another).
+            name = None if self.local.plaintext else self.local.allowed.name_of(key, role="decode") if key else None
             if name is None:
                 self.local.stats["refused_handshakes"] += 1
                 log.info("transceiver %s: refused a handshake from %s (key not allowed)", self.local.name, frames[3:4])
@@ -157,7 +194,9 @@ class Remotes:
     # -- sender side: frames on the ROUTER --------------------------------------------------------
 
     def _on_router(self) -> None:
+        self.local.check_allow_list()  # (a key taken off the list loses its session first)
         router, first = self.router, True
+        until = time.perf_counter() + TURN_S
         for _ in range(256):  # bounded, so one chatty peer cannot starve the rest of the loop
             try:
                 # A ROUTER delivers the peer's identity as the first part of every message.
@@ -183,7 +222,7 @@ class Remotes:
                 log.exception("transceiver %s: error handling a frame (dropped)", self.local.name)
                 self.local.stats["internal_errors"] += 1
             self._alone = False
-            if not router.getsockopt(_EVENTS) & _POLLIN:  # (half the price of a failed receive)
+            if time.perf_counter() >= until or not router.getsockopt(_EVENTS) & _POLLIN:  # (the check: half the price of a failed receive)
                 break
         # The results of what was just read go out now, one frame per receiver, not after the rest
         # of the loop's iteration.
@@ -207,9 +246,17 @@ class Remotes:
             if not bucket.take(len(messages) - 1):  # the budget counts messages
                 self.local.stats["dropped_over_budget"] += 1
                 return
+        if not self.local.plaintext and not self.local.allowed.contains(key, role="decode"):
+            # Taken off the allow-list since its handshake (seen at the last look at the folder).
+            self.local.check_allow_list(now=True)
+            self.local.drop("unknown_peer", "a frame from a key no longer on the allow-list")
+            return
         for message in messages:
             if isinstance(message, control.Hello):
                 self._on_hello(identity, key, message)
+                return
+            if isinstance(message, control.Proof):
+                self._on_proof(identity, key, message)
                 return
             remote = self.remotes.get(identity)
             if remote is None or remote.key != key:
@@ -222,6 +269,15 @@ class Remotes:
                 self._on_release(remote, message)
             else:
                 self.local.drop("unexpected", f"{message.kind} sent to a sender")
+
+    def withdraw_keys(self, keys: frozenset[bytes]) -> None:
+        """Keys taken off the allow-list (or given another role): forget their receivers now. ZMQ
+        cannot close one peer's pipe of a ROUTER, so their connections stay open but dead: every
+        frame on them is dropped as from a peer that never said hello, and no new handshake passes."""
+        for remote in [r for r in self.remotes.values() if r.key in keys]:
+            self.local.stats["closed_removed_keys"] += 1
+            log.warning("transceiver %s: key %s (%s) left the allow-list; its receiver is forgotten", self.local.name, fingerprint(remote.key), remote.key_name)
+            self.forget(remote)
 
     def _refuse(self, key: bytes, rank: control.RankInfo, why: str) -> None:
         self.local.stats["refused_hellos"] += 1
@@ -293,6 +349,38 @@ class Remotes:
     def _admit(self, identity: bytes, key: bytes, rank: control.RankInfo, blob: bytes, segments: BlockSegments) -> None:
         if agent_of_metadata(blob) != rank.agent:
             return self._refuse(key, rank, "its NIXL metadata names another agent")
+        banned = self._crashed.get(key, 0.0) - time.monotonic()
+        if banned > 0:
+            return self._refuse(key, rank, f"its metadata crashed the NIXL parser in a probe; refused for {banned:.0f} s more")
+        # NIXL's parser is not hardened: metadata this process has not loaded before is loaded first
+        # in a short-lived child (:mod:`.probe`); a hello whose metadata kills the child is refused.
+        known, verdict = self.local.probe.cached(blob)
+        if known or self.local.agent_loaded(blob):
+            return self._admit_probed(identity, key, rank, blob, segments, verdict)
+        token = self._probing[key] = object()  # a newer hello of this key supersedes this probe
+
+        def done(verdict: str | None) -> None:
+            try:
+                self.local.loop.submit(lambda: self._on_probed(identity, key, token, rank, blob, segments, verdict))
+            except RuntimeError:
+                pass  # closed meanwhile
+
+        self.local.probe.start(blob, done)
+
+    def _on_probed(self, identity: bytes, key: bytes, token: object, rank: control.RankInfo, blob: bytes, segments: BlockSegments, verdict: str | None) -> None:
+        if self._probing.get(key) is not token:
+            return
+        del self._probing[key]
+        self._admit_probed(identity, key, rank, blob, segments, verdict)
+
+    def _admit_probed(self, identity: bytes, key: bytes, rank: control.RankInfo, blob: bytes, segments: BlockSegments, verdict: str | None) -> None:
+        if verdict is not None:
+            if "crashed" in verdict:
+                # An honest peer never sends such metadata, and a crash that did not happen in the
+                # child may happen here (it depends on memory layout): the key waits before trying again.
+                self._crashed[key] = time.monotonic() + CRASH_BAN_S
+                self.local.stats["refused_metadata"] += 1
+            return self._refuse(key, rank, f"its NIXL metadata failed the probe: {verdict}")
         # What this connection or this agent said before is replaced; beyond the per-key budget,
         # the oldest hellos of this key are forgotten with their NIXL state.
         same_key = [r for r in self.remotes.values() if r.key == key]
@@ -308,16 +396,73 @@ class Remotes:
         if loaded != rank.agent:
             self.local.unload_agent(loaded)
             return self._refuse(key, rank, f"NIXL loaded agent {loaded!r}, not {rank.agent!r}")
+        # Prove the memory: the nonce goes as a NIXL notification to the agent this metadata
+        # describes, and only that process can echo it (a peer saying hello with another's metadata,
+        # renamed as its own agent, never sees it). Welcomed, and written to, only after the echo.
+        nonce = next_nonce()
+        try:
+            self.local.agent.send_notif(rank.agent, PROOF_PREFIX + str(nonce).encode())
+        except Exception as exc:
+            self.local.unload_agent(loaded)
+            return self._refuse(key, rank, f"no NIXL notification reaches its agent: {exc}")
+        self._drop_proving(identity)
+        proving = Proving(identity, key, rank, segments, stale, nonce)
+        proving.timer = self.local.loop.call_at(
+            time.monotonic() + min(self.local.timeout_s, PROOF_S), lambda: self._proof_expired(proving)
+        )
+        self._proving[identity] = proving
+
+    def _drop_proving(self, identity: bytes) -> None:
+        old = self._proving.pop(identity, None)
+        if old is not None:
+            old.timer.cancel()
+            self.local.unload_agent(old.rank.agent)
+
+    def _proof_expired(self, proving: Proving) -> None:
+        if self._proving.get(proving.identity) is proving:
+            self._drop_proving(proving.identity)
+            self.local.stats["refused_proofs"] += 1
+            self._refuse(proving.key, proving.rank, "it did not echo the nonce sent to the agent of its NIXL metadata in time (is that metadata its own?)")
+
+    def _on_proof(self, identity: bytes, key: bytes, proof: control.Proof) -> None:
+        proving = self._proving.get(identity)
+        if proving is None or proving.key != key:
+            self.local.drop("unexpected", "a proof from a connection that was not asked for one")
+        elif proof.nonce != proving.nonce:
+            self.local.stats["refused_proofs"] += 1  # (a wrong echo: the right one may still come)
+        else:
+            del self._proving[identity]
+            proving.timer.cancel()
+            self._welcome(proving)
+
+    def _welcome(self, proving: Proving) -> None:
+        identity, key, rank, segments, stale = proving.identity, proving.key, proving.rank, proving.segments, proving.stale
         key_name = self.local.allowed.name_of(key) or fingerprint(key)
-        self.remotes[identity] = Remote(identity, key, key_name, rank, segments)
+        remote = Remote(identity, key, key_name, rank, segments)
+        self.remotes[identity] = remote
         try:
             # Wire up now rather than inside the first request's write (~30 ms on first use).
             self.local.agent.make_connection(rank.agent)
         except Exception as exc:
             log.debug("transceiver %s: early connection to %s failed: %s", self.local.name, rank.name, exc)
+        self.welcome_when_clean(remote, stale, time.monotonic() + self.local.timeout_s)
+
+    def welcome_when_clean(self, remote: Remote, stale: list[Remote], deadline: float) -> None:
+        """Welcome ``remote`` once no write to an earlier hello of its key (``stale``, forgotten and
+        aborted) is in flight: a welcome promises the receiver that nothing this process wrote
+        before it can still land, so it may release the blocks it quarantined for this side."""
+        if self.remotes.get(remote.identity) is not remote:
+            return  # superseded or forgotten meanwhile
+        if any(old.writes for old in stale):
+            if time.monotonic() < deadline:
+                self.local.loop.call_at(time.monotonic() + 0.01, lambda: self.welcome_when_clean(remote, stale, deadline))
+            else:
+                self.forget(remote)
+                self._refuse(remote.key, remote.rank, "writes to its earlier connection did not end in time")
+            return
         # With reads allowed, the welcome carries this side's metadata: the receiver reads offers itself.
         welcome = control.Welcome(self.local.rank_info(with_metadata=self.local.reads))
-        self.router.send_multipart([identity, control.encode(welcome)])
+        self.router.send_multipart([remote.identity, control.encode(welcome)])
 
     def forget(self, remote: Remote) -> None:
         """Forget a receiver: its asks end now; its NIXL state goes once no write uses it."""
@@ -369,6 +514,9 @@ class Remotes:
             remote.writes = 0
             self.forget(remote)
         self._fetching.clear()
+        self._probing.clear()
+        for identity in list(self._proving):
+            self._drop_proving(identity)
         for socket in (self.router, self.zap):
             socket.close(0)
 

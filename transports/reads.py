@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,7 @@ def announce(sender: Sender, offer: Offer, asked: set[bytes]) -> None:
     those (``asked``: their connections) whose ask waits for it already."""
     handle = offer.handle
     offer.token = next_nonce()
-    message = control.Offer(handle.request_id, offer.token, handle.block_ids, handle.deadline_unix_ms())
+    message = control.Offer(handle.request_id, offer.token, handle.block_ids, handle.remaining_ms())
     for remote in sender.remotes.remotes.values():
         if offer.for_key(remote.key) and len(remote.segments.runs) and remote.identity not in asked:
             offer.announced[remote.identity] = remote
@@ -105,7 +106,24 @@ def fence(sender: Sender, offer: Offer) -> bool:
         return False
     sender.fenced[(offer.handle.request_id, offer.token)] = offer
     withdraw(sender, offer)
+    grace = sender.local.limits.release_grace_s
+    sender.local.loop.call_at(time.monotonic() + grace, lambda: _release_expired(sender, offer))
     return True
+
+
+def _release_expired(sender: Sender, offer: Offer) -> None:
+    """A receiver owed a release for ``release_grace_s`` after the offer ended (it never answered,
+    or its socket closed): the blocks come back to the sender, and the count says so."""
+    if sender.fenced.get((offer.handle.request_id, offer.token)) is not offer:
+        return
+    owing = sorted(remote.key_name for remote in offer.announced.values())
+    sender.local.stats["releases_expired"] += len(owing)
+    log.warning(
+        "transceiver %s: no release of %r from %s within %.1f s of its end; its blocks are taken back",
+        sender.local.name, offer.handle.request_id, owing, sender.local.limits.release_grace_s,
+    )
+    offer.announced.clear()
+    unfence(sender, offer)
 
 
 def unfence(sender: Sender, offer: Offer) -> None:
@@ -139,6 +157,8 @@ def remote_gone(sender: Sender, remote: Remote) -> None:
 class Announced:  # an offer announced to this side, not taken yet
     offer: control.Offer
     peer: str
+    deadline: float = 0.0
+    """When the offer ends, on this side's monotonic clock (its ``timeout_ms`` from when it arrived)."""
     timer: Any = None
 
 
@@ -167,6 +187,10 @@ class Reads:
         self.offers: dict[str, dict[str, Announced]] = {}
         """Announcements not taken yet: request id -> sender name -> announcement."""
         self._per_peer: Counter[str] = Counter()
+        self._probing: dict[str, bool] = {}
+        """Senders whose welcome's metadata is being probed (their reads wait for it)."""
+        self._deadlines: dict[tuple[str, int], float] = {}
+        """Deadlines of offers taken by a receive and about to be read (this side's clock)."""
         self._blocks_per_peer: Counter[str] = Counter()
         self.sources: dict[str, Remote] = {}
         """Senders whose metadata this side loaded (from their welcome), by name."""
@@ -178,9 +202,17 @@ class Reads:
     def busy(self) -> bool:
         return bool(self.inflight)
 
-    def add_source(self, peer: Peer, key: bytes, rank: control.RankInfo) -> None:
+    def add_source(self, peer: Peer, key: bytes, rank: control.RankInfo, ready: Callable[[], None] = lambda: None) -> None:
         """A sender's welcome: load its metadata if it carries any (it allows reads) and its layout
-        is this side's; otherwise every announcement of it is declined (it writes instead)."""
+        is this side's; otherwise every announcement of it is declined (it writes instead). ``ready``
+        is called once that is settled (after a probe of metadata not loaded before)."""
+        try:
+            self._add_source(peer, key, rank, ready)
+        finally:
+            if not self._probing.get(peer.name):
+                ready()
+
+    def _add_source(self, peer: Peer, key: bytes, rank: control.RankInfo, ready: Callable[[], None]) -> None:
         if not rank.metadata:
             return
         problem, segments = "", block_segments(rank.layout, self.local.layout)
@@ -190,7 +222,24 @@ class Reads:
             problem = "its NIXL metadata names another agent"
         elif not len(segments.runs):
             problem = "it holds none of this side's layers and heads"
+        elif not self.local.agent_loaded(rank.metadata) and not self.local.probe.cached(rank.metadata)[0]:
+            # Not loaded before: loaded first in a probe child (NIXL's parser is not hardened); until
+            # it answers, this sender's announcements are declined and receives ask for writes.
+            def done(verdict: str | None) -> None:
+                try:
+                    self.local.loop.submit(lambda: self._probed(peer, key, rank, verdict, ready))
+                except RuntimeError:
+                    pass  # closed meanwhile
+
+            self._probing[peer.name] = True
+            self.local.probe.start(rank.metadata, done)
+            return
         else:
+            verdict = self.local.probe.cached(rank.metadata)[1]
+            if verdict is not None:
+                problem = f"its NIXL metadata failed the probe: {verdict}"
+                self._log_refused(peer, problem)
+                return
             try:
                 loaded = self.local.load_agent(rank.metadata)
             except Exception as exc:
@@ -199,7 +248,7 @@ class Reads:
                 self.local.unload_agent(loaded)
                 problem = f"NIXL loaded agent {loaded!r}, not {rank.agent!r}"
         if problem:
-            log.warning("transceiver %s: will not read from sender %s: %s", self.local.name, peer.name, problem)
+            self._log_refused(peer, problem)
             return
         self.sources[peer.name] = Remote(b"", key, peer.key_name, rank, segments)
         try:
@@ -207,10 +256,30 @@ class Reads:
         except Exception as exc:
             log.debug("transceiver %s: early connection to %s failed: %s", self.local.name, peer.name, exc)
 
+    def _log_refused(self, peer: Peer, problem: str) -> None:
+        log.warning("transceiver %s: will not read from sender %s: %s", self.local.name, peer.name, problem)
+
+    def _probed(self, peer: Peer, key: bytes, rank: control.RankInfo, verdict: str | None, ready: Callable[[], None]) -> None:
+        """(Service thread.) The probe of a sender's metadata answered: go on if the same sender is
+        still connected."""
+        with self.lock:
+            self._probing.pop(peer.name, None)
+            conn = self.connections.connection_of(peer.name)
+            if conn is None or conn.key != key or conn.peer is not peer:
+                return
+            if verdict is not None:
+                self._log_refused(peer, f"its NIXL metadata failed the probe: {verdict}")
+                ready()
+                return
+            self.add_source(peer, key, rank, ready)
+
     def on_offer(self, peer: Peer, offer: control.Offer) -> None:
         """An announcement: keep it (bounded, until its deadline) for a receive to take."""
         source = self.sources.get(peer.name)
-        remaining = offer.deadline_ms / 1000.0 - time.time()
+        # Counted from now on this side's clock (the two hosts' clocks are never compared); the frame's
+        # transit makes it end a little later here than at the sender, whose blocks then stay fenced
+        # until this side's release or the sender's own grace after its deadline (see the README).
+        remaining = offer.timeout_ms / 1000.0
         problem = ""
         if source is None:
             problem = "this receiver does not read from this sender"
@@ -234,7 +303,7 @@ class Reads:
             self._forget(old)
             self.release(peer.name, old.offer, "declined", "superseded by a newer offer of the same request")
             waiting = self.offers.setdefault(offer.request_id, {})
-        announced = waiting[peer.name] = Announced(offer, peer.name)
+        announced = waiting[peer.name] = Announced(offer, peer.name, time.monotonic() + remaining)
         self._per_peer[peer.name] += 1
         self._blocks_per_peer[peer.name] += len(offer.blocks)
         expiry = time.monotonic() + min(remaining, self.local.limits.park_s)
@@ -280,6 +349,7 @@ class Reads:
             announced = waiting[peer]
             self._forget(announced)
             taken[peer] = announced.offer
+            self._deadlines[(peer, announced.offer.token)] = announced.deadline
         return taken
 
     def decline_all(self, request_id: str, send: Any) -> None:
@@ -291,10 +361,11 @@ class Reads:
     def start(self, receive: Any, peer: str, offer: control.Offer) -> str | None:
         """Post the READ of ``offer`` into ``receive``'s blocks: "" if posted, None if there was
         nothing to read, or why it could not start (nothing was read)."""
+        deadline = self._deadlines.pop((peer, offer.token), 0.0)
         source = self.sources.get(peer)
         if source is None or source.gone:
             return "the sender is no longer connected"
-        if offer.deadline_ms / 1000.0 <= time.time():
+        if deadline <= time.monotonic():
             return "the sender's offer expired before the read started"
         handle = receive.handle
         remote_blocks = offer.blocks[receive.skip_blocks :]

@@ -76,6 +76,11 @@ class Receiver:
         self.receives: dict[str, Receive] = {}
         self.fences: dict[tuple[str, int], Fence] = {}
         self.ended: OrderedDict[str, RequestState] = OrderedDict()
+        self.quarantined: dict[tuple[str, str], set[tuple[str, int]]] = {}
+        """Fences of senders whose connection was torn down while they might still write, by
+        (sender name, NIXL agent): see :meth:`on_peer_gone`."""
+        self._agents: dict[str, str] = {}
+        """Each sender's NIXL agent, from its last welcome."""
         self.lock = threading.Lock()
         self.reserved: set[int] = set()
         """Blocks of open or fenced receives (callers read it under :attr:`lock`)."""
@@ -141,7 +146,7 @@ class Receiver:
 
     def _request(self, receive: Receive) -> control.Request:
         handle = receive.handle
-        return control.Request(handle.request_id, receive.nonce, handle.block_ids, receive.skip_blocks, handle.deadline_unix_ms())
+        return control.Request(handle.request_id, receive.nonce, handle.block_ids, receive.skip_blocks, handle.remaining_ms())
 
     def start(self, receive: Receive) -> None:
         """(Service thread.) Queue the attempt's request to every writer (sent batched)."""
@@ -248,11 +253,14 @@ class Receiver:
             self._send_cancel(receive)  # our blocks are unusable anyway: ask the others to stop early
         self._settle(receive)
 
-    def _send_cancel(self, receive: Receive) -> None:
+    def _send_cancel(self, receive: Receive, *, final: bool = False) -> None:
+        """Stop the attempt's writers (or abort its READs). ``final``: the caller gives the request
+        up, so a sender need not wait for this receiver; otherwise only this attempt ends and a retry
+        of the request id may still ask."""
         if receive.reads:  # abort the READs; the release of each tells its sender, once it ended
             receive.pending.difference_update(self.reads.abort(receive))
             return
-        cancel = control.Cancel(receive.handle.request_id, receive.nonce)
+        cancel = control.Cancel(receive.handle.request_id, receive.nonce, int(final))
         for name in receive.pending:
             self.connections.send_to(name, cancel)
 
@@ -317,7 +325,7 @@ class Receiver:
             self._end(receive, RequestState.CANCELLED, "cancelled by the receiver")
             return True
         handle._state = RequestState.CANCELLING
-        self._send_cancel(receive)
+        self._send_cancel(receive, final=True)
         if not receive.pending:  # (reads stopped at once)
             self._settle(receive)
         return not receive.pending
@@ -334,18 +342,44 @@ class Receiver:
                 self._settle(receive)
 
     @_locked
-    def on_peer_gone(self, name: str) -> None:
-        """The connection to ``name`` was torn down: no write of it follows; stop waiting for it
-        (but not for a READ of it in flight: that ends here, when NIXL reports it)."""
+    def on_peer_gone(self, name: str, dead: bool = False) -> None:
+        """The connection to ``name`` was torn down. Its waiting receives fail now. Blocks it may
+        still write are *quarantined*, not released: a sender that is cut off but alive can write
+        when the link comes back, whatever its clock says. They are released by its results, by a
+        welcome from the same sender process (it welcomes only once no earlier write of its own to
+        this side is in flight), or at once if ``dead`` (the caller knows the process is gone).
+        A READ of it in flight ends here, when NIXL reports it."""
         reading = self.reads.reading
+        agent = self._agents.get(name, "")
         for receive in list(self.receives.values()):
-            if name in receive.pending and not reading(receive.handle, name):
+            if name not in receive.pending or reading(receive.handle, name):
+                continue
+            receive.errors.append(f"sender {name!r} was disconnected")
+            if dead:
                 receive.pending.discard(name)
-                receive.errors.append(f"sender {name!r} was disconnected")
                 self._settle(receive)
-        for request_id, nonce in [k for k, f in self.fences.items() if name in f.pending and not reading(f.handle, name)]:
-            self._unfence(request_id, nonce, name)
+            else:
+                self._send_cancel(receive)  # (the others stop early; this one fences what it holds)
+                self._end(receive, RequestState.FAILED, "; ".join(receive.errors))
+        for fence_key in [k for k, f in self.fences.items() if name in f.pending and not reading(f.handle, name)]:
+            if dead:
+                self._unfence(*fence_key, name)
+            else:
+                held = self.quarantined.setdefault((name, agent), set())
+                if fence_key not in held:
+                    held.add(fence_key)
+                    self.local.stats["quarantined_blocks"] += len(self.fences[fence_key].handle.block_ids)
+        if dead:  # and what earlier processes under this name left
+            for agent_of_old in [a for n, a in self.quarantined if n == name]:
+                self._lift_quarantine(name, agent_of_old)
         self.reads.peer_gone(name)
+
+    def _lift_quarantine(self, name: str, agent: str) -> None:
+        """The same sender process welcomed this side again: none of its earlier writes is in flight."""
+        for fence_key in self.quarantined.pop((name, agent), ()):
+            fence = self.fences.get(fence_key)
+            if fence is not None and name in fence.pending:
+                self._unfence(*fence_key, name)
 
     @_locked
     def on_offer(self, peer: Any, offer: control.Offer) -> None:
@@ -361,16 +395,19 @@ class Receiver:
         self.reads.withdraw(peer, cancel)
 
     @_locked
-    def on_welcome(self, peer: Any, key: bytes, rank: control.RankInfo) -> None:
-        """A sender welcomed this side: read from it if it allows reads."""
-        self.reads.add_source(peer, key, rank)
+    def on_welcome(self, peer: Any, key: bytes, rank: control.RankInfo, ready: Callable[[], None]) -> None:
+        """A sender welcomed this side: lift what its process left quarantined; read from it if it
+        allows reads (``ready`` is called once that is settled: its metadata may be probed first)."""
+        self._agents[peer.name] = rank.agent
+        self._lift_quarantine(peer.name, rank.agent)
+        self.reads.add_source(peer, key, rank, ready)
 
     @_locked
     def begin_close(self) -> None:
         """Fail every open receive."""
         self.closed = True
         for receive in list(self.receives.values()):
-            self._send_cancel(receive)
+            self._send_cancel(receive, final=True)
             self._end(receive, RequestState.FAILED, "transceiver closed")
 
     @_locked
@@ -383,3 +420,4 @@ class Receiver:
         for fence in self.fences.values():
             self._unreserve(fence.handle)
         self.fences.clear()
+        self.quarantined.clear()

@@ -158,9 +158,10 @@ class TransferHandle:
         """The current state."""
         return self._state
 
-    def deadline_unix_ms(self) -> int:
-        """The deadline as Unix time in ms: what travels to the peer (monotonic clocks do not)."""
-        return int((time.time() + max(0.0, self.deadline - time.monotonic())) * 1000)
+    def remaining_ms(self) -> int:
+        """Time left before the deadline, in whole ms (at least 1): what travels to the peer, which
+        counts it on its own monotonic clock (no wall clock is compared across hosts)."""
+        return max(1, int((self.deadline - time.monotonic()) * 1000))
 
     @property
     def done(self) -> bool:

@@ -144,12 +144,10 @@ class Sender:
 
     def on_request(self, remote: Remote, request: control.Request) -> None:
         """A receiver's ask (an authenticated frame, schema-checked)."""
+        # The ask's time left counts from now on this side's monotonic clock: clocks of the two hosts
+        # are never compared (the receiver keeps its blocks fenced until this side's result).
         now = time.monotonic()
-        remaining = request.deadline_ms / 1000.0 - time.time()
-        if remaining <= 0:
-            self._refuse(remote, request, "error", "its deadline passed before the sender read it; nothing written")
-            return
-        ask = Ask(remote, request, time.perf_counter(), now + min(remaining, self.local.timeout_s))
+        ask = Ask(remote, request, time.perf_counter(), now + min(request.timeout_ms / 1000.0, self.local.timeout_s))
         offer = self.offers.get(request.request_id)
         if offer is not None and offer.for_key(remote.key):
             self._start_write(offer, ask)
@@ -212,6 +210,13 @@ class Sender:
         if any(w.offer is offer and w.ask.remote.key == remote.key for w in self.writes) or remote.key in offer.served_by:
             self.local.stats["late_frames"] += 1  # a write is in flight (its result follows) or done
             return
+        if not cancel.final:
+            # One attempt ended (it timed out before its ask was served): the offer stays for a retry
+            # of the same request id; the result lets the receiver lift that attempt's fence.
+            self.local.stats["late_frames"] += 1
+            if cancel.nonce:
+                self.remotes.reply(remote, control.Result(cancel.request_id, cancel.nonce, "cancelled", "the attempt ended; nothing written"))
+            return
         # The receiver gave up before asking: count it so the offer need not wait for it.
         offer.served_by.add(remote.key)
         offer.cancelled += 1
@@ -220,10 +225,17 @@ class Sender:
         self._settle(offer)
 
     def on_remote_gone(self, remote: Remote) -> None:
-        """A receiver was forgotten: its waiting asks, and the announcements it owed a release, go with it."""
+        """A receiver was forgotten: its waiting asks, and the announcements it owed a release, go
+        with it, and its writes in flight are aborted (one NIXL does not confirm stays counted in
+        ``remote.writes`` until it reports: a new welcome to that key waits for it, see
+        :meth:`.peers.Remotes.welcome_when_clean`)."""
         for asks in list(self.parked.values()):
             for ask in [a for a in asks if a.remote is remote]:
                 self._unpark(ask)
+        for write in [w for w in self.writes if w.ask.remote is remote]:
+            if self._post.abort(write.xfer):
+                self.writes.remove(write)
+                self._complete(write, ok=False, reason="the receiver said hello again or was forgotten; write aborted", status="aborted")
         reads.remote_gone(self, remote)
 
     # -- writes -------------------------------------------------------------------------------------

@@ -37,9 +37,14 @@ from .local import Limits, LocalSide
 from .loop import ServiceLoop
 from .peers import Remotes
 from .pool import BlockPool
+from .probe import MetadataProbe
+
+PROBE_TIMEOUT_S = 10.0
+"""Shortest time a peer's metadata may take to load in a probe child (a loaded host forks slowly)."""
 from .receiver import Receive, Receiver
 from .request import TransferHandle
 from .sender import Sender
+
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -129,6 +134,9 @@ class NixlTransceiver:
             plaintext=bool(_plaintext), reads=bool(allow_reads),
         )
         local.handle_ended = self._forget_handle
+        # (its helper process starts with the first hello; a probe may take as long as a request)
+        local.probe = MetadataProbe(self.settings, timeout_s=max(PROBE_TIMEOUT_S, self.timeout_s))
+        local.on_withdrawn = self._withdraw_keys
         self.stats: dict[str, int] = local.stats
         """Counters of frames dropped (by reason), refused handshakes and hellos, late frames."""
         self._loop = loop
@@ -149,6 +157,12 @@ class NixlTransceiver:
         """Where senders are reached, with their public key: pass it to a receiver's :meth:`connect`."""
         loop.start(on_exit=self._on_loop_exit)
         loop.submit(self._remotes.start).result(10.0)
+
+    def _withdraw_keys(self, withdrawn: frozenset[bytes]) -> None:
+        """(Service thread.) Keys removed from the allow-list folder, or given another role, lose
+        their sessions: see :meth:`.local.LocalSide.check_allow_list`."""
+        self._remotes.withdraw_keys(withdrawn)
+        self._connections.withdraw_keys(withdrawn)
 
     # ---------------------------------------------------------------- public API (any thread) ----
 
@@ -195,18 +209,23 @@ class NixlTransceiver:
         self._loop.submit(run)
         return future.result(timeout + 5.0)
 
-    def disconnect(self, peer: Peer | str) -> bool:
+    def disconnect(self, peer: Peer | str, *, dead: bool = False) -> bool:
         """Tear down the connection to a sender (a :class:`Peer` or its name) and forget receivers
-        whose key has that name. Requests waiting on it fail at once and blocks fenced for it are
-        released: call it only for a peer that is dead or cut off. True if there was one."""
+        whose key has that name. Requests waiting on it fail at once. Blocks it may still write stay
+        fenced (*quarantined*: a sender cut off by a partition may be alive and write when the link
+        returns) until its results come, or the same sender process welcomes this side again after
+        :meth:`connect`; pass ``dead=True`` only when its process is known to be gone (killed, host
+        down) to release them now. True if there was one."""
         name = peer.name if isinstance(peer, Peer) else peer
 
         def run() -> bool:
             found = False
             conn = self._connections.connection_of(name)
             if conn is not None:
-                self._connections.close_connection(conn)
+                self._connections.close_connection(conn, dead=dead)
                 found = True
+            elif dead:
+                self._receiver.on_peer_gone(name, dead=True)  # (gone before: release its quarantine)
             for remote in [r for r in self._remotes.remotes.values() if r.key_name == name]:
                 self._remotes.forget(remote)
                 found = True
@@ -387,7 +406,7 @@ class NixlTransceiver:
                 return
             self._released = True
         agent = self._local.agent
-        steps = [self._connections.close, self._receiver.reads.close, self._remotes.close, self._sender.close, lambda: self._remotes.ctx.destroy(0)]
+        steps = [self._connections.close, self._receiver.reads.close, self._remotes.close, self._sender.close, lambda: self._remotes.ctx.destroy(0), self._local.probe.close]
         if self.metadata == "etcd":
             steps.append(agent.invalidate_local_metadata)  # etcd may be gone: the entry is then stale, not harmful
         steps += [lambda: agent.deregister_memory(self._registration), self._loop.close_pipe]

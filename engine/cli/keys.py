@@ -1,9 +1,12 @@
 """``kvpolicy keys``: CURVE key material for the transfer layer's control plane.
 
-``kvpolicy keys new DIR --name NAME`` writes ``DIR/NAME.key`` (public: copy it to every peer's
-allow-list directory) and ``DIR/NAME.key_secret`` (secret, mode 0600: it never leaves this host).
-``kvpolicy keys show FILE`` prints a key file's name, public key and fingerprint. pyzmq is imported
-only when one of these runs, so ``resolve`` and ``lint`` never pay for it.
+``kvpolicy keys new DIR --name NAME --role ROLE`` writes ``DIR/NAME.key`` (public: copy it into the
+allow-list directory of every rank of the other role) and ``DIR/NAME.key_secret`` (secret, mode
+0600 from the start: it never leaves this host). ROLE is ``prefill`` (a sender), ``decode`` (a
+receiver) or ``any`` (no role: both; for single-process tests and tools); a sender accepts only
+``decode`` keys, a receiver connects only to ``prefill`` keys (see :mod:`kvpolicy.transports.keys`).
+``kvpolicy keys show FILE`` prints a key file's name, public key, fingerprint and role. pyzmq is
+imported only when one of these runs, so ``resolve`` and ``lint`` never pay for it.
 """
 
 from __future__ import annotations
@@ -29,10 +32,17 @@ def register(sub: Any) -> None:
     new = actions.add_parser("new", help="write NAME.key and NAME.key_secret into DIR")
     new.add_argument("directory", metavar="DIR")
     new.add_argument("--name", required=True, help="the key's name: what peers and offers (send(to=NAME)) call this rank")
+    new.add_argument(
+        "--role",
+        required=True,
+        choices=("prefill", "decode", "any"),
+        help="prefill: a sender (only decode keys may ask it for blocks); decode: a receiver (it connects only to "
+        "prefill keys); any: no role, both (for single-process tests and tools)",
+    )
     new.add_argument("--force", action="store_true", help="replace an existing key of that name")
     new.add_argument("--format", choices=("text", "json"), default="text")
     new.set_defaults(run=run_new)
-    show = actions.add_parser("show", help="print a key file's name, public key and fingerprint")
+    show = actions.add_parser("show", help="print a key file's name, public key, fingerprint and role")
     show.add_argument("file", metavar="FILE")
     show.add_argument("--format", choices=("text", "json"), default="text")
     show.set_defaults(run=run_show)
@@ -42,16 +52,29 @@ def _describe(path: Path, args: Any) -> int:
     from kvpolicy.transports.keys import AllowList, KeyMaterialError, fingerprint
 
     try:
-        allowed = AllowList([path])
+        [peer] = AllowList([path]).entries()
     except KeyMaterialError as exc:
         return fail(str(exc))
-    [(public, name)] = allowed._keys.items()
-    info = {"name": name, "public_key": public.decode(), "fingerprint": fingerprint(public), "file": str(path)}
+    info = {
+        "name": peer.name,
+        "public_key": peer.public.decode(),
+        "fingerprint": fingerprint(peer.public),
+        "role": peer.role or "any",
+        "file": str(path),
+    }
     if args.format == "json":
         print(json.dumps(info, indent=2))
     else:
-        print(f"{info['name']}  {info['public_key']}  fingerprint {info['fingerprint']}  ({info['file']})")
+        print(f"{info['name']}  {info['public_key']}  fingerprint {info['fingerprint']}  role {info['role']}  ({info['file']})")
     return 0
+
+
+_NEXT_STEP = {
+    "prefill": "copy {public} into the allowed_peers directory of every decode rank",
+    "decode": "copy {public} into the allowed_peers directory of every prefill rank",
+    "any": "copy {public} into the allowed_peers directory of every peer (a key without a role is allowed as sender "
+    "and receiver: meant for single-process tests and tools; use --role prefill or decode for a deployment)",
+}
 
 
 def run_new(args: Any) -> int:
@@ -59,22 +82,22 @@ def run_new(args: Any) -> int:
     from kvpolicy.transports.keys import KeyMaterialError, create_keys
 
     folder = Path(args.directory)
-    existing = [p for p in (folder / f"{args.name}.key", folder / f"{args.name}.key_secret") if p.exists()]
-    if existing and not args.force:
-        return fail(f"{existing[0]}: a key named {args.name!r} exists already; pass --force to replace it")
     try:
-        public, secret = create_keys(folder, args.name)
-    except (KeyMaterialError, OSError) as exc:
-        return fail(f"{folder}: {exc}")
+        public, secret = create_keys(folder, args.name, None if args.role == "any" else args.role, overwrite=args.force)
+    except KeyMaterialError as exc:  # names the file and the fix
+        return fail(str(exc))
+    except OSError as exc:
+        return fail(f"{exc.filename or folder}: cannot write the key pair ({exc.strerror or exc})")
     code = _describe(public, args)
     if args.format == "text":
-        print(f"secret key: {secret} (keep it on this host)\npublic key: {public} (copy it into each peer's allowed_peers directory)")
+        print(f"secret key: {secret} (mode 0600: keep it on this host)\npublic key: {public}")
+        print("next: " + _NEXT_STEP[args.role].format(public=public.name))
     return code
 
 
 def run_show(args: Any) -> int:
-    """Print one key file's name, public key and fingerprint."""
+    """Print one key file's name, public key, fingerprint and role."""
     path = Path(args.file)
     if not path.is_file():
-        return fail(f"{path}: no such key file; make one with `kvpolicy keys new DIR --name NAME`")
+        return fail(f"{path}: no such key file; make one with `kvpolicy keys new DIR --name NAME --role ROLE`")
     return _describe(path, args)

@@ -3,10 +3,11 @@
 :class:`EtcdServer` runs Debian's ``etcd-server`` with a temporary data dir on one address and free
 ports; :meth:`~EtcdServer.stop` / :meth:`~EtcdServer.start` take it away mid-run and bring it back
 with its data. With ``secure=True`` it serves only TLS, asks every client for a certificate
-(``--client-cert-auth``), and has auth enabled with a user whose role covers ``/kvpolicy/`` only;
-:func:`make_pki` writes the throwaway CA and certificates (``cryptography``). Users and roles are made
-through the JSON gateway, as :class:`~kvpolicy.transports.etcd_client.EtcdClient` speaks it: no
-``etcdctl`` needed. Every wait has a finite timeout.
+(``--client-cert-auth``), and has auth enabled with a user whose role covers ``/kvpolicy/`` only
+(or, ``roles="split"``, a read-write user for senders and a read-only one for receivers on one
+namespace's rank records); :func:`make_pki` writes the throwaway CA and certificates
+(``cryptography``). Users and roles are made through the JSON gateway, as
+:class:`~kvpolicy.transports.etcd_client.EtcdClient` speaks it: no ``etcdctl`` needed. Every wait has a finite timeout.
 """
 
 from __future__ import annotations
@@ -135,13 +136,20 @@ class EtcdServer:
 
     ``netns``: run it inside that network namespace (through ``ip netns exec``); ``host`` must then be
     an address of the namespace. ``secure``: TLS only (client certificates required), auth enabled
-    with a ``root`` user and a user ``kvpolicy`` whose role may read and write ``/kvpolicy/`` and
-    nothing else; :attr:`security` then holds that user's settings and :attr:`root` the root's.
-    ``token_ttl_s``: etcd's ``--auth-token-ttl``. Use as a context manager, or call :meth:`close`.
+    with a ``root`` user and, with ``roles="shared"`` (the default), a user ``kvpolicy`` whose role may
+    read and write ``/kvpolicy/`` and nothing else; :attr:`security` then holds that user's settings
+    and :attr:`root` the root's. With ``roles="split"``, least exposure per side instead: a user and
+    role ``kvpolicy-prefill`` that may read and write ``/kvpolicy/<namespace>/ranks/`` (senders
+    register) and a user and role ``kvpolicy-decode`` that may only read it (receivers look up);
+    :attr:`users` holds both (``"prefill"``, ``"decode"``), :attr:`security` the prefill user's, and
+    :meth:`client_env` takes the side. ``token_ttl_s``: etcd's ``--auth-token-ttl``. Use as a
+    context manager, or call :meth:`close`.
     """
 
     #: The key prefix the ``kvpolicy`` user's role covers.
     PREFIX = "/kvpolicy/"
+    #: The two users (and roles) of ``roles="split"``, by side.
+    SPLIT_USERS = {"prefill": ("kvpolicy-prefill", "READWRITE"), "decode": ("kvpolicy-decode", "READ")}
 
     def __init__(
         self,
@@ -149,9 +157,13 @@ class EtcdServer:
         *,
         netns: str | None = None,
         secure: bool = False,
+        roles: str = "shared",
+        namespace: str = "default",
         token_ttl_s: int | None = None,
         start_timeout_s: float = 20.0,
     ) -> None:
+        if roles not in ("shared", "split"):
+            raise ValueError(f"roles must be 'shared' or 'split', got {roles!r}")
         binary = etcd_binary()
         if binary is None:
             raise FileNotFoundError("the etcd binary is not installed (apt-get install etcd-server)")
@@ -159,6 +171,8 @@ class EtcdServer:
         self.host = host
         self.netns = netns
         self.secure = secure
+        self.roles = roles
+        self.namespace = namespace
         self.token_ttl_s = token_ttl_s
         self.start_timeout_s = start_timeout_s
         self.data_dir = tempfile.mkdtemp(prefix="kvpolicy-etcd-")
@@ -169,6 +183,10 @@ class EtcdServer:
         self.pki: EtcdPKI | None = None
         self.security = EtcdSecurity(insecure_plaintext=True)
         self.root = self.security
+        #: The etcd users made at start, by side ("kvpolicy" with roles="shared"; "prefill" and
+        #: "decode" with roles="split"), and the files holding their passwords (mode 600).
+        self.users: dict[str, EtcdSecurity] = {}
+        self.password_files: dict[str, str] = {}
         self.password_file = ""
         self.process: subprocess.Popen | None = None
         self._log = open(os.path.join(self.data_dir, "etcd.log"), "ab")
@@ -177,11 +195,15 @@ class EtcdServer:
                 self.pki = make_pki(os.path.join(self.data_dir, "pki"), [host])
                 tls = {"ca_file": self.pki.ca_file, "cert_file": self.pki.client_cert, "key_file": self.pki.client_key}
                 self.root = EtcdSecurity(**tls, user="root", password=secrets.token_urlsafe(16))
-                self.security = EtcdSecurity(**tls, user="kvpolicy", password=secrets.token_urlsafe(16))
-                self.password_file = os.path.join(self.data_dir, "pki", "password")
-                fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(self.security.password or "")
+                names = {"kvpolicy": "kvpolicy"} if roles == "shared" else {s: u for s, (u, _) in self.SPLIT_USERS.items()}
+                for side, user in names.items():
+                    self.users[side] = EtcdSecurity(**tls, user=user, password=secrets.token_urlsafe(16))
+                    self.password_files[side] = os.path.join(self.data_dir, "pki", "password" if roles == "shared" else f"password-{side}")
+                    fd = os.open(self.password_files[side], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "w") as f:
+                        f.write(self.users[side].password or "")
+                default = "kvpolicy" if roles == "shared" else "prefill"
+                self.security, self.password_file = self.users[default], self.password_files[default]
             self.start()
             if secure:
                 self._enable_auth()
@@ -239,18 +261,35 @@ class EtcdServer:
             ("/v3/auth/user/add", {"name": "root", "password": self.root.password}),
             ("/v3/auth/role/add", {"name": "root"}),
             ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
-            *_user_steps("kvpolicy", self.security.password or "", self.PREFIX, "READWRITE"),
+            *self._user_set_up(),
             ("/v3/auth/enable", {}),
         ]
         self._admin(steps, as_root=False)
 
-    def add_user(self, user: str, password: str, prefix: str, permission: str = "READWRITE") -> EtcdSecurity:
-        """Create etcd user ``user`` with a role of its own that may ``permission`` (READ, WRITE or
-        READWRITE) the keys under ``prefix``; returns its settings (this server's client certificate)."""
+    def _user_set_up(self) -> list[tuple[str, dict]]:
+        if self.roles == "shared":
+            return _user_steps("kvpolicy", self.users["kvpolicy"].password or "", self.PREFIX, "READWRITE")
+        ranks = self.ranks_prefix(self.namespace)
+        steps: list[tuple[str, dict]] = []
+        for side, (user, permission) in self.SPLIT_USERS.items():
+            steps += _user_steps(user, self.users[side].password or "", ranks, permission, role=user)
+        return steps
+
+    @staticmethod
+    def ranks_prefix(namespace: str) -> str:
+        """Where :class:`~kvpolicy.transports.discovery.EtcdRegistry` keeps ``namespace``'s rank records."""
+        return f"/kvpolicy/{namespace}/ranks/"
+
+    def add_user(
+        self, user: str, password: str, prefix: str, permission: str = "READWRITE", *, role: str | None = None, exact: bool = False
+    ) -> EtcdSecurity:
+        """Create etcd user ``user`` with a role (``role``, default ``<user>-role``) that may
+        ``permission`` (READ, WRITE or READWRITE) the keys under ``prefix`` (``exact``: that one key
+        only); returns its settings (this server's client certificate)."""
         pki = self.pki
         if pki is None:
             raise RuntimeError("users exist only on a secure server (EtcdServer(secure=True))")
-        self._admin(_user_steps(user, password, prefix, permission), as_root=True)
+        self._admin(_user_steps(user, password, prefix, permission, role=role, exact=exact), as_root=True)
         return EtcdSecurity(pki.ca_file, pki.client_cert, pki.client_key, user=user, password=password)
 
     def _admin(self, steps: list[tuple[str, dict]], *, as_root: bool) -> None:
@@ -279,16 +318,20 @@ class EtcdServer:
             raise RuntimeError(f"etcd runs inside namespace {self.netns}; make clients there (client_env())")
         return EtcdClient(self.endpoint, security=security or self.security, timeout_s=timeout_s)
 
-    def client_env(self) -> dict[str, str]:
-        """Environment for a child process whose clients read :meth:`EtcdSecurity.from_env`."""
+    def client_env(self, side: str | None = None) -> dict[str, str]:
+        """Environment for a child process whose clients read :meth:`EtcdSecurity.from_env`, as the
+        user of ``side`` (a key of :attr:`users`; default: :attr:`security`'s user)."""
         if not self.secure or self.pki is None:
             return {"KVPOLICY_ETCD_INSECURE_PLAINTEXT": "1"}
+        if side is not None and side not in self.users:
+            raise KeyError(f"no etcd user for side {side!r} (roles={self.roles!r} has {sorted(self.users)})")
+        security = self.security if side is None else self.users[side]
         return {
             "KVPOLICY_ETCD_CACERT": self.pki.ca_file,
             "KVPOLICY_ETCD_CERT": self.pki.client_cert,
             "KVPOLICY_ETCD_KEY": self.pki.client_key,
-            "KVPOLICY_ETCD_USER": self.security.user or "",
-            "KVPOLICY_ETCD_PASSWORD_FILE": self.password_file,
+            "KVPOLICY_ETCD_USER": security.user or "",
+            "KVPOLICY_ETCD_PASSWORD_FILE": self.password_file if side is None else self.password_files[side],
         }
 
     def healthy(self, timeout_s: float = 1.0) -> bool:
@@ -353,11 +396,17 @@ def _health(host: str, port: int, pki: EtcdPKI | None, timeout_s: float) -> bool
         conn.close()
 
 
-def _user_steps(user: str, password: str, prefix: str, permission: str) -> list[tuple[str, dict]]:
-    """Gateway calls that make ``user`` with a role ``<user>-role`` that may ``permission`` ``prefix``."""
+def _user_steps(
+    user: str, password: str, prefix: str, permission: str, *, role: str | None = None, exact: bool = False
+) -> list[tuple[str, dict]]:
+    """Gateway calls that make ``user`` with a role (``role``, default ``<user>-role``) that may
+    ``permission`` the keys under ``prefix`` (``exact``: the one key ``prefix``), as ``etcdctl role
+    grant-permission ROLE PERMISSION [--prefix=true] KEY`` does."""
     raw = prefix.encode()
-    role = f"{user}-role"
-    perm = {"permType": permission, "key": b64(raw), "range_end": b64(prefix_end(raw))}
+    role = role or f"{user}-role"
+    perm = {"permType": permission, "key": b64(raw)}
+    if not exact:
+        perm["range_end"] = b64(prefix_end(raw))
     return [
         ("/v3/auth/user/add", {"name": user, "password": password}),
         ("/v3/auth/role/add", {"name": role}),

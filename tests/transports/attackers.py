@@ -69,7 +69,8 @@ class RogueSender:
     def __init__(self, name: str = "rogue") -> None:
         from kvpolicy.transports.keys import address_with_key
 
-        _, secret_file = new_key(name, KEYS_DIR)
+        self.key_name, secret_file = new_key(name, KEYS_DIR)
+        """What receivers call this sender: its key's name, whatever its welcome claims."""
         self.public, secret = zmq.auth.load_certificate(secret_file)
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)

@@ -18,14 +18,16 @@ RANK = control.RankInfo("decode", "agent-1", b"\x00meta", LAYOUT, 1 << 40, 64, "
     [
         control.Hello(RANK),
         control.Welcome(RANK),
-        control.Request("r1", 9, (3, 1, 2), 1, 1_700_000_000_000),
+        control.Request("r1", 9, (3, 1, 2), 1, 30_000),
         control.Cancel("r1", 9),
         control.Cancel("r1", 0),
+        control.Cancel("r1", 9, 0),
+        control.Proof(123),
         control.Result("r1", 9, "ok", "", 4096, 64, 1, 12, 34),
         control.Result("r1", 9, "error", "boom"),
         control.Result("r1", 9, "aborted", "deadline"),
-        control.Offer("r1", 5, (4, 2), 1_700_000_000_000),
-        control.Offer("r1", 5, (), 1_700_000_000_000),
+        control.Offer("r1", 5, (4, 2), 30_000),
+        control.Offer("r1", 5, (), 1),
         control.Release("r1", 5, "ok", "", 4096, 12),
         control.Release("r1", 5, "declined", "no receive took it in time"),
     ],
@@ -70,11 +72,11 @@ def _result(**fields):
 
 
 def _request(**fields):
-    return _frame("request", *{**dict(request_id="x", nonce=1, blocks=[1], skip_blocks=0, deadline_ms=10), **fields}.values())
+    return _frame("request", *{**dict(request_id="x", nonce=1, blocks=[1], skip_blocks=0, timeout_ms=10), **fields}.values())
 
 
 def _offer(**fields):
-    return _frame("offer", *{**dict(request_id="x", token=1, blocks=[1], deadline_ms=10), **fields}.values())
+    return _frame("offer", *{**dict(request_id="x", token=1, blocks=[1], timeout_ms=10), **fields}.values())
 
 
 def _release(**fields):
@@ -96,16 +98,17 @@ def _hello(**rank):
         (msgpack.packb({"v": 3, "kind": "cancel", "request_id": "x", "nonce": 0}), "version 3"),
         (_frame("launch"), "unknown message kind"),
         (_frame(["cancel"]), "unknown message kind"),
-        (_frame("cancel"), r"expected 2 fields \(request_id, nonce\), got 0"),
-        (_frame("cancel", "x", 0, 1), "expected 2 fields"),
-        (_frame("cancel", 7, 0), "request_id"),
-        (_frame("cancel", "", 0), "request_id"),
-        (_frame("cancel", "x" * 300, 0), "request_id"),
-        (_frame("cancel", "x", True), "nonce"),
+        (_frame("cancel"), r"expected 3 fields \(request_id, nonce, final\), got 0"),
+        (_frame("cancel", "x", 0, 1, 1), "expected 3 fields"),
+        (_frame("cancel", 7, 0, 1), "request_id"),
+        (_frame("cancel", "", 0, 1), "request_id"),
+        (_frame("cancel", "x" * 300, 0, 1), "request_id"),
+        (_frame("cancel", "x", True, 1), "nonce"),
         (_request(blocks=[1, -2]), "blocks"),
         (_request(blocks=[True]), "blocks"),
         (_request(blocks=[2**62]), "blocks"),
-        (_request(deadline_ms=0), "deadline_ms"),
+        (_request(timeout_ms=0), "timeout_ms"),
+        (_request(timeout_ms=control.MAX_TIMEOUT_MS + 1), "timeout_ms"),
         (_request(skip_blocks=2**62), "skip_blocks"),
         (_request(nonce=0), "nonce"),
         (_request(nonce=2**63), "nonce"),
@@ -118,7 +121,11 @@ def _hello(**rank):
         (_offer(blocks=[1, -1]), "blocks"),
         (_offer(blocks=[False]), "blocks"),
         (_offer(blocks=[2**30]), "blocks"),
-        (_offer(deadline_ms=0), "deadline_ms"),
+        (_offer(timeout_ms=0), "timeout_ms"),
+        (_offer(timeout_ms=2**40), "timeout_ms"),
+        (_frame("cancel", "x", 1, 2), "final"),
+        (_frame("proof", 0), "nonce"),
+        (_frame("proof", "x"), "nonce"),
         (_frame("offer", "x", 1, [1]), "expected 4 fields"),
         (_release(status="written"), "status"),
         (_release(status="aborted"), "status"),  # a result's status, not a release's
@@ -142,7 +149,7 @@ def test_off_schema_frames_are_refused(frame, match):
         control.decode(frame)
 
 
-_GOOD_REQUEST = [control.PROTOCOL_VERSION, "request", "r1", 9, [3, 1], 0, 10**12]
+_GOOD_REQUEST = [control.PROTOCOL_VERSION, "request", "r1", 9, [3, 1], 0, 30_000]
 _GOOD_RESULT = [control.PROTOCOL_VERSION, "result", "r1", 9, "ok", "", 1, 1, 1, 1, 1]
 _BAD_VALUES = [True, -1, 0, 1 << 53, 1 << 24, 1.5, "x", "", "z" * 300, b"r", None, [1], [True], [-1], [1 << 24], [1.0], "nope", {"a": 1}]
 

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 from conftest import ETCD_WHY, requires_etcd, requires_nixl
 
 from kvpolicy.transports import KVLayout
+from kvpolicy.transports import discovery
 from kvpolicy.transports.discovery import (
     EtcdClient,
     EtcdRegistry,
     EtcdSecurity,
+    InvalidRecord,
     RankRecord,
     RegistryError,
     RegistryUnavailable,
@@ -234,7 +236,7 @@ def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
     prefill = workers("prefill", seed=1, **config)
     decode = workers("decode", seed=2, **config)
     prefill.call("register", etcd.endpoint, "loop", 5)
-    assert decode.call("connect_by_name", etcd.endpoint, "loop", "prefill") == "prefill"
+    assert decode.call("connect_by_name", etcd.endpoint, "loop", "prefill") == prefill.key_name  # named by its key
     prefill.call("send", "r", [1, 2, 3])
     decode.call("receive", "r", [4, 5, 6])
     assert decode.call("wait", "r")["state"] == "completed"
@@ -289,3 +291,177 @@ def test_any_stored_bytes_parse_to_a_record_or_a_registry_error(value):
     else:
         assert RankRecord.parse("r", record.to_json()) == record
         assert json.loads(record.to_json()).keys() <= {"address", "public_key"}
+
+
+# -- the key a record names is the key connect() uses (issue 26, item 1) ----------------------------
+
+
+def keyed(endpoint: str, key: str) -> str:
+    """``endpoint`` carrying ``key`` (Z85) as a transceiver's ``address`` does: tcp://HEX@host:port."""
+    pytest.importorskip("zmq")
+    from kvpolicy.transports.keys import address_with_key
+
+    return address_with_key(endpoint, key.encode())
+
+
+def other_key() -> str:
+    import zmq
+
+    return zmq.curve_keypair()[0].decode()
+
+
+def test_a_record_must_name_the_key_its_address_carries():
+    address = keyed("tcp://10.0.0.1:5555", KEY)
+    filled = RankRecord(address)  # no public_key: taken from the address
+    assert filled.public_key == KEY and filled.address_key == KEY
+    assert filled == RankRecord(address, KEY)
+    assert RankRecord.parse("r", filled.to_json()) == filled
+    assert json.loads(filled.to_json()) == {"address": address, "public_key": KEY}
+    assert RankRecord("tcp://10.0.0.1:5555", KEY).address_key is None  # no key in the address: nothing to compare
+    rogue = keyed("tcp://10.0.0.1:6666", other_key())
+    with pytest.raises(discovery.KeyMismatch, match="address carries public key [0-9a-f]{16} but public_key names"):
+        RankRecord(rogue, KEY)
+    with pytest.raises(ValueError, match="connect\\(\\) would use the address's key"):
+        RankRecord.from_mapping({"address": rogue, "public_key": KEY, "agent": "x"})
+    with pytest.raises(InvalidRecord, match="record of rank 'prefill-0': rank address carries") as refused:
+        RankRecord.parse("prefill-0", json.dumps({"address": rogue, "public_key": KEY}).encode())
+    assert refused.value.reason == "key-mismatch"
+    # A key part that is not a key is refused here, not later at connect().
+    with pytest.raises(ValueError, match="public key in hex"):
+        RankRecord("tcp://zz@10.0.0.1:5555", KEY)
+    with pytest.raises(ValueError, match="32 bytes"):
+        RankRecord("tcp://abcd@10.0.0.1:5555")
+    with pytest.raises(ValueError, match="public key in hex"):  # the last '@' splits, as connect() splits
+        RankRecord(rogue.replace("@", "@x@"), KEY)
+
+
+def test_the_address_key_is_read_as_connect_reads_it_with_or_without_pyzmq(monkeypatch):
+    """address_key() uses keys.split_address (what connect() uses); without pyzmq its own Z85
+    encoder must give the same text."""
+    import os
+
+    from zmq.utils import z85
+
+    from kvpolicy.transports.keys import split_address
+
+    samples = [keyed("tcp://10.0.0.1:5555", other_key()) for _ in range(20)]
+    samples += [s.replace("tcp://", "tcp://").upper().replace("TCP://", "tcp://") for s in samples[:5]]  # upper-case hex
+    samples += ["tcp://10.0.0.1:5555", "tcp://[::1]:5555"]
+    expected = [None if split_address(a)[1] is None else split_address(a)[1].decode() for a in samples]
+    assert [discovery.address_key(a) for a in samples] == expected
+
+    def no_zmq(address):
+        raise ModuleNotFoundError("No module named 'zmq'")
+
+    monkeypatch.setattr(discovery, "split_address", no_zmq)
+    assert [discovery.address_key(a) for a in samples] == expected
+    for _ in range(50):
+        raw = os.urandom(32)
+        assert discovery._z85_encode(raw) == z85.encode(raw).decode()
+    with pytest.raises(ValueError, match="public key in hex"):
+        discovery.address_key("tcp://zz@h:1")
+    with pytest.raises(ValueError, match="32 bytes"):
+        discovery.address_key("tcp://abcd@h:1")
+
+
+_HEX_KEYS = st.binary(min_size=32, max_size=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_HEX_KEYS, st.sampled_from(["same", "other", "none"]))
+def test_a_parsed_record_never_names_two_keys(raw, public):
+    """Whatever pair of keys a writer puts in a record, a parsed record's public_key is the key its
+    address carries (the one connect() uses), or parsing refuses it."""
+    pytest.importorskip("zmq")
+    from zmq.utils import z85
+
+    carried = z85.encode(raw).decode()
+    fields = {"address": f"tcp://{raw.hex()}@10.0.0.1:5555"}
+    if public != "none":
+        fields["public_key"] = carried if public == "same" else KEY
+    try:
+        record = RankRecord.parse("r", json.dumps(fields).encode())
+    except InvalidRecord as exc:
+        assert exc.reason == "key-mismatch" and public == "other" and carried != KEY
+    else:
+        assert record.public_key == record.address_key == carried
+
+
+# -- garbled records stall only their own name (issue 26, item 3) -----------------------------------
+
+GARBLED = {
+    "bad-json": (b'{"address": "tcp://h:1", ', "not-json", "is not JSON"),
+    "bad-types": (json.dumps({"address": 5555, "public_key": ["x"]}).encode(), "invalid", "must be tcp://host:port"),
+    "bad-key-type": (json.dumps({"address": "tcp://h:1", "public_key": 7}).encode(), "invalid", "Z85"),
+    "a-list": (json.dumps(["tcp://h:1", KEY]).encode(), "not-a-map", "is a list, not a map"),
+    "huge": (json.dumps({"address": "tcp://h:1", "pad": "x" * (1 << 20)}).encode(), "too-large", "over the 4096 limit"),
+    "deep": (b"[" * 2000 + b"]" * 2000, "not-json", "is not JSON"),  # RecursionError in json, not ValueError
+}
+
+
+@requires_etcd
+def test_a_garbled_record_stalls_only_the_lookup_of_its_own_name(etcd, caplog):
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="garbled")
+    writer = etcd.client()
+    for name, (value, _, _) in GARBLED.items():
+        writer.put(registry.key(name), value)
+    writer.put(registry.prefix + "not/a/rank", RECORD.to_json())  # a key no rank name makes
+    registry.register("good", RECORD, ttl_s=5)
+    try:
+        caplog.set_level("WARNING", logger="kvpolicy.transports")
+        for name, (_, reason, problem) in GARBLED.items():
+            started = time.monotonic()
+            with pytest.raises(InvalidRecord, match=f"no usable record of rank '{name}' within 0.6s; .*{problem}") as err:
+                registry.lookup(name, timeout_s=0.6)
+            assert time.monotonic() - started >= 0.45, "the lookup kept waiting for a valid record"
+            assert err.value.reason == reason
+            assert registry.skipped[reason] >= 2  # every poll skipped it ...
+            warnings = [r for r in caplog.records if f"'{name}'" in r.getMessage()]
+            assert len(warnings) == 1, warnings  # ... and the log says so once
+        # The other names are untouched: lookups return at once, list() skips and reports the bad ones.
+        started = time.monotonic()
+        assert registry.lookup("good", timeout_s=1.0, trusted_keys=[KEY]) == RECORD
+        assert time.monotonic() - started < 0.5
+        assert registry.list() == {"good": RECORD}
+        assert set(registry.last_skipped) == {*GARBLED, "not/a/rank"}
+        assert "over the 4096 limit" in registry.last_skipped["huge"]
+        assert "names no rank" in registry.last_skipped["not/a/rank"]
+        logged = len(caplog.records)
+        registry.list()
+        assert len(caplog.records) == logged  # the same problems are not logged again on every poll
+        # A lookup that meets garbage keeps waiting, and returns the record once it is valid again.
+        timer = threading.Timer(0.5, lambda: writer.put(registry.key("bad-json"), RECORD.to_json()))
+        timer.start()
+        assert registry.lookup("bad-json", timeout_s=10.0) == RECORD
+        timer.join(5)
+        assert "bad-json" in registry.list()
+        assert "bad-json" not in registry.last_skipped
+    finally:
+        registry.close()
+
+
+@requires_etcd
+def test_values_too_large_for_one_answer_hide_no_other_rank(etcd):
+    """Records near etcd's request limit (1.5 MiB) make one range of the whole prefix larger than the
+    client reads (4 MiB): list() then reads key by key; lookups and watches of others go on."""
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="stuffed")
+    writer = etcd.client(timeout_s=10.0)
+    registry.register("good", RECORD, ttl_s=5)
+    events: list[dict] = []
+    watch = registry.watch(lambda changed, gone: events.append(changed), poll_s=0.1)
+    try:
+        wait_until(lambda: {"good": RECORD} in events)
+        for i in range(3):
+            writer.put(registry.key(f"stuffing-{i}"), b"x" * (1400 << 10))
+        with pytest.raises(RegistryError, match="no JSON map"):
+            writer.get_prefix(registry.prefix)  # what list() used to raise for everyone
+        assert registry.list() == {"good": RECORD}
+        assert {n: "1433600 bytes" in why for n, why in registry.last_skipped.items()} == {f"stuffing-{i}": True for i in range(3)}
+        assert registry.lookup("good", timeout_s=1.0, trusted_keys=[KEY]) == RECORD
+        moved = RankRecord("tcp://127.0.0.1:7777", KEY)
+        registry.register("good", moved, ttl_s=5)
+        wait_until(lambda: {"good": moved} in events)
+        assert watch.last_error == ""
+    finally:
+        watch.stop()
+        registry.close()

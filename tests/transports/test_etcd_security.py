@@ -1,6 +1,7 @@
-"""Attacks on the registry (issue 11, items 4 and 5), each against a real etcd serving TLS only, with
-client certificates required and etcd's auth on: strangers, a wrong role, a wrong CA, an expired
-token, and a hijacked rank record."""
+"""Attacks on the registry (issue 11, items 4 and 5; issue 26, items 1 and 2), each against a real etcd
+serving TLS only, with client certificates required and etcd's auth on: strangers, a wrong role, a
+wrong CA, an expired token, a hijacked rank record, a record whose address carries another key than
+the one it names, and what each side's role (prefill, decode, one sender) may still do."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from kvpolicy.transports.discovery import (
     EtcdClient,
     EtcdRegistry,
     EtcdSecurity,
+    InvalidRecord,
     RankRecord,
     RegistryDenied,
     RegistryError,
+    nixl_metadata_key,
 )
 from tests.testbed import EtcdServer, make_pki
 
@@ -312,3 +315,142 @@ def test_secure_etcd_across_two_namespaces():
         assert run_in_decode(etcd.client_env()) == "tcp://10.231.7.1:5000"
         tls_without_user = {k: v for k, v in etcd.client_env().items() if "USER" not in k and "PASSWORD" not in k}
         assert run_in_decode(tls_without_user) == "RegistryDenied"
+
+
+# -- the key a record names is the key connect() uses (issue 26, item 1) -----------------------------
+
+
+def keyed(endpoint: str, key: str) -> str:
+    """A transceiver's kind of address: tcp://HEX@host:port, HEX being ``key`` (Z85) in hex."""
+    pytest.importorskip("zmq")
+    from kvpolicy.transports.keys import address_with_key
+
+    return address_with_key(endpoint, key.encode())
+
+
+def test_a_record_whose_address_carries_another_key_than_it_names_is_never_returned(etcd):
+    """The attacker holds write access (a compromised rank whose own key the decoder allow-lists)
+    and keeps the trusted sender's public_key while the address carries the attacker's key: the
+    decoder checked one key and connect() would have used the other. lookup() never returns it."""
+    from kvpolicy.transports.keys import split_address
+
+    genuine = RankRecord(keyed("tcp://127.0.0.1:5555", GENUINE_KEY))  # public_key filled from the address
+    assert genuine.public_key == GENUINE_KEY
+    forged = json.dumps({"address": keyed("tcp://127.0.0.1:6666", ROGUE_KEY), "public_key": GENUINE_KEY}).encode()
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="mismatch")
+    attacker = etcd.client()
+    with registry:
+        key = registry.key("prefill-0")
+        attacker.put(key, forged)  # no genuine owner yet: the forgery stays
+        for trusted in ([GENUINE_KEY], [GENUINE_KEY, ROGUE_KEY], None):
+            with pytest.raises(InvalidRecord, match="carries public key [0-9a-f]{16} but public_key names") as refused:
+                registry.lookup("prefill-0", timeout_s=0.4, trusted_keys=trusted)
+            assert refused.value.reason == "key-mismatch"
+        assert registry.skipped["key-mismatch"] >= 3
+        assert registry.list() == {}  # list() skips it too, and says why
+        assert "carries public key" in registry.last_skipped["prefill-0"]
+        with pytest.raises(InvalidRecord, match="carries public key"):
+            registry.get("prefill-0")
+        # With its owner alive, the forgery is written over by the keep-alive; the honest record is
+        # what lookups return, and its address carries the trusted key.
+        registration = registry.register("prefill-0", genuine, ttl_s=1)
+        attacker.put(key, forged)
+        record = registry.lookup("prefill-0", timeout_s=10.0, trusted_keys=[GENUINE_KEY])
+        assert record == genuine
+        assert split_address(record.address)[1] == GENUINE_KEY.encode()
+        wait_until(lambda: registration.restorations >= 1)
+        assert "tcp://" in registration.last_foreign and "6666" in registration.last_foreign
+
+
+# -- etcd users per role (issue 26, item 2) --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def split_etcd():
+    """A secure etcd with a user per side on namespace "split": kvpolicy-prefill may read and write
+    /kvpolicy/split/ranks/, kvpolicy-decode may only read it; nothing else exists for them."""
+    server = start_server(roles="split", namespace="split")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_the_decode_role_looks_up_but_cannot_register_change_or_revoke(split_etcd):
+    users = split_etcd.users
+    assert {side: u.user for side, u in users.items()} == {"prefill": "kvpolicy-prefill", "decode": "kvpolicy-decode"}
+    assert EtcdSecurity.from_env(split_etcd.client_env("decode")) == users["decode"]  # what a decode host gets
+    prefill = EtcdRegistry(split_etcd.endpoint, security=users["prefill"], namespace="split")
+    decode = EtcdRegistry(split_etcd.endpoint, security=users["decode"], namespace="split")
+    with prefill:
+        registration = prefill.register("prefill-0", GENUINE, ttl_s=5)  # a sender registers
+        assert decode.lookup("prefill-0", timeout_s=1.0, trusted_keys=[GENUINE_KEY]) == GENUINE
+        assert decode.list() == {"prefill-0": GENUINE}
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            decode.register("decode-0", ROGUE, ttl_s=5)
+        key = registration.key
+        for attempt in (
+            lambda: decode.client.put(key, ROGUE.to_json()),  # garble or redirect the sender's record
+            lambda: decode.client.delete(key),  # or withdraw it
+            lambda: decode.client.revoke(registration.lease),  # or revoke its lease (etcd needs write on its keys)
+            lambda: decode.client.restore_if_changed(key, ROGUE.to_json(), mod_revision=0),  # or a transaction
+        ):
+            with pytest.raises(RegistryDenied, match="permission denied"):
+                attempt()
+        renewals = registration.renewals
+        wait_until(lambda: registration.renewals > renewals)
+        assert registration.restorations == 0 and prefill.get("prefill-0") == GENUINE
+        # Neither role reaches another namespace, nor NIXL's metadata keys (not under /kvpolicy/).
+        for registry in (prefill, decode):
+            with pytest.raises(RegistryDenied, match="permission denied"):
+                EtcdRegistry(split_etcd.endpoint, security=registry.client.security, namespace="other").list()
+            with pytest.raises(RegistryDenied, match="permission denied"):
+                registry.client.get(nixl_metadata_key("prefill-0"))
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            prefill.client.put(nixl_metadata_key("prefill-0"), b"metadata")
+
+
+def test_what_a_read_only_role_can_still_do_with_leases(split_etcd):
+    """etcd 3.4 checks no permission on lease grant and keep-alive, and a reader sees each record's
+    lease id: a decode user can keep a dead sender's record alive past its TTL (the handshake to
+    that address then fails: a delay, not a redirect) and can grant leases. Revoking needs write
+    permission on the lease's keys, so it cannot take a live record away."""
+    prefill = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["prefill"], namespace="split")
+    decode = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["decode"], namespace="split")
+    with prefill:
+        registration = prefill.register("leased", GENUINE, ttl_s=2)
+        lease = int(decode.client.get_entry(registration.key)["lease"])
+        assert lease == registration.lease
+        assert decode.client.keepalive(lease) > 0
+        assert decode.client.grant(5) > 0
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            decode.client.revoke(lease)
+
+
+def test_per_sender_users_confine_each_sender_to_its_own_record(split_etcd):
+    """What closes the remaining exposure of the prefill role (write on every sender's record): a
+    user per sender whose role may write exactly its own key (etcd 3.4 grants a single key as well
+    as a prefix). It registers and keeps its record; it cannot touch a neighbour's."""
+    ranks = split_etcd.ranks_prefix("split")
+    own = {
+        name: split_etcd.add_user(f"kvpolicy-{name}", f"{name}-pw", ranks + name, "READWRITE", role=f"kvpolicy-{name}", exact=True)
+        for name in ("prefill-a", "prefill-b")
+    }
+    a = EtcdRegistry(split_etcd.endpoint, security=own["prefill-a"], namespace="split")
+    b = EtcdRegistry(split_etcd.endpoint, security=own["prefill-b"], namespace="split")
+    decode = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["decode"], namespace="split")
+    with a, b:
+        registration = a.register("prefill-a", GENUINE, ttl_s=1)
+        b.register("prefill-b", ROGUE, ttl_s=5)
+        time.sleep(1.5)  # keep-alive rounds (lease keep-alive and the compare-and-swap) pass with the one key
+        assert registration.renewals >= 2 and not registration.last_error
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            b.client.put(a.key("prefill-a"), ROGUE.to_json())
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            b.client.revoke(registration.lease)
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            b.register("prefill-bb", ROGUE, ttl_s=5)  # one key, not a prefix: no look-alike names
+        with pytest.raises(RegistryDenied, match="permission denied"):
+            b.client.get(a.key("prefill-a"))  # a sender needs no one else's record
+        assert decode.lookup("prefill-a", timeout_s=1.0, trusted_keys=[GENUINE_KEY]) == GENUINE
+        assert decode.lookup("prefill-b", timeout_s=1.0, trusted_keys=[ROGUE_KEY]) == ROGUE

@@ -28,7 +28,7 @@ class FakeSender:
 
         from kvpolicy.transports.keys import address_with_key
 
-        _, secret_file = new_key("fake")
+        self.key_name, secret_file = new_key("fake")
         public, secret = zmq.auth.load_certificate(secret_file)
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -54,7 +54,7 @@ class FakeSender:
 
         answering = threading.Thread(target=welcome, daemon=True)
         answering.start()
-        assert receiver.call("connect", self.address) == "fake"
+        assert receiver.call("connect", self.address) == self.key_name  # named by its key, not its welcome
         answering.join(10)
 
     def send(self, frame: bytes) -> None:
@@ -155,7 +155,7 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
         foreign.send(msgpack.packb([99, "cancel", "x", 0]))  # wrong version
         foreign.send(msgpack.packb({"v": 3, "kind": "cancel", "request_id": "x", "nonce": 0}))  # an older release's map
         # well-formed, but from a peer that never said hello: must not start a write
-        foreign.send(control.encode(control.Request("foreign", 7, (0, 1), 0, 1 << 45)))
+        foreign.send(control.encode(control.Request("foreign", 7, (0, 1), 0, 30_000)))
         foreign.send(control.encode(control.Cancel("served", 0)))
         serve_ok(prefill, decode, "served", [1, 2], [1, 2])
     finally:
@@ -167,7 +167,7 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
     fake_sender.accept(decode)
     fake_sender.send(control.encode(control.Result("never-made", 5, "ok", "", 1 << 30)))
     fake_sender.send(b"\x00garbage")
-    fake_sender.send(control.encode(control.Request("wrong-way", 5, (0,), 0, 1 << 45)))
+    fake_sender.send(control.encode(control.Request("wrong-way", 5, (0,), 0, 30_000)))
     serve_ok(prefill, decode, "still-served", [3], [3], peers=["prefill"])
     eventually(lambda: decode.call("stats")["dropped_unknown_request"] == 1)
     eventually(lambda: decode.call("stats")["dropped_malformed"] == 1)

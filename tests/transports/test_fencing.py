@@ -57,8 +57,9 @@ def test_a_sender_paused_past_the_deadline_never_writes_into_reused_blocks(worke
             decode.call("receive", "B", [10, 11], peers=["other"])
     finally:
         os.kill(slow.process.pid, signal.SIGCONT)
-    # Resumed: the ask's deadline has passed, so the sender refuses it instead of writing; that
-    # answer ends the write that never was, and releases the blocks.
+    # Resumed: the sender counts the ask's time from when it reads it (its own clock; no clock is
+    # compared across hosts), so it may still write, into blocks that are still fenced; its answer,
+    # whatever it is, ends the attempt and releases them. Nothing lands in blocks given to B.
     eventually(lambda: decode.call("released", "A"))
     other.call("send", "B", [5, 6], to=decode.key_name)
     decode.call("receive", "B", [10, 11], peers=["other"])
@@ -66,8 +67,9 @@ def test_a_sender_paused_past_the_deadline_never_writes_into_reused_blocks(worke
     expected = other.call("digests", [5, 6])
     time.sleep(1.0)  # room for a late write, if there were one
     assert decode.call("digests", [10, 11]) == expected
-    # The decoder's cancel (sent at its deadline) ended the offer without a write.
-    assert slow.call("wait", "A")["state"] == "cancelled"
+    # The decoder's cancel at its deadline ends that attempt only (a retry could still ask), so the
+    # offer ended by the write it still made, or by its own deadline.
+    assert slow.call("wait", "A")["state"] in ("completed", "timed_out")
 
 
 def test_a_retry_with_the_same_request_id_never_completes_from_the_first_attempt(workers):

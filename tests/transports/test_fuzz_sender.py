@@ -37,7 +37,7 @@ def _templates(agent: str) -> list[bytes]:
     name = b"someone-else"
     metadata = b"nixlSerDes|Agent" + len(name).to_bytes(8, "little") + name + b"\x00" * 32
     rank = control.RankInfo("fuzz", agent, metadata, LAYOUT, 1 << 30, 64, "DRAM", 0)
-    deadline = int(time.time() * 1000) + 60_000
+    deadline = 60_000  # timeout_ms: counted by the sender from when it reads the frame
     return [
         control.encode(control.Hello(rank)),
         control.encode(control.Welcome(rank)),

@@ -33,7 +33,7 @@ def start_pair(two_hosts, workers, namespace, layout=LAYOUT, num_blocks=BLOCKS, 
     prefill = workers("prefill", seed=1, **common, **two_hosts.config("prefill"))
     prefill.call("register", endpoint, namespace, 3)
     decode = workers("decode", seed=2, **common, **two_hosts.config("decode"))
-    assert decode.call("connect_by_name", endpoint, namespace, "prefill") == "prefill"
+    assert decode.call("connect_by_name", endpoint, namespace, "prefill") == prefill.key_name  # named by its key
     return prefill, decode
 
 
@@ -98,7 +98,7 @@ def test_decode_killed_mid_transfer_then_replaced(two_hosts, workers):
 
     # A new decode process (new agent, metadata again through etcd) is served by the same prefill.
     replacement = workers("decode", layout=BIG.to_wire(), num_blocks=200, seed=4, timeout_s=TIMEOUT, **two_hosts.config("decode"))
-    assert replacement.call("connect_by_name", two_hosts.etcd.endpoint, "kill", "prefill") == "prefill"
+    assert replacement.call("connect_by_name", two_hosts.etcd.endpoint, "kill", "prefill") == prefill.key_name
     transfer_ok(prefill, replacement, "after-kill", [3, 4, 5], [7, 8, 9])
 
 
@@ -168,7 +168,7 @@ def test_etcd_stopped_mid_run(two_hosts, workers):
     # process finds it, publishes its metadata again on connect, and is served.
     record = decode.call("lookup", endpoint, "outage", "prefill", 10.0)
     assert split_address(record["address"] if isinstance(record, dict) else record.address)[0].startswith("tcp://10.231.7.1:"), record
-    assert late.call("connect_by_name", endpoint, "outage", "prefill") == "prefill"
+    assert late.call("connect_by_name", endpoint, "outage", "prefill") == prefill.key_name
     transfer_ok(prefill, late, "after-outage", [5, 6], [7, 8])
     transfer_ok(prefill, decode, "old-peer-after-outage", [9], [10])
 

@@ -13,15 +13,18 @@ from kvpolicy.transports.keys import address_with_key, fingerprint, split_addres
 
 
 def test_keys_new_writes_a_pair_and_refuses_to_overwrite(tmp_path, capsys):
-    assert main(["keys", "new", str(tmp_path), "--name", "decode-0", "--format", "json"]) == 0
+    assert main(["keys", "new", str(tmp_path), "--name", "decode-0", "--role", "decode", "--format", "json"]) == 0
     info = json.loads(capsys.readouterr().out)
     secret = tmp_path / "decode-0.key_secret"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     identity = Identity.load(secret)
     assert identity.name == "decode-0" and identity.public.decode() == info["public_key"]
-    assert info["fingerprint"] == fingerprint(identity.public)
-    assert main(["keys", "new", str(tmp_path), "--name", "decode-0"]) == 2
-    assert "exists already" in capsys.readouterr().err
+    assert info["fingerprint"] == fingerprint(identity.public) and info["role"] == identity.role == "decode"
+    assert main(["keys", "new", str(tmp_path), "--name", "decode-0", "--role", "decode"]) == 2
+    assert "exists already; pass --force" in capsys.readouterr().err
+    assert Identity.load(secret) == identity
+    assert main(["keys", "new", str(tmp_path), "--name", "decode-0", "--role", "decode", "--force"]) == 0
+    assert Identity.load(secret).public != identity.public
     assert main(["keys", "show", str(tmp_path / "decode-0.key")]) == 0
     assert main(["keys", "show", str(tmp_path / "missing.key")]) == 2
 

@@ -96,10 +96,12 @@ def test_disconnect_removes_a_dead_sender_so_its_replacement_serves(workers):
     decode.call("receive", "lost", [1, 2], timeout_s=30)
     doomed.kill()
     replacement = workers("prefill", layout=LAYOUT.to_wire(), seed=3)
-    assert decode.call("connect", replacement.address) == f"prefill@{split_address(replacement.address)[0]}"
+    # Another process with its own key: named by that key, beside the dead one (never in its place).
+    assert decode.call("connect", replacement.address) == replacement.key_name != doomed.key_name
     with pytest.raises(WorkerError, match="overlap|more than once|twice|cover"):
         decode.call("receive", "ambiguous", [3, 4])  # two senders hold the same layers and heads
-    assert decode.call("disconnect", "prefill") is True
+    # The caller knows the process is dead (it was killed): what it held is released at once.
+    assert decode.call("disconnect", doomed.key_name, dead=True) is True
     outcome = decode.call("wait", "lost", timeout=10)
     assert outcome["state"] == "failed" and "disconnected" in outcome["reason"]  # at once, not at its timeout
     assert decode.call("released", "lost") is True

@@ -30,7 +30,7 @@ def pair(request):
     # Only a sender that names the receiver announces to it; the same calls then take either path.
     prefill.to = decode.key_name if reads else None
     try:
-        assert decode.call("connect", prefill.address) == "prefill"
+        assert decode.call("connect", prefill.address) == prefill.key_name  # named by its key
         assert decode.call("stats")["read_sources"] == int(reads)
         yield prefill, decode
         stats = decode.call("stats")

@@ -30,12 +30,19 @@ _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(["torch"])
 
 
+_KEY_NAMES: dict[str, str] = {}
+"""Worker name -> its key's name, for the workers this test process started. A transceiver names a
+sender by its key's name on the allow-list, never by the name the sender gives itself; tests name
+senders by their worker names, translated here (:meth:`Worker.call`)."""
+
+
 def new_key(name: str, directory: str = KEYS_DIR) -> tuple[str, str]:
     """A fresh key pair for ``name`` in ``directory``: (key name, path of the secret key file)."""
     from kvpolicy.transports import create_keys
 
     key_name = f"{name}-{uuid.uuid4().hex[:6]}"
     _, secret = create_keys(directory, key_name)
+    _KEY_NAMES[name] = key_name
     return key_name, str(secret)
 
 
@@ -50,6 +57,11 @@ def fill_pattern(pool: Any, seed: int) -> None:
 
 def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
     import os
+    import time
+
+    if config.get("clock_skew_s"):  # this process's wall clock is off by that much (as a host's may be)
+        wall, skew = time.time, float(config.pop("clock_skew_s"))
+        time.time = lambda: wall() + skew
 
     if config.get("netns"):
         # First, before any socket or thread exists: both keep the namespace they were made in.
@@ -117,7 +129,7 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
             elif op == "released":
                 result = handles[args[0]].released
             elif op == "disconnect":
-                result = tx.disconnect(*args)
+                result = tx.disconnect(*args, **kwargs)
             elif op == "open_handles":
                 result = len(tx._handles)
             elif op == "metadata":  # what an eavesdropper would like: agent name and NIXL metadata
@@ -257,7 +269,7 @@ class Worker:
         if "identity" not in config:
             self.key_name, config["identity"] = new_key(name)
         else:
-            self.key_name = config.pop("key_name", name)
+            self.key_name = _KEY_NAMES[name] = config.pop("key_name", name)
         config.setdefault("allowed_peers", KEYS_DIR)
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, name, config), name=f"kv-{name}", daemon=True)
@@ -272,7 +284,12 @@ class Worker:
         return self._conn.recv()
 
     def call(self, op: str, *args: Any, timeout: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
-        """Run one command in the worker and return its result."""
+        """Run one command in the worker and return its result (senders named by worker names are
+        named by their keys' names, as the transceiver knows them)."""
+        if op == "receive" and kwargs.get("peers"):
+            kwargs["peers"] = [_KEY_NAMES.get(p, p) for p in kwargs["peers"]]
+        elif op in ("disconnect", "raw") and args:
+            args = (_KEY_NAMES.get(args[0], args[0]), *args[1:])
         self._conn.send((op, args, kwargs))
         status, result = self._recv(timeout)
         if status != "ok":

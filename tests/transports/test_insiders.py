@@ -1,0 +1,283 @@
+"""Faults and insiders of the transfer layer (issue 26): a reset, a partition, a skewed clock, a
+receiver that never releases, a sender that takes another's name. Real processes, real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from attackers import RogueSender
+from conftest import requires_nixl
+from tcp_proxy import TcpProxy
+from test_faults import eventually
+from test_fencing import stop
+from transfer_worker import WorkerError
+
+from kvpolicy.transports import KVLayout, control
+from kvpolicy.transports.keys import address_with_key, split_address
+
+pytestmark = requires_nixl
+
+LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
+
+
+def served(prefill, decode, request_id, src, dst, **receive) -> None:
+    prefill.call("send", request_id, src, to=decode.key_name)
+    decode.call("receive", request_id, dst, **receive)
+    outcome = decode.call("wait", request_id)
+    assert outcome["state"] == "completed", outcome
+    assert decode.call("digests", dst) == prefill.call("digests", src)
+
+
+def through(proxy: TcpProxy, address: str) -> str:
+    """The sender's address, with the proxy's port in front of it (the key stays the sender's)."""
+    _, key = split_address(address)
+    return address_with_key(f"tcp://127.0.0.1:{proxy.port}", key)
+
+
+def test_a_session_survives_a_tcp_reset(workers):
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    endpoint, _ = split_address(prefill.address)
+    proxy = TcpProxy(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])))
+    try:
+        decode.call("connect", through(proxy, prefill.address))
+        served(prefill, decode, "before", [1, 2], [3, 4])
+        assert proxy.reset() == 1  # both ends get RST
+        eventually(lambda: proxy.connections() == 1)  # ZeroMQ reconnected (a new CURVE handshake)
+        # The same session: no new hello, no frame dropped as from a peer that never said one.
+        before = prefill.call("stats")["dropped_unknown_peer"]
+        served(prefill, decode, "after", [5, 6], [7, 8], timeout_s=10)
+        assert prefill.call("stats")["dropped_unknown_peer"] == before
+    finally:
+        proxy.close()
+
+
+def test_a_cancel_at_a_timeout_ends_the_attempt_and_leaves_the_offer_for_a_retry(workers):
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    decode.call("connect", prefill.address)
+    prefill.call("send", "R", [1, 2], to=decode.key_name, timeout_s=30)
+    prefill.call("send", "G", [3, 4], to=decode.key_name, timeout_s=30)
+    # What a receive's timeout sends (final 0: this attempt only), and what cancel() sends (final 1).
+    decode.call("raw", "prefill", [control.encode(control.Cancel("R", 77, 0)), control.encode(control.Cancel("G", 78, 1))])
+    eventually(lambda: prefill.call("state", "G") == "cancelled")
+    assert prefill.call("state", "R") == "waiting"
+    decode.call("receive", "R", [10, 11])
+    assert decode.call("wait", "R")["state"] == "completed"
+    assert decode.call("digests", [10, 11]) == prefill.call("digests", [1, 2])
+
+
+@pytest.mark.parametrize("skew_s", [-30.0, 5.0], ids=["sender 30 s behind", "sender 5 s ahead"])
+def test_no_wall_clock_is_compared_across_hosts(workers, skew_s):
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, clock_skew_s=skew_s)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    decode.call("connect", prefill.address)
+    for i in range(3):
+        served(prefill, decode, f"r{i}", [1 + i], [10 + i], timeout_s=2.0)
+    # A sender that reads an ask late (here: stopped) never writes into memory given to another
+    # request: the receiver's blocks stay fenced until its answer, whatever either clock says.
+    prefill.call("send", "late", [5, 6], to=decode.key_name, timeout_s=30)
+    stop(prefill.process.pid)
+    try:
+        decode.call("receive", "late", [20, 21], timeout_s=1.0)
+        assert decode.call("wait", "late")["state"] == "timed_out"
+        assert decode.call("released", "late") is False
+    finally:
+        os.kill(prefill.process.pid, signal.SIGCONT)
+    eventually(lambda: decode.call("released", "late"))
+
+
+def test_disconnect_of_a_cut_off_sender_never_lets_its_late_write_land(workers):
+    """Partition: the receiver gives a silent sender up (``disconnect``) while the sender is alive
+    and still holds an ask. Its late write must never land in blocks handed to another request."""
+    slow = workers("slow", layout=LAYOUT.to_wire(), seed=1)
+    other = workers("other", layout=LAYOUT.to_wire(), seed=2)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=3)
+    decode.call("connect", slow.address)
+    decode.call("connect", other.address)
+    slow.call("send", "A", [1, 2], to=decode.key_name, timeout_s=30)
+    stop(slow.process.pid)  # cut off: alive, silent
+    try:
+        decode.call("receive", "A", [10, 11], peers=["slow"], timeout_s=1.0)
+        assert decode.call("wait", "A")["state"] == "timed_out"
+        assert decode.call("disconnect", "slow") is True  # as an operator would for a silent peer
+        # Quarantined: the sender may be alive, so the blocks are not handed out again.
+        assert decode.call("released", "A") is False
+        assert decode.call("stats")["quarantined_blocks"] == 2
+        with pytest.raises(WorkerError, match="still held"):
+            decode.call("receive", "B", [10, 11], peers=["other"])
+    finally:
+        os.kill(slow.process.pid, signal.SIGCONT)  # the link is back: its late write goes out now
+    time.sleep(1.0)
+    assert decode.call("released", "A") is False  # its result went to a connection that is gone
+    # The same sender process welcomes the receiver again only once none of its earlier writes is in
+    # flight: that lifts the quarantine.
+    decode.call("connect", slow.address)
+    eventually(lambda: decode.call("released", "A"))
+    other.call("send", "B", [5, 6], to=decode.key_name)
+    decode.call("receive", "B", [10, 11], peers=["other"])
+    assert decode.call("wait", "B")["state"] == "completed"
+    time.sleep(1.0)  # room for a late write, if there were one
+    assert decode.call("digests", [10, 11]) == other.call("digests", [5, 6])
+
+
+def test_a_reads_receiver_that_never_releases_cannot_pin_the_senders_blocks(workers):
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, allow_reads=True, limits={"release_grace_s": 1.0})
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    decode.call("connect", prefill.address)
+    prefill.call("send", "pinned", [1, 2], to=decode.key_name, timeout_s=1.0)
+    eventually(lambda: decode.call("announced") == ["pinned"])
+    stop(decode.process.pid)  # it will never release (nor decline) the announcement
+    try:
+        assert prefill.call("wait", "pinned")["state"] == "timed_out"
+        started = time.monotonic()
+        eventually(lambda: prefill.call("released", "pinned"), timeout_s=10)
+        assert time.monotonic() - started < 5  # the grace (1 s), not for ever
+        assert prefill.call("stats")["releases_expired"] == 1
+    finally:
+        os.kill(decode.process.pid, signal.SIGCONT)
+
+
+def test_a_sender_cannot_take_another_senders_name(workers):
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    rogue = RogueSender()
+    try:
+        # The rogue (an allowed key) welcomes first, claiming the real sender's key name.
+        rank = control.RankInfo(prefill.key_name, rogue.agent, b"", LAYOUT, 1 << 30, 64, "DRAM", 0)
+        answered: list[bool] = []
+        thread = threading.Thread(target=lambda: answered.append(rogue.welcome_next_hello(rank)), daemon=True)
+        thread.start()
+        assert decode.call("connect", rogue.address) == rogue.key_name  # named by its own key
+        thread.join(10)
+        assert decode.call("connect", prefill.address) == prefill.key_name  # not "...@tcp://..."
+        served(prefill, decode, "mine", [1, 2], [3, 4], peers=["prefill"])
+    finally:
+        rogue.close()
+
+
+def _folder_of(tmp_path, *workers_and_keys) -> str:
+    """An allow-list folder holding copies of these workers' public key files (0700, as it must be)."""
+    import shutil
+
+    from transfer_worker import KEYS_DIR
+
+    folder = tmp_path / "peers"
+    folder.mkdir(mode=0o700)
+    for name in workers_and_keys:
+        shutil.copy(os.path.join(KEYS_DIR, f"{name}.key"), folder / f"{name}.key")
+    return str(folder)
+
+
+def test_a_key_taken_off_the_allow_list_loses_its_session_and_a_remade_key_is_read_at_once(workers, tmp_path):
+    from transfer_worker import KEYS_DIR, new_key
+
+    prefill_key, prefill_secret = new_key("prefill")
+    decode_key, decode_secret = new_key("decode")
+    folder = _folder_of(tmp_path, prefill_key, decode_key)
+    common = dict(layout=LAYOUT.to_wire(), allowed_peers=folder)
+    prefill = workers("prefill", identity=prefill_secret, key_name=prefill_key, seed=1, **common)
+    decode = workers("decode", identity=decode_secret, key_name=decode_key, seed=2, **common)
+    decode.call("connect", prefill.address)
+    served(prefill, decode, "before", [1, 2], [3, 4])
+    stamp = os.stat(folder)
+    prefill.call("send", "removed", [5, 6], to=decode_key, timeout_s=2.0)
+    os.remove(os.path.join(folder, f"{decode_key}.key"))
+    with pytest.raises(WorkerError, match="not a key name"):
+        prefill.call("send", "new", [5, 6], to=decode_key)
+    # Its open connection is dead: its next frame finds it off the list; nothing is written.
+    decode.call("receive", "removed", [7, 8], timeout_s=1.0)
+    assert decode.call("wait", "removed")["state"] == "timed_out"
+    assert prefill.call("stats")["closed_removed_keys"] == 1
+    # And no new handshake with that key passes (another process holding it, or this one again).
+    from attackers import dealer, recv, try_send
+
+    refused = prefill.call("stats")["refused_handshakes"]
+    sock = dealer(prefill.address, decode_secret)
+    try:
+        try_send(sock, control.encode(control.Cancel("x", 1, 0)))
+        assert recv(sock, 1500) is None
+    finally:
+        sock.close(0)
+    eventually(lambda: prefill.call("stats")["refused_handshakes"] > refused)
+    decode.call("disconnect", "prefill")  # (its side of the dead session)
+    # The operator puts a key file back under the same name, with the folder's times unchanged:
+    # it is read by its contents at the next handshake.
+    import shutil
+
+    shutil.copy(os.path.join(KEYS_DIR, f"{decode_key}.key"), os.path.join(folder, f"{decode_key}.key"))
+    os.utime(folder, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    decode.call("connect", prefill.address, timeout_s=10.0)
+    served(prefill, decode, "again", [9, 10], [11, 12])
+
+
+def test_roles_keep_a_sender_from_saying_hello_and_a_receiver_from_posing_as_a_sender(workers, tmp_path):
+    """One shared peers folder, keys made with roles: a compromised prefill cannot say hello to
+    another prefill (and get its welcome, or its pool with reads), and a decoder never connects to a
+    'sender' that holds a decode key (a compromised decoder would get its hello: its whole pool)."""
+    import zmq.auth
+    from attackers import dealer, recv, try_send
+    from transfer_worker import KEYS_DIR
+
+    from kvpolicy.transports import create_keys
+
+    create_keys(KEYS_DIR, "role-prefill", role="prefill")
+    create_keys(KEYS_DIR, "role-decode", role="decode")
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, allow_reads=True)
+    other_prefill = os.path.join(KEYS_DIR, "role-prefill.key_secret")
+    sock = dealer(prefill.address, other_prefill)
+    try:
+        rank = control.RankInfo("p", "p-agent", b"x", LAYOUT, 1 << 20, 64, "DRAM", 0)
+        try_send(sock, control.encode(control.Hello(rank)))
+        assert recv(sock, 1500) is None  # no welcome: the handshake was refused
+    finally:
+        sock.close(0)
+    assert prefill.call("stats")["refused_handshakes"] >= 1
+    # A decode-role key at a sender's address: the receiver refuses to connect at all.
+    public, secret = zmq.auth.load_certificate(os.path.join(KEYS_DIR, "role-decode.key_secret"))
+    server = zmq.Context.instance().socket(zmq.ROUTER)
+    server.setsockopt(zmq.LINGER, 0)
+    server.curve_secretkey, server.curve_publickey, server.curve_server = secret, public, True
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    try:
+        with pytest.raises(WorkerError, match="not in allowed_peers as a sender"):
+            decode.call("connect", address_with_key(f"tcp://127.0.0.1:{port}", public))
+    finally:
+        server.close(0)
+    # Keys of the right roles work as before.
+    decode.call("connect", prefill.address)
+    served(prefill, decode, "roles", [1], [2])
+
+
+def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcomed(workers):
+    """The insider takes the victim decoder's NIXL metadata, renames the agent in it to one bound to
+    its own key, and says hello: the name checks pass, but the metadata reaches the victim's memory.
+    The sender's proof nonce goes to that agent (the victim), so the insider cannot echo it."""
+    import struct
+
+    from attackers import allowed_dealer, recv
+    from test_security import fake_rank
+
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    victim = workers("victim", layout=LAYOUT.to_wire(), seed=2)
+    victim.call("connect", prefill.address)
+    agent, metadata = victim.call("metadata")
+    sock, own = allowed_dealer(prefill.address, "renamer")
+    at = metadata.index(agent.encode()) - 8
+    renamed = metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+    try:
+        sock.send(control.encode(control.Hello(fake_rank(own, renamed))))
+        time.sleep(0.5)
+        sock.send(control.encode(control.Proof(12345)))  # a guess
+        assert recv(sock, 1500) is None  # no welcome
+        eventually(lambda: prefill.call("stats")["refused_proofs"] >= 2, timeout_s=15)  # the guess, then the timeout
+        assert recv(sock, 100) is None
+    finally:
+        sock.close(0)
+    assert prefill.call("stats")["refused_hellos"] >= 1
+    served(prefill, victim, "unharmed", [1, 2], [3, 4])

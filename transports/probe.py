@@ -1,0 +1,993 @@
+"""Load an unknown peer's NIXL metadata in a throwaway child process before this process loads it.
+
+NIXL's metadata parser (``add_remote_agent``, ``loadRemoteMD`` underneath, with UCX unpacking the
+worker address and remote keys) does not validate what it reads: one-byte mutations of a real
+hello's metadata kill the loading process with SIGSEGV or SIGABRT (issue 26, item 7; reproduced in
+``tests/transports/test_probe.py``). A peer on the allow-list is trusted with its key, not with the
+bytes it sends, so a transceiver first has a child load the blob and refuses the peer when the
+child dies, fails or hangs (:class:`MetadataProbe`).
+
+How a child is made (``mode``), measured in ``bench/probe.py``:
+
+``"fork"`` (default): one persistent helper process (a *zygote*) imports NIXL and loads its UCX
+    plugin once, holds no agent and no thread, and forks one single-use child per probe; the child
+    creates a fresh agent, loads the blob, removes it, and exits. Every probe runs in a pristine copy
+    of the zygote: a blob that corrupts memory without crashing cannot affect a later verdict, and a
+    crash never touches the zygote.
+``"server"``: one persistent helper that loads each blob itself, in a fresh agent, one at a time;
+    replaced when it dies (its in-flight blob is the one that killed it) and every
+    ``server_probes`` probes (state a blob left behind does not live long).
+``"spawn"``: a fresh interpreter per probe (no persistent process at all; the slowest).
+
+Each child creates its agent with :func:`.agent.create_agent` and the transceiver's
+:class:`.agent.NixlSettings` (backends, progress thread, UCX environment: the same parser, the same
+transports), and imports the NIXL build the parent process imported (without the ~1.7 s ``torch``
+import that ``import nixl`` costs on a CPU-only torch). Loading also opens a UCX endpoint to the
+address in the metadata (as the real load does): the peer sees a short-lived connection per probe
+(and may log "Connection refused" once it closes).
+
+Bounds: a verdict per SHA-256 of the blob is remembered (``cache_size``, LRU), except verdicts that
+may be transient (timeouts, NIXL errors, probe failures); at most ``max_running`` distinct blobs are
+probed at once and ``max_waiting`` more wait for a slot (a duplicate of one in flight or waiting
+joins it); more are answered ``"busy: ..."`` at once; every child has a hard timeout (its own
+``SIGALRM``, then ``SIGKILL`` from its parent); helpers die with their process group when they stop
+answering, and exit when this process goes away (their stdin closes).
+
+A child that survives proves only that *a fresh process* survives the blob. Most crashes found are
+deterministic and refused every time, but some depend on the heap's layout (a byte of the packed
+remote key: 7 of 8 forked children died, 0 of 8 spawned ones, 4 of 4 plain processes), and a blob
+that corrupts memory without crashing the child may still crash this process later. The probe turns
+crashes into refusals; it does not make the parser safe: a caller should also refuse, for a while,
+a key whose metadata crashed a probe (an honest peer never sends such a blob).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .agent import NixlSettings, import_nixl
+
+log = logging.getLogger("kvpolicy.transports")
+
+__all__ = ["MetadataProbe", "ProbeOutcome", "MODES"]
+
+MODES = ("fork", "server", "spawn")
+MAX_BLOB = 16 << 20
+"""Largest blob probed (the control plane's own limit is lower: ``control.MAX_METADATA``)."""
+
+# What a child reports: its exit status (or the helper's reply code).
+OK, REJECTED, CANNOT_RUN = 0, 10, 11
+TIMED_OUT = 12  # (reply code only: the helper killed the child at its deadline)
+CLOSED = 13  # (parent only: closed before the child answered)
+_GRACE_S = 3.0
+"""How long past a probe's timeout its helper may stay silent before it is killed (it kills the child
+at the timeout itself; this only catches a helper that stopped answering)."""
+
+_REQUEST = struct.Struct("<IdI")  # probe id, timeout_s, blob length
+_REPLY = struct.Struct("<IiI")  # probe id (0: helper start-up), code (<0: -signal), message length
+_MESSAGE_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """What became of one child: ``code`` is :data:`OK`, :data:`REJECTED`, :data:`CANNOT_RUN`,
+    :data:`TIMED_OUT`, another exit status, or minus the signal that killed it."""
+
+    code: int
+    message: str = ""
+    timeout_s: float = 0.0
+
+    @property
+    def verdict(self) -> str | None:
+        """None when the blob loaded (safe to load here), else why the peer is refused."""
+        code, message = self.code, self.message
+        if code == OK:
+            return None
+        if code == REJECTED:
+            return f"NIXL rejected it in the probe: {message}"
+        if code == CANNOT_RUN:
+            return f"the metadata probe could not run: {message}"
+        if code == CLOSED:
+            return "the metadata probe is closed"
+        if code == TIMED_OUT or code == -signal.SIGALRM:
+            return f"the metadata probe timed out after {self.timeout_s:g} s"
+        if code < 0:
+            return f"the NIXL parser crashed on it (signal {-code}, {_signal_name(-code)})"
+        return f"the NIXL parser exited on it (status {code})" + (f": {message}" if message else "")
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether the verdict is a property of the blob itself: it loaded, or a signal killed the
+        child that loaded it. A timeout, a NIXL error (an unreachable address, say), an exit status,
+        a probe that could not run, or a SIGKILL (the OOM killer's) may not recur: not remembered."""
+        return self.code == OK or (self.code < 0 and -self.code not in (signal.SIGALRM, signal.SIGKILL, signal.SIGTERM))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass
+class _Probe:
+    id: int
+    digest: bytes
+    blob: bytes
+    timeout_s: float
+    callbacks: list[Callable[[str | None], None]] = field(default_factory=list)
+    sent: float | None = None
+    """When it was handed to its helper (monotonic); None while queued."""
+    dispatched: bool = False
+    """Holds one of the ``max_running`` slots (else it waits for one)."""
+
+
+class MetadataProbe:
+    """Loads NIXL metadata in a child process first; see the module docstring.
+
+    Args:
+        settings: the transceiver's :class:`NixlSettings` (the child's agent is made with them).
+        mode: ``"fork"`` (default), ``"server"`` or ``"spawn"``.
+        max_running: distinct blobs probed at once (children alive at once).
+        max_waiting: distinct blobs that wait for a slot; beyond these, ``"busy: ..."`` at once.
+        timeout_s: default hard timeout of one child's load, from when its child starts loading.
+        cache_size: verdicts remembered, by SHA-256 of the blob (least recently used forgotten).
+        start_timeout_s: longest a helper (or a spawned child) may take to import NIXL and load its
+            UCX plugin before it is killed and its probes fail (~0.5 s here; counted apart from
+            ``timeout_s``).
+        server_probes: (``"server"``) probes a server serves before it is replaced.
+        quiet: children's stdout and stderr (NIXL and UCX logs, UCX's crash backtraces) go to
+            /dev/null; False leaves them on this process's stderr.
+
+    Thread-safe. ``stats`` counts ``children`` (blobs actually loaded in a child), ``cached``,
+    ``coalesced``, ``busy``, ``refused``, ``crashed``, ``timeouts`` and ``helper_starts``.
+    """
+
+    def __init__(
+        self,
+        settings: NixlSettings | None = None,
+        *,
+        mode: str = "fork",
+        max_running: int = 4,
+        max_waiting: int = 16,
+        timeout_s: float = 5.0,
+        cache_size: int = 1024,
+        start_timeout_s: float = 60.0,
+        server_probes: int = 256,
+        quiet: bool = True,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        for name, value in (("max_running", max_running), ("cache_size", cache_size), ("server_probes", server_probes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
+        for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a finite positive number of seconds, got {value!r}")
+        self.settings = settings or NixlSettings()
+        self.mode = mode
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.timeout_s = float(timeout_s)
+        self.cache_size = cache_size
+        self.start_timeout_s = float(start_timeout_s)
+        self.server_probes = server_probes
+        self.quiet = quiet
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("children", "cached", "coalesced", "busy", "refused", "crashed", "timeouts", "helper_starts"), 0
+        )
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[bytes, str | None] = OrderedDict()
+        self._running: dict[bytes, _Probe] = {}
+        """Probes not answered yet, by digest: those handed to a child and those waiting for a slot."""
+        self._waiting: deque[_Probe] = deque()
+        self._active = 0
+        """Probes handed to a child (at most ``max_running``)."""
+        self._ids = 0
+        self._closed = False
+        self._helper: _HelperClient | None = None
+        self._children: set[subprocess.Popen] = set()
+        """(Spawn mode) children alive, killed by :meth:`close`."""
+        self._command: list[str] | None = None
+
+    # ------------------------------------------------------------------------- public API ----
+
+    def cached(self, blob: bytes) -> tuple[bool, str | None]:
+        """``(True, verdict)`` when a verdict for this blob is remembered, else ``(False, None)``.
+        Costs one SHA-256 (~1 us per KiB) and forks nothing."""
+        digest = hashlib.sha256(blob).digest()
+        with self._lock:
+            if digest in self._cache:
+                self._cache.move_to_end(digest)
+                return True, self._cache[digest]
+        return False, None
+
+    def start(self, blob: bytes, on_done: Callable[[str | None], None], timeout_s: float | None = None) -> bool:
+        """Probe ``blob`` without blocking; ``on_done(verdict)`` is called exactly once: None (safe
+        to load) or why the peer is refused.
+
+        Returns True when a child will answer (now, or once a slot frees: ``on_done`` is then called
+        later, from a helper thread of this object: keep it short, e.g. hand the verdict to your own
+        loop, and never wait there for another probe), False when the answer was known at once
+        (remembered, ``"busy: ..."``, closed, too large): ``on_done`` was then already called, on the
+        calling thread, before this returns. ``timeout_s`` bounds the child's load, not the wait for
+        a slot.
+        """
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        if not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout_s must be a finite positive number of seconds, got {timeout_s!r}")
+        blob = bytes(blob)
+        digest = hashlib.sha256(blob).digest()
+        at_once: tuple[str | None] | None = None  # (the verdict,) when known without a child
+        with self._lock:
+            if self._closed:
+                at_once = (ProbeOutcome(CLOSED).verdict,)
+            elif digest in self._cache:
+                self._cache.move_to_end(digest)
+                self.stats["cached"] += 1
+                at_once = (self._cache[digest],)
+            elif digest in self._running:
+                self.stats["coalesced"] += 1
+                self._running[digest].callbacks.append(on_done)
+                return True
+            elif len(blob) > MAX_BLOB:
+                at_once = (f"its metadata is {len(blob)} bytes (the probe takes at most {MAX_BLOB})",)
+            elif len(self._running) >= self.max_running + self.max_waiting:
+                self.stats["busy"] += 1
+                at_once = (f"busy: {self._active} metadata probes running and {len(self._waiting)} waiting",)
+            else:
+                self._ids = self._ids % 0xFFFFFFFE + 1
+                probe = self._running[digest] = _Probe(self._ids, digest, blob, timeout, [on_done])
+                if self._active < self.max_running:
+                    self._active += 1
+                    probe.dispatched = True
+                else:
+                    self._waiting.append(probe)
+        if at_once is not None:
+            _call(on_done, at_once[0])
+            return False
+        if probe.dispatched:
+            self._dispatch(probe)
+        return True
+
+    def check(self, blob: bytes, timeout_s: float | None = None) -> str | None:
+        """Probe ``blob`` and wait for the verdict: None (safe to load) or why the peer is refused."""
+        done = threading.Event()
+        verdicts: list[str | None] = []
+
+        def on_done(verdict: str | None) -> None:
+            verdicts.append(verdict)
+            done.set()
+
+        self.start(blob, on_done, timeout_s)
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        # Every path answers (the helper thread enforces every deadline); this bound is a backstop.
+        if not done.wait(self.start_timeout_s + timeout + 2 * _GRACE_S + 5.0):
+            return "the metadata probe did not answer"
+        return verdicts[0]
+
+    def warm(self) -> None:
+        """Start the helper now (fork and server modes), so the first probe does not wait ~0.5 s
+        for it to import NIXL."""
+        if self.mode != "spawn":
+            self._helper_client().warm()
+
+    def close(self) -> None:
+        """Kill the helper and children; probes in flight are answered "the metadata probe is closed"."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.close()
+        with self._lock:
+            left = list(self._running.values())
+            children = list(self._children)
+        for child in children:
+            _kill_group(child)
+        for probe in left:
+            self._finish(probe, ProbeOutcome(CLOSED), remember=False)
+
+    def __enter__(self) -> MetadataProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------- internals ----
+
+    def _dispatch(self, probe: _Probe) -> None:
+        """Hand a probe that holds a slot to a child."""
+        with self._lock:
+            self.stats["children"] += 1
+        try:
+            if self.mode == "spawn":
+                threading.Thread(target=self._spawn, args=(probe,), name="kvpolicy-probe", daemon=True).start()
+            else:
+                self._helper_client().submit(probe)
+        except Exception as exc:  # (no thread, no process): the peer is refused, nothing is remembered
+            self._finish(probe, ProbeOutcome(CANNOT_RUN, f"{type(exc).__name__}: {exc}", probe.timeout_s), remember=False)
+
+    def _finish(self, probe: _Probe, outcome: ProbeOutcome, remember: bool = True) -> None:
+        verdict = outcome.verdict
+        with self._lock:
+            if self._running.get(probe.digest) is not probe:
+                return  # answered already
+            del self._running[probe.digest]
+            callbacks, probe.callbacks = probe.callbacks, []
+            following = None
+            if probe.dispatched:
+                self._active -= 1
+                if self._waiting and not self._closed:  # its slot goes to the longest waiting
+                    following = self._waiting.popleft()
+                    following.dispatched = True
+                    self._active += 1
+            else:
+                try:
+                    self._waiting.remove(probe)
+                except ValueError:
+                    pass
+            if verdict is not None:
+                self.stats["refused"] += 1
+                if outcome.code < 0 and outcome.code != -signal.SIGALRM:
+                    self.stats["crashed"] += 1
+                elif outcome.code == TIMED_OUT or outcome.code == -signal.SIGALRM:
+                    self.stats["timeouts"] += 1
+            if remember and outcome.cacheable and not self._closed:
+                self._cache[probe.digest] = verdict
+                self._cache.move_to_end(probe.digest)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        if verdict is not None:
+            log.debug("metadata probe: refused a blob (sha256 %s...): %s", probe.digest.hex()[:12], verdict)
+        for callback in callbacks:
+            _call(callback, verdict)
+        if following is not None:
+            self._dispatch(following)
+
+    def _helper_client(self) -> _HelperClient:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the metadata probe is closed")
+            if self._helper is None or self._helper.closed:  # (none yet, or its thread failed)
+                self._helper = _HelperClient(self, self.mode)
+                # Dropped without close(): the helper thread and process go with this object.
+                weakref.finalize(self, _HelperClient.close, self._helper)
+            return self._helper
+
+    def command(self, role: str) -> list[str]:
+        """The command line of a helper or child (``role``: ``"fork"``, ``"server"``, ``"child"``)."""
+        if self._command is None:
+            api = import_nixl(self.settings)  # (this process imported it already: no cost)
+            settings = {"progress_delay_us": self.settings.progress_delay_us, "ucx_env": self.settings.ucx_env, "backends": self.settings.backends}
+            self._command = [sys.executable, "-m", "kvpolicy.transports.probe", api.__name__, json.dumps(settings)]
+        return [*self._command, role, str(self.server_probes)]
+
+    def _environment(self) -> dict[str, str]:
+        # The transceiver's UCX environment (applied here before NIXL loaded), plus: numpy's BLAS
+        # pool would be the zygote's only thread, and a zygote must hold none when it forks.
+        self.settings.apply_environment()
+        # No NIXL etcd: a child only loads the blob it is given (an agent that publishes itself to an
+        # etcd, or to an address where none listens, spends seconds there).
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("NIXL_ETCD")}
+        return {**environment, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+    def _spawn(self, probe: _Probe) -> None:
+        """(Spawn mode, on its own thread.) One interpreter for one blob."""
+        try:
+            child = subprocess.Popen(
+                self.command("child"),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if self.quiet else None,
+                env=self._environment(), start_new_session=True,
+            )
+        except OSError as exc:
+            return self._finish(probe, ProbeOutcome(CANNOT_RUN, str(exc), probe.timeout_s))
+        with self._lock:
+            self._children.add(child)
+        try:
+            request = _REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
+            out, _ = child.communicate(request, timeout=self.start_timeout_s + probe.timeout_s + _GRACE_S)
+            code = child.returncode
+            message = out[: _MESSAGE_LIMIT].decode(errors="replace")
+            outcome = ProbeOutcome(code, message, probe.timeout_s)
+        except subprocess.TimeoutExpired:
+            outcome = ProbeOutcome(TIMED_OUT, "", probe.timeout_s)
+        except Exception as exc:  # (whatever it is, the probe is answered)
+            outcome = ProbeOutcome(CANNOT_RUN, f"{type(exc).__name__}: {exc}", probe.timeout_s)
+        finally:
+            _kill_group(child)
+            with self._lock:
+                self._children.discard(child)
+        self._finish(probe, outcome)
+
+
+def _call(callback: Callable[[str | None], None], verdict: str | None) -> None:
+    try:
+        callback(verdict)
+    except Exception:
+        log.exception("metadata probe: a verdict callback raised")
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill a helper or child and everything it forked (each runs in its own session), and reap it."""
+    if process.returncode is None:  # (not reaped: its id cannot have been reused for another group)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        process.kill()
+    except OSError:
+        pass
+    try:
+        process.wait(5.0)
+    except subprocess.TimeoutExpired:
+        log.warning("metadata probe: process %d did not die", process.pid)
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class _HelperClient:
+    """The parent's side of one persistent helper (fork or server mode): one I/O thread writes
+    requests, reads replies, restarts the helper when it dies and enforces every deadline."""
+
+    def __init__(self, owner: MetadataProbe, mode: str) -> None:
+        self._owner = weakref.ref(owner)
+        self.mode = mode
+        self.timeout_s = owner.start_timeout_s
+        self.lock = threading.Lock()
+        self.queue: deque[_Probe] = deque()
+        self.sent: dict[int, _Probe] = {}
+        self.process: subprocess.Popen | None = None
+        self.started = 0.0
+        self.ready = False
+        self.served = 0
+        """(Server mode) probes sent to the current server: it exits after ``server_probes``."""
+        self.want_start = False
+        self.closed = False
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.thread = threading.Thread(target=self._run, name=f"kvpolicy-probe-{mode}", daemon=True)
+        self.thread.start()
+
+    # -- any thread --
+
+    def submit(self, probe: _Probe) -> None:
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the metadata probe is closed")
+            self.queue.append(probe)
+        self._wake()
+
+    def warm(self) -> None:
+        with self.lock:
+            self.want_start = True
+        self._wake()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+        self._wake()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(10.0)
+
+    def _wake(self) -> None:
+        with self.lock:  # (never write to the fd number after the thread closed it: it may be reused)
+            if self.wake_w < 0:
+                return
+            try:
+                os.write(self.wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass  # (full: it is awake anyway)
+
+    # -- the I/O thread --
+
+    def _run(self) -> None:
+        selector = self.selector
+        out = bytearray()  # requests not yet written to the helper's stdin
+        replies = bytearray()
+        try:
+            while True:
+                with self.lock:
+                    closed = self.closed
+                    if not closed and self.process is None and (self.queue or self.want_start):
+                        self.want_start = False
+                        fresh = True
+                    else:
+                        fresh = False
+                if closed or self._owner() is None:
+                    break
+                if fresh:
+                    if not self._start():
+                        continue
+                    out.clear()
+                    replies.clear()
+                self._send_queued(out)
+                process = self.process
+                if process is not None:
+                    stdin_fd = process.stdin.fileno()
+                    events = selectors.EVENT_WRITE if out else 0
+                    self._modify(selector, stdin_fd, events)
+                timeout = self._next_deadline()
+                for key, mask in selector.select(timeout):
+                    if key.data == "wake":
+                        try:
+                            os.read(self.wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                    elif key.data == "stdin" and self.process is not None:
+                        try:
+                            written = os.write(key.fd, out[:65536])
+                            del out[:written]
+                        except BlockingIOError:
+                            pass
+                        except OSError:  # (it died: its stdout says so)
+                            out.clear()
+                    elif key.data == "stdout" and self.process is not None:
+                        try:
+                            chunk = os.read(key.fd, 65536)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            self._died()
+                            break
+                        replies += chunk
+                        self._replies(replies)
+                self._check_deadlines()
+        except Exception:
+            log.exception("metadata probe: the helper thread failed")
+        finally:
+            with self.lock:
+                self.closed = True  # (submit refuses from now on; the owner makes a new helper)
+            self._kill()
+            self._fail_all(ProbeOutcome(CLOSED))
+            selector.close()
+            with self.lock:
+                fds, self.wake_r, self.wake_w = (self.wake_r, self.wake_w), -1, -1
+            for fd in fds:
+                os.close(fd)
+
+    def _modify(self, selector: selectors.BaseSelector, fd: int, events: int) -> None:
+        try:
+            key = selector.get_key(fd)
+        except KeyError:
+            key = None
+        if events and key is None:
+            selector.register(fd, events, "stdin")
+        elif not events and key is not None:
+            selector.unregister(fd)
+
+    def _start(self) -> bool:
+        owner = self._owner()
+        if owner is None:
+            return False
+        try:
+            process = subprocess.Popen(
+                owner.command(self.mode),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if owner.quiet else None,
+                env=owner._environment(), start_new_session=True, bufsize=0,
+            )
+        except Exception as exc:
+            self._fail_all(ProbeOutcome(CANNOT_RUN, f"cannot start the probe helper: {exc}"))
+            return False
+        with owner._lock:
+            owner.stats["helper_starts"] += 1
+        os.set_blocking(process.stdin.fileno(), False)
+        os.set_blocking(process.stdout.fileno(), False)
+        self.selector.register(process.stdout.fileno(), selectors.EVENT_READ, "stdout")
+        self.process, self.started, self.ready, self.served = process, time.monotonic(), False, 0
+        return True
+
+    def _send_queued(self, out: bytearray) -> None:
+        """Move queued probes to the helper: all of them (fork), or the next once it is idle (server)."""
+        owner = self._owner()
+        if self.process is None or owner is None:
+            return
+        with self.lock:
+            while self.queue and (self.mode == "fork" or (self.ready and not self.sent and self.served < owner.server_probes)):
+                self.served += 1
+                probe = self.queue.popleft()
+                probe.sent = time.monotonic()
+                self.sent[probe.id] = probe
+                out += _REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
+
+    def _replies(self, buffer: bytearray) -> None:
+        owner = self._owner()
+        while len(buffer) >= _REPLY.size:
+            probe_id, code, size = _REPLY.unpack_from(buffer)
+            if len(buffer) < _REPLY.size + size:
+                return
+            message = bytes(buffer[_REPLY.size : _REPLY.size + size]).decode(errors="replace")
+            del buffer[: _REPLY.size + size]
+            if probe_id == 0:
+                if code == OK:
+                    self.ready = True
+                    now = time.monotonic()
+                    for probe in self.sent.values():  # (fork: their clocks start now)
+                        probe.sent = now
+                else:  # NIXL cannot load in the helper: every waiting probe fails
+                    self._kill()
+                    self._fail_all(ProbeOutcome(CANNOT_RUN, message))
+                continue
+            probe = self.sent.pop(probe_id, None)
+            if probe is not None and owner is not None:
+                if self.mode == "server":
+                    probe.sent = None
+                owner._finish(probe, ProbeOutcome(code, message, probe.timeout_s))
+
+    def _died(self) -> None:
+        """The helper's stdout closed: it exited or was killed."""
+        process, ready = self.process, self.ready
+        code = self._kill()
+        owner = self._owner()
+        in_flight, self.sent = list(self.sent.values()), {}
+        if owner is None:
+            return
+        if self.mode == "server" and in_flight and ready:
+            # It loads one blob at a time: the one in flight is the one that killed it.
+            probe = in_flight[0]
+            owner._finish(probe, ProbeOutcome(code if code < 0 else (code or CANNOT_RUN), "", probe.timeout_s))
+            return
+        if self.mode == "server" and not in_flight and code == 0:
+            return  # (replaced after server_probes probes; the next probe starts another)
+        why = f"the probe helper {process.pid if process else '?'} exited ({_status(code)})" + ("" if ready else " while starting")
+        for probe in in_flight:
+            owner._finish(probe, ProbeOutcome(CANNOT_RUN, why, probe.timeout_s), remember=False)
+
+    def _next_deadline(self) -> float | None:
+        """Seconds until the next deadline this thread enforces (None: none)."""
+        if self.process is None:
+            return None
+        if not self.ready:
+            when = self.started + self.timeout_s
+        else:
+            sent = [p.sent + p.timeout_s + _GRACE_S for p in self.sent.values() if p.sent is not None]
+            if not sent:
+                return None
+            when = min(sent)
+        return max(0.0, when - time.monotonic())
+
+    def _check_deadlines(self) -> None:
+        if self.process is None:
+            return
+        now = time.monotonic()
+        owner = self._owner()
+        if not self.ready:
+            if now >= self.started + self.timeout_s:
+                self._kill()
+                self._fail_all(ProbeOutcome(CANNOT_RUN, f"the probe helper did not start within {self.timeout_s:g} s"))
+            return
+        late = [p for p in self.sent.values() if p.sent is not None and now >= p.sent + p.timeout_s + _GRACE_S]
+        if not late or owner is None:
+            return
+        # The helper did not answer in time (fork: it kills its children at their deadline itself, so
+        # it is wedged; server: the load hangs, and the server's alarm did not end it). Kill it all.
+        self._kill()
+        in_flight, self.sent = list(self.sent.values()), {}
+        for probe in in_flight:
+            if probe in late:
+                owner._finish(probe, ProbeOutcome(TIMED_OUT, "", probe.timeout_s))
+            else:
+                owner._finish(probe, ProbeOutcome(CANNOT_RUN, "the probe helper was killed", probe.timeout_s), remember=False)
+
+    def _kill(self) -> int:
+        """Kill the helper and its children; its exit status (minus a signal)."""
+        process, self.process, self.ready = self.process, None, False
+        if process is None:
+            return 0
+        for stream in (process.stdout, process.stdin):
+            try:
+                self.selector.unregister(stream.fileno())
+            except (KeyError, ValueError, OSError):
+                pass
+        _kill_group(process)
+        return process.returncode if process.returncode is not None else -signal.SIGKILL
+
+    def _fail_all(self, outcome: ProbeOutcome) -> None:
+        owner = self._owner()
+        with self.lock:
+            probes = list(self.sent.values()) + list(self.queue)
+            self.sent, self.queue = {}, deque()
+        if owner is not None:
+            for probe in probes:
+                owner._finish(probe, ProbeOutcome(outcome.code, outcome.message, probe.timeout_s), remember=False)
+
+
+def _status(code: int) -> str:
+    return f"signal {-code}, {_signal_name(-code)}" if code < 0 else f"status {code}"
+
+
+# ------------------------------------------------------------------ the helper and child side ----
+
+
+def _load_once(blob: bytes, settings: NixlSettings, create_agent: Callable[..., Any], destroy: bool) -> tuple[int, str]:
+    """Create a fresh agent as the transceiver does, load ``blob`` as :meth:`.local.LocalSide.load_agent`
+    does, remove it again. (code, message)."""
+    try:
+        agent = create_agent(f"kvpolicy-probe-{os.getpid()}-{time.monotonic_ns()}", settings)
+    except Exception as exc:
+        return CANNOT_RUN, f"creating an agent failed: {type(exc).__name__}: {exc}"
+    try:
+        try:
+            loaded = agent.add_remote_agent(blob)
+        except Exception as exc:
+            return REJECTED, f"{type(exc).__name__}: {exc}"
+        try:
+            agent.remove_remote_agent(loaded)
+        except Exception as exc:
+            return REJECTED, f"removing it failed: {type(exc).__name__}: {exc}"
+        return OK, ""
+    finally:
+        if destroy:
+            del agent
+
+
+def _prepare(api_name: str, settings: NixlSettings) -> Callable[..., Any]:
+    """Import the NIXL build the parent imported (``api_name``, e.g. ``nixl_cu12._api``) and return
+    :func:`.agent.create_agent`, which imports ``nixl._api``: that name is bound to the build
+    directly, so the ``nixl`` meta package's CUDA detection (which imports torch) is skipped."""
+    import importlib
+    import types
+
+    settings.apply_environment()
+    api = importlib.import_module(api_name)
+    if "nixl" not in sys.modules:
+        package = types.ModuleType("nixl")
+        package.__path__ = []  # type: ignore[attr-defined]
+        package._api = api  # type: ignore[attr-defined]
+        sys.modules["nixl"] = package
+    sys.modules.setdefault("nixl._api", api)
+    from .agent import create_agent
+
+    return create_agent
+
+
+def _warm_plugins(api: Any, settings: NixlSettings) -> None:
+    """Load the backend plugins (and with them UCX: ~0.4 s) without creating an agent's threads or a
+    UCX context, so that forked children start from there."""
+    bindings = api.nixlBind
+    config = bindings.nixlAgentConfig()
+    config.useProgThread = False
+    config.useListenThread = False
+    agent = bindings.nixlAgent("kvpolicy-probe-warm", config)
+    for backend in settings.backends:
+        agent.getPluginParams(backend)
+    del agent
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _reply(fd: int, probe_id: int, code: int, message: str) -> None:
+    raw = message.encode(errors="replace")[:_MESSAGE_LIMIT]
+    _write_all(fd, _REPLY.pack(probe_id, code, len(raw)) + raw)
+
+
+def _arm(timeout_s: float) -> None:
+    """A hard timeout of this process's own: SIGALRM's default action ends it, even inside C code."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+
+
+def _take_fds(quiet: bool) -> tuple[int, int]:
+    """The protocol moves to fds of its own; fds 0 and 1 become /dev/null (UCX logs to stdout), and
+    2 too when quiet."""
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull if quiet else 2, 1)
+    os.close(devnull)
+    return proto_in, proto_out
+
+
+def _serve_child(api_name: str, settings: NixlSettings) -> int:
+    """(Spawn mode.) Read one request on stdin, load it, exit with the outcome (message on stdout)."""
+    proto_in, proto_out = _take_fds(quiet=False)
+    header = _read_exact(proto_in, _REQUEST.size)
+    if header is None:
+        return CANNOT_RUN
+    _, timeout_s, size = _REQUEST.unpack(header)
+    blob = _read_exact(proto_in, size)
+    if blob is None:
+        return CANNOT_RUN
+    try:
+        create_agent = _prepare(api_name, settings)
+    except Exception as exc:
+        _write_all(proto_out, f"NIXL cannot load: {type(exc).__name__}: {exc}".encode()[:_MESSAGE_LIMIT])
+        return CANNOT_RUN
+    _arm(timeout_s)
+    code, message = _load_once(blob, settings, create_agent, destroy=False)
+    _write_all(proto_out, message.encode(errors="replace")[:_MESSAGE_LIMIT])
+    os._exit(code)  # no teardown: nothing to keep, and UCX's exit path has crashed before
+
+
+def _serve_server(api_name: str, settings: NixlSettings, probes: int) -> int:
+    """(Server mode.) Load each request's blob in a fresh agent, one at a time; exit after ``probes``."""
+    proto_in, proto_out = _take_fds(quiet=False)
+    try:
+        create_agent = _prepare(api_name, settings)
+    except Exception as exc:
+        _reply(proto_out, 0, CANNOT_RUN, f"NIXL cannot load: {type(exc).__name__}: {exc}")
+        return 1
+    _reply(proto_out, 0, OK, "")
+    for _ in range(probes):
+        header = _read_exact(proto_in, _REQUEST.size)
+        if header is None:
+            return 0
+        probe_id, timeout_s, size = _REQUEST.unpack(header)
+        blob = _read_exact(proto_in, size)
+        if blob is None:
+            return 0
+        _arm(timeout_s)
+        code, message = _load_once(blob, settings, create_agent, destroy=True)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _reply(proto_out, probe_id, code, message)
+    os._exit(0)
+
+
+def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
+    """(Fork mode.) Fork one single-use child per request; kill it at its deadline; reply when it ends."""
+    proto_in, proto_out = _take_fds(quiet=False)
+    try:
+        create_agent = _prepare(api_name, settings)
+        _warm_plugins(sys.modules["nixl._api"], settings)
+    except Exception as exc:
+        _reply(proto_out, 0, CANNOT_RUN, f"NIXL cannot load: {type(exc).__name__}: {exc}")
+        return 1
+    _reply(proto_out, 0, OK, "")
+    os.set_blocking(proto_in, False)
+    selector = selectors.DefaultSelector()
+    selector.register(proto_in, selectors.EVENT_READ, None)
+    children: dict[int, tuple[int, float, int, int | None]] = {}  # pid -> (probe id, deadline, result fd, pidfd)
+    buffer = bytearray()
+    stdin_open = True
+    pidfd_open = getattr(os, "pidfd_open", None)
+
+    def reap(pid: int, status: int | None) -> None:
+        probe_id, _, result_fd, pidfd = children.pop(pid)
+        if pidfd is not None:
+            selector.unregister(pidfd)
+            os.close(pidfd)
+        message = b""
+        try:
+            os.set_blocking(result_fd, False)
+            message = os.read(result_fd, _MESSAGE_LIMIT)
+        except (BlockingIOError, OSError):
+            pass
+        os.close(result_fd)
+        if status is None:
+            code = TIMED_OUT
+        elif os.WIFSIGNALED(status):
+            code = -os.WTERMSIG(status)
+        else:
+            code = os.WEXITSTATUS(status)
+        _reply(proto_out, probe_id, code, message.decode(errors="replace"))
+
+    while stdin_open or children:
+        now = time.monotonic()
+        deadlines = [deadline for _, deadline, _, _ in children.values()]
+        timeout = max(0.0, min(deadlines) - now) if deadlines else None
+        if pidfd_open is None and children:
+            timeout = min(timeout if timeout is not None else 0.01, 0.01)
+        for key, _ in selector.select(timeout):
+            if key.fd == proto_in:
+                try:
+                    chunk = os.read(proto_in, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not chunk:  # the parent went away: so do we, and our children
+                    stdin_open = False
+                    selector.unregister(proto_in)
+                    for pid in list(children):
+                        _kill_pid(pid)
+                    continue
+                buffer += chunk
+                while len(buffer) >= _REQUEST.size:
+                    probe_id, timeout_s, size = _REQUEST.unpack_from(buffer)
+                    if len(buffer) < _REQUEST.size + size:
+                        break
+                    blob = bytes(buffer[_REQUEST.size : _REQUEST.size + size])
+                    del buffer[: _REQUEST.size + size]
+                    result_r, result_w = os.pipe()
+                    pid = os.fork()
+                    if pid == 0:  # the child: a pristine copy of this process
+                        try:
+                            os.close(result_r)
+                            os.close(proto_in)
+                            os.close(proto_out)
+                            _arm(timeout_s)
+                            code, message = _load_once(blob, settings, create_agent, destroy=False)
+                            os.write(result_w, message.encode(errors="replace")[:_MESSAGE_LIMIT])
+                        except BaseException:
+                            code = CANNOT_RUN
+                        os._exit(code)
+                    os.close(result_w)
+                    pidfd = None
+                    if pidfd_open is not None:
+                        try:
+                            pidfd = pidfd_open(pid)
+                            selector.register(pidfd, selectors.EVENT_READ, pid)
+                        except OSError:
+                            pidfd, pidfd_open = None, None
+                    children[pid] = (probe_id, time.monotonic() + timeout_s + 1.0, result_r, pidfd)
+            else:
+                pid = key.data
+                _, status = os.waitpid(pid, 0)
+                reap(pid, status)
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                reap(pid, status)
+            elif time.monotonic() >= children[pid][1]:
+                _kill_pid(pid)
+                os.waitpid(pid, 0)
+                reap(pid, None)
+    return 0
+
+
+def _kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """``python -m kvpolicy.transports.probe API_MODULE SETTINGS_JSON fork|server|child PROBES``."""
+    api_name, settings_json, role, probes = argv
+    raw = json.loads(settings_json)
+    settings = NixlSettings(
+        progress_delay_us=int(raw["progress_delay_us"]),
+        ucx_env=tuple((str(k), str(v)) for k, v in raw["ucx_env"]),
+        backends=tuple(raw["backends"]),
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent decides when helpers end)
+    if role == "fork":
+        return _serve_zygote(api_name, settings)
+    if role == "server":
+        return _serve_server(api_name, settings, int(probes))
+    if role == "child":
+        return _serve_child(api_name, settings)
+    raise SystemExit(f"unknown role {role!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
