@@ -281,3 +281,32 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
         sock.close(0)
     assert prefill.call("stats")["refused_hellos"] >= 1
     served(prefill, victim, "unharmed", [1, 2], [3, 4])
+
+
+def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_lives(workers):
+    """An allowed peer sends NIXL metadata that kills NIXL's parser (one byte changed, found by
+    bench/probe.py --search): the sender loads it in a probe child first, refuses the hello, bans the
+    key for a while, and goes on serving."""
+    from attackers import allowed_dealer, recv
+    from test_probe import mutants
+    from test_security import fake_rank
+
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    decode.call("connect", prefill.address)
+    sock, own = allowed_dealer(prefill.address, "crasher")
+    helper = workers("crasher", layout=LAYOUT.to_wire(), seed=3)  # a real agent whose metadata gets mutated
+    agent, metadata = helper.call("metadata")
+    at = metadata.index(agent.encode()) - 8
+    import struct
+
+    renamed = metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+    try:
+        for _name, _at, _byte, blob, _signal in mutants(renamed):
+            sock.send(control.encode(control.Hello(fake_rank(own, blob))))
+            assert recv(sock, 500) is None
+        eventually(lambda: prefill.call("stats")["refused_metadata"] >= 1, timeout_s=30)
+    finally:
+        sock.close(0)
+    assert prefill.process.is_alive()
+    served(prefill, decode, "alive", [1, 2], [3, 4])
