@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/lint.py
 	$(PY) bench/diff.py
 	$(PY) bench/transfer.py
+	$(PY) bench/probe.py
 
 fuzz: $(STAMP)
 	$(PY) -m pip install --quiet atheris==3.0.0
