@@ -67,7 +67,6 @@ _MAX_RECORD = 4 << 10
 #: When one range of the whole prefix cannot be read (oversized values push the answer past the
 #: client's limit), :meth:`EtcdRegistry.list` reads it one key at a time, at most this many keys.
 _MAX_WALK = 4096
-_Z85_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 
 
 class InvalidRecord(RegistryError):
@@ -84,33 +83,11 @@ class KeyMismatch(ValueError):
     """A rank address carries one CURVE key and the record's ``public_key`` names another."""
 
 
-def _z85_encode(raw: bytes) -> str:
-    # ZeroMQ's Z85 (RFC 32), for hosts without pyzmq; test_discovery checks it against zmq's.
-    out = []
-    for i in range(0, len(raw), 4):
-        value = int.from_bytes(raw[i : i + 4], "big")
-        out.extend(_Z85_CHARS[value // 85**k % 85] for k in (4, 3, 2, 1, 0))
-    return "".join(out)
-
-
 def address_key(address: str) -> str | None:
     """The CURVE public key (Z85) that a control address carries, as ``connect()`` reads it
     (:func:`~kvpolicy.transports.keys.split_address`), or None; ``ValueError`` if the part before
     ``@`` is not a 32-byte key in hex."""
-    try:
-        _, key = split_address(address)
-    except ImportError:  # no pyzmq on this host: the same split, with Z85 done here
-        scheme, sep, rest = address.partition("://")
-        hexkey, at, _ = rest.rpartition("@")
-        if not sep or not at:
-            return None
-        try:
-            raw = bytes.fromhex(hexkey)
-        except ValueError:
-            raise ValueError(f"address {address!r}: the part before '@' must be the sender's public key in hex") from None
-        if len(raw) != 32:
-            raise ValueError(f"address {address!r}: the key before '@' must be 32 bytes (64 hex digits)")
-        return _z85_encode(raw)
+    _, key = split_address(address)
     return None if key is None else key.decode("ascii")
 
 

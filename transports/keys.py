@@ -135,36 +135,28 @@ def _writers(mode: int) -> str:
     return " and ".join(who for who, bit in (("group", 0o020), ("others", 0o002)) if mode & bit)
 
 
-def _unsafe_directory(path: Path, st: os.stat_result) -> str | None:
-    """Why an allow-list directory cannot be trusted (None: it can)."""
+def _untrusted(label: str, path: Path, st: os.stat_result, where: str, harm: str) -> str | None:
+    """Why ``path`` (an allow-list folder or a public key file) cannot be trusted (None: it can):
+    someone other than this user or root may write it, and so could ``harm``."""
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o022:
-        return (
-            f"allowed_peers directory {path} is writable by {_writers(mode)} (mode {mode:04o}): whoever may write "
-            f"there could add a key of their own; run `chmod go-w {path}`"
-        )
+        return f"{label} is writable by {_writers(mode)} (mode {mode:04o}): whoever may write {where} could {harm}; run `chmod go-w {path}`"
     if _foreign_owner(st):
         return (
-            f"allowed_peers directory {path} is owned by {_user(st.st_uid)}, not by {_me()} or root: its owner could "
-            f"add a key of their own; run `chown {os.geteuid()} {path}` (or make it root's)"
+            f"{label} is owned by {_user(st.st_uid)}, not by {_me()} or root: its owner could {harm}; "
+            f"run `chown {os.geteuid()} {path}` (or make it root's)"
         )
     return None
+
+
+def _unsafe_directory(path: Path, st: os.stat_result) -> str | None:
+    """Why an allow-list directory cannot be trusted (None: it can)."""
+    return _untrusted(f"allowed_peers directory {path}", path, st, "there", "add a key of their own")
 
 
 def _unsafe_key_file(path: Path, st: os.stat_result) -> str | None:
     """Why a public key file cannot be trusted (None: it can)."""
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o022:
-        return (
-            f"{path} is writable by {_writers(mode)} (mode {mode:04o}): whoever may write it could put their own key "
-            f"in it; run `chmod go-w {path}`"
-        )
-    if _foreign_owner(st):
-        return (
-            f"{path} is owned by {_user(st.st_uid)}, not by {_me()} or root: its owner could put their own key in it; "
-            f"run `chown {os.geteuid()} {path}` (or make it root's)"
-        )
-    return None
+    return _untrusted(str(path), path, st, "it", "put their own key in it")
 
 
 def _unprotected_secret(path: Path, st: os.stat_result) -> str | None:
@@ -688,7 +680,23 @@ def split_address(address: str) -> tuple[str, bytes | None]:
         raise ValueError(f"address {address!r}: the part before '@' must be the sender's public key in hex") from None
     if len(raw) != 32:
         raise ValueError(f"address {address!r}: the key before '@' must be 32 bytes (64 hex digits)")
-    return f"{scheme}://{hostport}", _z85().encode(raw)
+    return f"{scheme}://{hostport}", z85_encode(raw)
+
+
+_Z85_CHARS = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def z85_encode(raw: bytes) -> bytes:
+    """ZeroMQ's Z85 (RFC 32) of ``raw`` (a multiple of 4 bytes): pyzmq's where it is installed; the
+    same text without it (discovery runs on hosts that have no transfer extra)."""
+    try:
+        return _z85().encode(raw)
+    except ImportError:
+        out = bytearray()
+        for i in range(0, len(raw), 4):
+            value = int.from_bytes(raw[i : i + 4], "big")
+            out.extend(_Z85_CHARS[value // 85**k % 85] for k in (4, 3, 2, 1, 0))
+        return bytes(out)
 
 
 def check_nixl_etcd(endpoints: str) -> None:

@@ -40,13 +40,19 @@ def stop(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def test_a_sender_paused_past_the_deadline_never_writes_into_reused_blocks(workers):
+def slow_other_decode(workers):
+    """A decoder connected to two senders; "slow" offers request A to it (and may then be stopped)."""
     slow = workers("slow", layout=LAYOUT.to_wire(), seed=1)
     other = workers("other", layout=LAYOUT.to_wire(), seed=2)
     decode = workers("decode", layout=LAYOUT.to_wire(), seed=3)
     decode.call("connect", slow.address)
     decode.call("connect", other.address)
     slow.call("send", "A", [1, 2], to=decode.key_name, timeout_s=30)
+    return slow, other, decode
+
+
+def test_a_sender_paused_past_the_deadline_never_writes_into_reused_blocks(workers):
+    slow, other, decode = slow_other_decode(workers)
     stop(slow.process.pid)
     try:
         decode.call("receive", "A", [10, 11], peers=["slow"], timeout_s=1.0)

@@ -13,7 +13,7 @@ from attackers import RogueSender
 from conftest import requires_nixl
 from tcp_proxy import TcpProxy
 from test_faults import eventually
-from test_fencing import stop
+from test_fencing import slow_other_decode, stop
 from transfer_worker import WorkerError
 
 from kvpolicy.transports import KVLayout, control
@@ -94,12 +94,7 @@ def test_no_wall_clock_is_compared_across_hosts(workers, skew_s):
 def test_disconnect_of_a_cut_off_sender_never_lets_its_late_write_land(workers):
     """Partition: the receiver gives a silent sender up (``disconnect``) while the sender is alive
     and still holds an ask. Its late write must never land in blocks handed to another request."""
-    slow = workers("slow", layout=LAYOUT.to_wire(), seed=1)
-    other = workers("other", layout=LAYOUT.to_wire(), seed=2)
-    decode = workers("decode", layout=LAYOUT.to_wire(), seed=3)
-    decode.call("connect", slow.address)
-    decode.call("connect", other.address)
-    slow.call("send", "A", [1, 2], to=decode.key_name, timeout_s=30)
+    slow, other, decode = slow_other_decode(workers)
     stop(slow.process.pid)  # cut off: alive, silent
     try:
         decode.call("receive", "A", [10, 11], peers=["slow"], timeout_s=1.0)
