@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) bench/diff.py
 	$(PY) bench/transfer.py
 	$(PY) bench/probe.py
+	$(PY) bench/flood.py
 
 fuzz: $(STAMP)
 	$(PY) -m pip install --quiet atheris==3.0.0

@@ -143,6 +143,36 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                         conn.socket.send(frame)
 
                 result = tx._loop.submit(push).result(10)
+            elif op == "flood":  # (peer name, seconds, asks per frame, asks per second): asks for ids never
+                # offered, on this side's connection, paced, from a thread of their own (returns at once)
+                import threading
+
+                from kvpolicy.transports import control as wire
+
+                peer, seconds, per_frame, rate = args
+
+                def flood() -> None:
+                    ask = [wire.encode(wire.Request(f"guess-{i}", i + 1, (0,), 0, 30_000)) for i in range(per_frame)]
+                    frame = wire.batch(ask)
+                    frames_per_tick = max(1, int(rate / per_frame / 100))
+                    end = time.monotonic() + seconds
+
+                    def push() -> None:
+                        conn = tx._connections.connection_of(peer)
+                        with conn.lock:
+                            for _ in range(frames_per_tick):
+                                conn.socket.send(frame, 1)  # zmq.NOBLOCK: a full queue drops it
+
+                    while time.monotonic() < end:
+                        tick = time.monotonic()
+                        try:
+                            tx._loop.submit(push).result(5)
+                        except Exception:
+                            pass
+                        time.sleep(max(0.0, 0.01 - (time.monotonic() - tick)))
+
+                threading.Thread(target=flood, daemon=True).start()
+                result = None
             elif op == "resources":  # what one peer could exhaust on this side
                 import threading
 
