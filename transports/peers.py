@@ -42,9 +42,10 @@ _HANDSHAKE_MS = 5000
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 RESULTS_PER_FRAME = 16
 """Queued results are sent once this many wait for one receiver (and at the end of every read)."""
-TURN_S = 250e-6
+TURN_S = 100e-6
 """The longest the ROUTER handler reads frames in one turn of the loop; then writes in flight are
-polled, due timers run and queued results go out before it reads on. Without it a turn was 256
+polled, due timers run and queued results go out before it reads on (250 us let another key's flood
+of single asks double a receiver's p50 in one of three phases of bench/flood.py; 100 us: 1.21-1.28x). Without it a turn was 256
 frames of up to 256 messages each: one allowed peer flooding asks within its budget held another
 receiver's write completion and result for a whole turn (issue 26)."""
 
