@@ -68,6 +68,34 @@ def test_stranger_without_a_key_gets_no_welcome_and_takes_nothing(cluster):
     assert decode.call("digests", [5, 6]) == prefill.call("digests", [1, 2])
 
 
+def test_a_stranger_with_its_own_key_and_real_metadata_fails_the_handshake(cluster, workers, tmp_path):
+    """The hello of a stranger that does everything right (its own key pair, a NIXL agent bound to
+    that key, that agent's real metadata) except being on the allow-list: the CURVE handshake itself
+    is refused (seen from the stranger's socket), so not one frame of it is read."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    prefill, decode, _ = cluster
+    key_name, secret = new_key("stranger", str(tmp_path))  # a key no allow-list holds
+    stranger = workers("stranger", layout=LAYOUT.to_wire(), identity=secret, key_name=key_name)
+    agent, metadata = stranger.call("metadata")
+    refused, remotes = prefill.call("stats")["refused_handshakes"], prefill.call("resources")["remotes"]
+    sock = dealer(prefill.address, secret)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        try_send(sock, control.encode(control.Hello(control.RankInfo(key_name, agent, metadata, LAYOUT, 1 << 30, 64, "DRAM", 0))))
+        assert monitor.poll(5000), "no handshake event"
+        event = recv_monitor_message(monitor)["event"]
+        assert event == zmq.EVENT_HANDSHAKE_FAILED_AUTH, event
+        assert recv(sock, 500) is None
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+        sock.close(0)
+    eventually(lambda: prefill.call("stats")["refused_handshakes"] > refused)
+    assert prefill.call("resources")["remotes"] == remotes  # (the decoder and the insider)
+
+
 def test_insider_cannot_take_a_request_offered_to_another_receiver(cluster):
     prefill, decode, insider = cluster
     insider.call("fill", 77)
