@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -79,10 +80,10 @@ def test_null_timeout_is_refused(pool):
 
 
 def test_disaggregation_off_is_an_error(pool):
-    # Stand-in: the shipped policies have no context that turns transfer off.
-    resolution = SimpleNamespace(errors=[], ok=True, runtime=None, backend=None,
-                                 decided_by={"transceiver_runtime": "some-rule"}, policy_version="x")
-    with pytest.raises(TransceiverSelectionError, match="some-rule"):
+    # A real resolution that turns transfer off: no cache-transceiver backend at all.
+    resolution = kvpolicy.resolve(backend=None)
+    assert resolution.ok and resolution.runtime is None and resolution.backend is None
+    with pytest.raises(TransceiverSelectionError, match=rf"policy version {re.escape(resolution.policy_version)}\): KV-cache transfer is off.*Set backend="):
         open_transceiver(resolution, pool)
 
 
