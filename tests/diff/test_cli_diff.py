@@ -42,7 +42,7 @@ def test_exit_code_when_changed(capsys) -> None:
     assert run(capsys, "diff", "2026.07.09", "2026.07.20")[0] == 0
 
 
-def test_json_lists_every_changed_context(capsys, shipped) -> None:
+def test_json_lists_contexts_of_every_group_and_each_of_them_changes(capsys, shipped) -> None:
     code, out, _ = run(capsys, "diff", "2026.07.09", "2026.08.11", "--format", "json")
     assert code == 0
     data = json.loads(out)
@@ -50,9 +50,9 @@ def test_json_lists_every_changed_context(capsys, shipped) -> None:
     assert data["changed"] == sum(g["count"] for g in data["groups"])
     contexts = data["contexts"]
     assert contexts and {c["group"] for c in contexts} == {g["group"] for g in data["groups"]}
-    # Every listed context really changes: resolve it under both versions.
+    # Every listed context (all of them, not a sample) really changes: resolve it under both versions.
     old, new = shipped["2026.07.09"], shipped["2026.08.11"]
-    for ctx in contexts[:200]:
+    for ctx in contexts:
         fields = {k: v for k, v in ctx.items() if k not in ("any", "group", "model_type")}
         fields["features"] = set(fields["features"])
         if ctx["model_type"]:
