@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 EXTRAS ?= transfer,demo,test
 
-.PHONY: install demo test test-engine lint bench bench-hosts soak fuzz report screenshot clean
+.PHONY: install demo test test-engine lint docs bench bench-hosts soak fuzz report screenshot clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ screenshot: report
 
 test-engine: $(STAMP)
 	$(PY) -m pytest -q tests/engine
+
+# The documentation site (mkdocs-material, strict: a broken link or a missing page fails), into
+# build/docs/. The CLI reference and one page per lint rule are generated first (docs/generate.py).
+docs: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt mkdocs-material mkdocstrings-python
+	$(PY) docs/generate.py
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(PY) bench/resolve.py

@@ -18,6 +18,8 @@ __all__ = ["register"]
 
 #: What ``kvpolicy lint`` checks when no path is given.
 DEFAULT_PATH = "policies"
+FORMATS = ("text", "json", "github", "sarif", "junit")
+"""Report formats (kvpolicy.lint.report renders each; defined here so `--help` imports nothing)."""
 
 
 def register(sub: Any) -> None:
@@ -34,13 +36,17 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "paths", nargs="*", metavar="PATHS", help=f"policy files or folders (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})"
     )
-    parser.add_argument("--format", choices=("text", "json", "github", "sarif", "junit"), default="text")
+    parser.add_argument("--format", choices=FORMATS, default="text")
     parser.add_argument("--fail-level", choices=("warning", "error"), help="lowest severity that fails the run (default: warning)")
     parser.add_argument("--select", metavar="CODES", help="comma-separated codes, prefixes, names or categories to run")
     parser.add_argument("--ignore", metavar="CODES", help="comma-separated codes, prefixes, names or categories to skip")
     parser.add_argument("--base", metavar="GIT_REF", help="also report content changed since GIT_REF without a version bump")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.kvpolicy] from this file (default: nearest pyproject.toml)")
-    parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    parser.add_argument(
+        "--output", "-o", metavar="[FORMAT=]FILE", action="append", default=[],
+        help="FILE: write the --format report to FILE instead of stdout; FORMAT=FILE (repeatable): also write "
+        "the report in FORMAT to FILE, from the same run (e.g. -o sarif=kvpolicy.sarif -o junit=lint.xml)",
+    )
     parser.set_defaults(run=run_lint)
 
     parser = sub.add_parser("rule", help="explain a lint rule", description="Print a lint rule's documentation.")
@@ -90,16 +96,30 @@ def run_lint(args: Any) -> int:
         result = lint_paths(paths, config, base=args.base)
     except LintUsageError as exc:
         return fail(str(exc))
-    report = render(result, args.format)
-    if source is not None:
-        report = with_policies(report, args.format, source)
-    if args.output:
+    main_file, extra = None, []
+    for value in args.output:
+        name, sep, path = value.partition("=")
+        if sep and name in FORMATS:
+            extra.append((name, path))
+        elif main_file is None:
+            main_file = value
+        else:
+            return fail(f"--output {value}: the --format report already goes to {main_file}; name another report FORMAT=FILE ({', '.join(FORMATS)})")
+    for name, path in [(args.format, main_file), *extra]:
+        if path is None:
+            continue
+        if not path:
+            return fail(f"--output {name}=: name the file to write")
+        report = render(result, name)
+        if source is not None:
+            report = with_policies(report, name, source)
         try:
-            Path(args.output).write_text(report, encoding="utf-8")
+            Path(path).write_text(report, encoding="utf-8")
         except OSError as exc:
-            return fail(f"cannot write {args.output}: {exc.strerror or exc}")
-    else:
-        sys.stdout.write(report)
+            return fail(f"cannot write {path}: {exc.strerror or exc}")
+    if main_file is None:
+        report = render(result, args.format)
+        sys.stdout.write(with_policies(report, args.format, source) if source is not None else report)
     elapsed = time.perf_counter() - started
     for file in result.files:
         if file.skipped:

@@ -230,6 +230,20 @@ def test_output_file(cli, tmp_path):
     assert json.loads(target.read_text())["version"] == "2.1.0"
 
 
+def test_one_run_writes_several_formats(cli, tmp_path):
+    """CI lints once: annotations on stdout, SARIF and JUnit to files, from the same findings."""
+    sarif, junit = tmp_path / "lint.sarif", tmp_path / "lint.xml"
+    code, out, _ = cli("lint", MIXED, "--format", "github", "-o", f"sarif={sarif}", "-o", f"junit={junit}")
+    assert code == 1
+    annotations = [line for line in out.splitlines() if line.startswith("::")]
+    results = json.loads(sarif.read_text())["runs"][0]["results"]
+    assert annotations and len(annotations) == len(results)
+    assert {r["ruleId"] for r in results} == {line.split("title=", 1)[1].split(" ", 1)[0].rstrip(",:") for line in annotations}
+    assert junit.read_text().count("<failure") == len(results)
+    code, _, err = cli("lint", MIXED, "-o", str(tmp_path / "a"), "-o", str(tmp_path / "b"))
+    assert code == 2 and "already goes to" in err
+
+
 def test_policy_too_large_to_analyse_is_a_finding_not_a_silent_pass(cli, tmp_path):
     """Twenty features read together would need 2**20 evaluations per context class: the exact
     analysis refuses up front and says so as an error finding (KVP029), the other rules still
