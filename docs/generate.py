@@ -11,7 +11,6 @@ source.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -49,8 +48,11 @@ def cli_reference() -> str:
 
 
 def _markdown(doc: str) -> str:
-    """Rule docs are written with RST-style double backticks: Markdown takes single ones."""
-    return re.sub(r"``(.+?)``", r"`\1`", doc)
+    """Rule docs are written with RST-style double backticks: Markdown takes single ones (the same
+    conversion SARIF's help text gets)."""
+    from kvpolicy.lint.report import markdown
+
+    return markdown(doc)
 
 
 def rule_pages() -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from .wording import plural
 
 from .diff import (
     ARCHITECTURE_SLOT,
@@ -118,11 +119,11 @@ def checkpoint_lines(result: Diff) -> list[str]:
 
 
 def headline(result: Diff, count: int) -> str:
-    """``kvpolicy diff A -> B: X of Y contexts change, in N way(s)`` (or ``no change``)."""
+    """``kvpolicy diff A -> B: X of Y contexts change, in N ways`` (or ``no change``)."""
     head = f"kvpolicy diff {result.old.version} -> {result.new.version}"
     if not result:
         return f"{head}: no change"
-    return f"{head}: {result.changed:,} of {result.total:,} contexts change, in {count} way(s)"
+    return f"{head}: {result.changed:,} of {result.total:,} contexts change, in {plural(count, 'way')}"
 
 
 def entries(result: Diff) -> list[Entry]:

@@ -105,7 +105,8 @@ class Matcher(_Frozen):
         return (value in self.values) != self.negate
 
     def __str__(self) -> str:
-        listed = " or ".join(sorted(self.values))
+        # The empty value (an environment variable set to "") is shown as "", never as nothing.
+        listed = " or ".join(value if value else '""' for value in sorted(self.values))
         return f"not {listed}" if self.negate else listed
 
 

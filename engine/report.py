@@ -26,6 +26,7 @@ from .difftext import CONTEXT_NOTE, Entry, change_lines, checkpoint_lines, decis
 from .matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
 from .policyset import PolicySet
 from .report_assets import SCRIPT, stylesheet
+from .wording import plural
 
 __all__ = ["MatrixView", "ReportInput", "cell_change", "render_report"]
 
@@ -509,7 +510,7 @@ def _diff(result: Diff, found: list[Entry]) -> str:
         groups = "".join(_group(n, result.groups[n - 1], result, shared) for n in entry.groups)
         articles.append(
             f'<article class="entry" id="diff-entry-{entry.number}" data-count="{entry.count}">'
-            f"<h3>[{entry.number}] {entry.count:,} contexts: {_e(entry.title)}</h3>"
+            f"<h3>[{entry.number}] {plural(entry.count, 'context', grouped=True)}: {_e(entry.title)}</h3>"
             f'<pre class="where">{_e(chr(10).join(entry.lines))}</pre>'
             f'<p>Groups (numbered as <code>kvpolicy diff --format json</code> numbers them):</p><ul class="groups">{groups}</ul>'
             "</article>"
@@ -526,7 +527,7 @@ def _group(number: int, group: Group, result: Diff, shared: list[str]) -> str:
     lines = "; ".join([*(d for d in decisions if decisions != shared), *change_lines(group, result)[len(decisions):]])
     lines = lines or "these decision changes, no diagnostic comes or goes"
     return (f'<li id="diff-group-{number}" data-group="{number}" data-count="{group.count}">'
-            f"<b>[{number}]</b> {group.count:,} contexts: {_e(lines)}</li>")
+            f"<b>[{number}]</b> {plural(group.count, 'context', grouped=True)}: {_e(lines)}</li>")
 
 
 def _used(section: Any) -> str:
@@ -583,10 +584,10 @@ def _impact(results: Sequence[Any], old: str, new: str, link: Link | None) -> st
                             f'<td colspan="2">under {_e(label)}</td><td class="status bad">{_e(result.status)}</td>'
                             f"<td>{_e(mismatch)}</td></tr>")
     skipped = len(results) - len(read)
-    note = f" {skipped} file(s) skipped (no cache_transceiver_config)." if skipped else ""
+    note = f" {plural(skipped, 'file')} skipped (no cache_transceiver_config)." if skipped else ""
     return (
         '<section id="impact" aria-labelledby="impact-h"><h2 id="impact-h">Impact on serving configs</h2>'
-        f"<p>{len(read)} config(s): {_e(_impact_counts(results)) or 'none read'}.{_e(note)} "
+        f"<p>{plural(len(read), 'config')}: {_e(_impact_counts(results)) or 'none read'}.{_e(note)} "
         "<span class=\"mark fail\">!</span> after a value: cannot start; /V2: KV-cache manager V2.</p>"
         '<div class="scroll"><table class="impact"><thead><tr><th scope="col">config</th><th scope="col">side</th>'
         f'<th scope="col">{_e(old)}</th><th scope="col">{_e(new)}</th><th scope="col">status</th>'

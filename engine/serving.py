@@ -71,6 +71,10 @@ class Server:
     """Why nothing is resolved for this server, e.g. the TensorRT backend's C++-only path."""
     parallel: tuple[tuple[str, Any], ...] = ()
     problems: tuple[ServerProblem, ...] = field(default=())
+    field_keys: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    """Where in the document each field of :attr:`fields` was written, when the config wrote it
+    (``kv_cache_manager``: ``kv_cache_config.use_kv_cache_manager_v2``; ``features``:
+    ``kvpolicy_features``), for messages that point at the line to change."""
 
 
 def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
@@ -158,7 +162,7 @@ def _transfers(servers: list[Server]) -> bool:
 
 def _with(server: Server, used: tuple[str, ...], problems: tuple[ServerProblem, ...]) -> Server:
     return Server(server.name, server.role, server.keys, server.fields, (*used, *server.used), server.fixed,
-                  server.parallel, (*problems, *server.problems))
+                  server.parallel, (*problems, *server.problems), server.field_keys)
 
 
 def _server(
@@ -184,8 +188,10 @@ def _server(
         problems.append(ServerProblem(keys, f"{_dotted(keys)}: expected a mapping, got {kind(config)}"))
         return Server(name, role, keys, None, problems=tuple(problems), parallel=parallel)
     fields: dict[str, Any] = {}
+    field_keys: dict[str, tuple[Any, ...]] = {}
     for key, value in config.items():
         fields[str(key)] = value
+        field_keys[str(key)] = (*keys, key)
         used.append(f"{_dotted((*keys, key))} = {_show(value)}")
     if "backend" not in config or config.get("backend") is None:
         # Upstream: a CacheTransceiverConfig without a backend starts no transceiver.
@@ -208,6 +214,7 @@ def _server(
                 manager = None
             if manager is not None:
                 fields["kv_cache_manager"] = manager
+                field_keys["kv_cache_manager"] = (*kv_keys, "use_kv_cache_manager_v2")
                 used.append(f"{where} = {_show(switch)}")
     server_env = dict(env)
     for key in ("env", "env_overrides"):
@@ -224,18 +231,20 @@ def _server(
             else:
                 server_env[str(variable)] = str(item).lower() if isinstance(item, bool) else str(item)
             used.append(f"{_dotted((*env_keys, variable))} = {_show(item)}")
+        field_keys["env"] = env_keys
     features = settings.get("kvpolicy_features", [])
     if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
         feature_keys = (*origin.get("kvpolicy_features", ()), "kvpolicy_features")
         problems.append(ServerProblem(feature_keys, f"{_dotted(feature_keys)}: expected a list of feature names, got {features!r}"))
         features = []
     elif features:
-        used.append(f"{_dotted((*origin.get('kvpolicy_features', ()), 'kvpolicy_features'))} = {_show(features)}")
+        field_keys["features"] = (*origin.get("kvpolicy_features", ()), "kvpolicy_features")
+        used.append(f"{_dotted(field_keys['features'])} = {_show(features)}")
     fields["env"] = server_env
     fields["features"] = frozenset(features)
     if problems:
         return Server(name, role, keys, None, tuple(used), None, parallel, tuple(problems))
-    return Server(name, role, keys, fields, tuple(used), None, parallel)
+    return Server(name, role, keys, fields, tuple(used), None, parallel, field_keys=field_keys)
 
 
 def _worker_env(value: Any, role_key: str) -> tuple[dict[str, str], tuple[str, ...], tuple[ServerProblem, ...]]:

@@ -10,7 +10,7 @@ with its ``file:line:col``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,19 @@ class ConfigAnswer:
     path: Path
     servers: tuple[ServerAnswer, ...]
     verdict: Verdict | None
+    node: Any = field(default=None, repr=False, compare=False)
+    """The config's node tree (:func:`kvpolicy.configfile.read_config`): where each key stands."""
+
+    def field_location(self, server: Server, decision: str | None) -> tuple[str, str]:
+        """``(file:line:col, dotted key)`` of what a diagnostic about ``decision`` asks to change in
+        ``server``'s settings: the field when the config writes it, else its
+        ``cache_transceiver_config``."""
+        from .configfile import position_of
+
+        keys = server.field_keys.get(decision, server.keys) if decision else server.keys
+        found = position_of(self.node, *keys) if self.node is not None else None
+        where = f"{self.path}:{found[0]}:{found[1]}" if found else str(self.path)
+        return where, ".".join(str(k) for k in keys)
 
     @property
     def ok(self) -> bool:
@@ -104,7 +117,7 @@ def answer_config(
         try:
             resolution = policy_set.resolve(**fields)
         except ContextError as exc:
-            keys = (*server.keys, exc.field) if exc.field in server.fields else server.keys
+            keys = server.field_keys.get(exc.field, server.keys)
             problems.append(f"{at(*keys)}: invalid {exc.field}: {exc.reason}")
             continue
         answers.append(ServerAnswer(server, identity, resolution))
@@ -115,4 +128,4 @@ def answer_config(
     if resolved:
         roles = [role for role, _ in resolved]
         verdict = verdict_of_sides(policy_set, [r for _, r in resolved], lambda answered: sides_disagree(list(zip(roles, answered))))
-    return ConfigAnswer(path, tuple(answers), verdict)
+    return ConfigAnswer(path, tuple(answers), verdict, node)

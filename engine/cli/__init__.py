@@ -121,6 +121,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub-)sub-command parser that ``args`` were parsed by (``kvpolicy keys new``: ``new``'s)."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, actions[0].dest, None) if actions else None
+        if chosen not in (actions[0].choices if actions else {}):
+            return parser
+        parser = actions[0].choices[chosen]
+
+
 def _package_version() -> str:
     from .. import __version__
 
@@ -133,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The command is the first argument that is not an option.
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser([command] if command else [])
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the sub-command's usage, not the top level's: that is the parser the arguments were for
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.run(args))
     except BrokenPipeError:  # e.g. `kvpolicy table | head`

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..wording import plural
 from .common import choose_policies, fail
 
 __all__ = ["register"]
@@ -43,7 +44,10 @@ def register(sub: Any) -> None:
         help="start the next policy version from the newest one",
         description=(
             "Copy the newest policy of DIR to VERSION.toml with its version set to VERSION, and its test cases "
-            "to VERSION.cases.toml. VERSION is a date (YYYY.MM.DD, optionally .N) after the newest version."
+            "to VERSION.cases.toml. VERSION is a date (YYYY.MM.DD, optionally .N) after the newest version. "
+            "The copy's summary, source and header comment are TODO(kvpolicy new) placeholders, never the "
+            "previous version's: `kvpolicy lint` refuses them (KVP042) until they say what this version changes "
+            "and which upstream change it mirrors."
         ),
     )
     parser.add_argument("version", metavar="VERSION", help="the new version, e.g. 2026.10.01")
@@ -85,7 +89,10 @@ def run_check(args: Any) -> int:
         if result.findings:
             sys.stdout.write(render_lint(result, "text"))
         counts = result.counts()
-        detail = f"{len(result.files)} files, {counts['error']} errors, {counts['warning']} warnings, {len(result.suppressed)} suppressed"
+        detail = (
+            f"{plural(len(result.files), 'file')}, {plural(counts['error'], 'error')}, "
+            f"{plural(counts['warning'], 'warning')}, {len(result.suppressed)} suppressed"
+        )
         summary.append(("lint", "failed" if result.failed() else "passed", detail))
 
     checked = check_format([folder])
@@ -99,7 +106,7 @@ def run_check(args: Any) -> int:
         for _, shown, _, _ in changed:
             print(f"Would reformat: {shown} (run `kvpolicy fmt {folder}`)")
         state = "failed" if changed or errors else "passed"
-        summary.append(("fmt", state, f"{count} files, {len(changed)} would be reformatted, {len(errors)} unreadable"))
+        summary.append(("fmt", state, f"{plural(count, 'file')}, {len(changed)} would be reformatted, {len(errors)} unreadable"))
 
     try:
         run = run_tests([folder])
@@ -111,11 +118,12 @@ def run_check(args: Any) -> int:
         if run.failed or run.errors or below:
             sys.stdout.write(render_tests(run, coverage=bool(below)))
         passed = len(run.cases) - len(run.failed)
-        detail = (
-            f"{passed} passed, {len(run.failed)} failed, {len(run.errors)} errors, "
-            f"coverage {run.total_percent():.1f}% (threshold {args.threshold:g}%)"
-        )
-        summary.append(("test", "failed" if run.failed or run.errors or below else "passed", detail))
+        if run.coverage:
+            coverage = f"coverage {run.total_percent():.1f}% (threshold {args.threshold:g}%)"
+        else:  # no policy loaded: nothing was covered, and nothing can be claimed
+            coverage = "no coverage: no policy loaded, nothing to cover"
+        detail = f"{passed} passed, {len(run.failed)} failed, {plural(len(run.errors), 'error')}, {coverage}"
+        summary.append(("test", "failed" if run.failed or run.errors or below or not run.coverage else "passed", detail))
 
     failed = [name for name, state, _ in summary if state != "passed"]
     print(f"kvpolicy check {folder}:")
@@ -130,6 +138,41 @@ def run_check(args: Any) -> int:
 _VERSION = re.compile(r"^[0-9]{4}\.[0-9]{2}\.[0-9]{2}(\.[0-9]+)?$")
 _VERSION_LINE = re.compile(r'^(version\s*=\s*)"([^"]*)"', re.MULTILINE)
 _POLICY_LINE = re.compile(r'^(policy\s*=\s*)"([^"]*)"', re.MULTILINE)
+#: A top-level ``summary`` / ``source`` line and its string (basic, literal, or multi-line).
+_STRING = r"""(\"\"\"[\s\S]*?\"\"\"|'\'\'[\s\S]*?'\'\'|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+_TOP_LINES = {key: re.compile(rf"^({key}\s*=\s*){_STRING}", re.MULTILINE) for key in ("summary", "source")}
+_TABLE_LINE = re.compile(r"^\s*\[", re.MULTILINE)
+
+
+def placeholders() -> dict[str, str]:
+    """What ``new`` writes where only the author can say what the version is (KVP042 refuses them)."""
+    from ..lint.rules import PLACEHOLDER
+
+    return {
+        "summary": f"{PLACEHOLDER}: one line on what this version changes",
+        "source": f"{PLACEHOLDER}: the upstream change this version mirrors (repository, PR, merge date, file)",
+        "comment": f"# {PLACEHOLDER}: what this version changes, and the upstream change it mirrors.",
+    }
+
+
+def _fresh_header(text: str, marks: dict[str, str]) -> str | None:
+    """The previous version's text with its own description replaced by placeholders: the header
+    comment (a ``#:schema`` line is kept), ``summary`` and ``source``. None when the top-level
+    ``summary`` or ``source`` is not a plain key = string line to rewrite."""
+    lines = text.splitlines(keepends=True)
+    header = 0
+    while header < len(lines) and (not lines[header].strip() or lines[header].lstrip().startswith("#")):
+        header += 1
+    kept = [line for line in lines[:header] if line.startswith("#:")]
+    body = "".join(lines[header:])
+    table = _TABLE_LINE.search(body)
+    top, rest = (body[: table.start()], body[table.start() :]) if table else (body, "")
+    for key, pattern in _TOP_LINES.items():
+        value = marks[key].replace("\\", "\\\\").replace('"', '\\"')
+        top, count = pattern.subn(lambda m, v=value: f'{m.group(1)}"{v}"', top, count=1)
+        if count != 1:
+            return None
+    return "".join(kept) + marks["comment"] + "\n" + top + rest
 
 
 def run_new(args: Any) -> int:
@@ -148,6 +191,9 @@ def run_new(args: Any) -> int:
         return fail(f"{version} is not a date: {exc}")
     if args.dir is not None:
         folder = Path(args.dir)
+        if not folder.is_dir():
+            state = "not a folder" if folder.exists() else "no such folder"
+            return fail(f"--dir {args.dir}: {state}; name the policy folder that holds the versions (e.g. --dir {folder.parent})")
     else:
         source = choose_policies()
         if isinstance(source, int):
@@ -179,17 +225,34 @@ def run_new(args: Any) -> int:
     text, count = _VERSION_LINE.subn(lambda m: f'{m.group(1)}"{version}"', text, count=1)
     if count != 1:
         return fail(f"{source}: no top-level `version = \"...\"` line to rewrite")
+    # What the version is (summary, source, header comment) is the author's to say: placeholders
+    # that lint refuses (KVP042) until they are filled, never the previous version's claims.
+    marks = placeholders()
+    fresh = _fresh_header(text, marks)
+    if fresh is None:
+        return fail(f"{source}: no top-level `summary = \"...\"` and `source = \"...\"` lines to rewrite")
+    text = fresh
     target.write_text(text, encoding="utf-8")
     try:
-        load_policy_file(target, root=folder)
+        copy = load_policy_file(target, root=folder)
     except PolicyError as exc:  # pragma: no cover - the newest version loaded a moment ago
         target.unlink()
         return fail(f"the copy does not load: {exc}")
+    if (copy.summary, copy.source) != (marks["summary"], marks["source"]):  # pragma: no cover - a defence
+        target.unlink()
+        return fail(f"{source}: its summary and source could not be replaced with placeholders")
     created = [str(target)]
     cases_source = source.with_name(source.name[: -len(".toml")] + CASES_SUFFIX)
     if cases_source.is_file():
         cases = read_policy_bytes(cases_source, str(cases_source), root=folder).decode("utf-8")
         cases = _POLICY_LINE.sub(lambda m: f'{m.group(1)}"{target.name}"', cases, count=1)
+        # The header comment names the file it tests: name the new one.
+        lines = cases.splitlines(keepends=True)
+        for index, line in enumerate(lines):
+            if not line.lstrip().startswith("#"):
+                break
+            lines[index] = line.replace(source.name, target.name)
+        cases = "".join(lines)
     else:
         cases = (
             f"# Test cases of {target.name}: `kvpolicy test {folder}` runs them.\n\n"
@@ -199,5 +262,8 @@ def run_new(args: Any) -> int:
     cases_target.write_text(cases, encoding="utf-8")
     created.append(str(cases_target))
     print(f"created {', '.join(created)} from {newest.version}")
-    print(f"next: edit {target.name} (and its summary), add cases for what changes, then `kvpolicy check {folder}`")
+    print(
+        f"next: in {target.name}, make the change and replace the {marks['summary'].split(':')[0]} placeholders "
+        f"(summary, source, header comment); add cases for what changes, then `kvpolicy check {folder}`"
+    )
     return 0

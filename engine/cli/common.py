@@ -14,7 +14,16 @@ from ..errors import ContextError, PolicyError
 from ..policyroot import DEFAULT_FOLDER, PolicySource, policy_source
 from ..policyset import PolicySet, load
 
-__all__ = ["POLICIES_DEFAULT", "add_policy_arguments", "choose_policies", "fail", "load_from_args", "own_policies", "with_policies"]
+__all__ = [
+    "POLICIES_DEFAULT",
+    "add_policy_arguments",
+    "choose_policies",
+    "fail",
+    "load_from_args",
+    "models_root_problem",
+    "own_policies",
+    "with_policies",
+]
 
 #: Where commands look for policies when none is named (kvpolicy.policyroot), for help texts.
 POLICIES_DEFAULT = "default: [tool.kvpolicy] policies in pyproject.toml, else ./policies, else the shipped policies"
@@ -36,6 +45,23 @@ def fail(message: str) -> int:
     """Report unusable input on stderr; exit code 2."""
     print(f"kvpolicy: error: {message}", file=sys.stderr)
     return 2
+
+
+def models_root_problem(option: str | None) -> str | None:
+    """Why the models root a command would use cannot be: ``--models-root`` that is not a folder,
+    or ``$LLM_MODELS_ROOT`` naming something that is not a folder (a root that does not exist
+    there is only a place not to look: a shared CI setting may name a mount this machine lacks).
+    None when it can be used."""
+    hint = "name the folder that holds the checkpoint folders"
+    if option is not None:
+        if os.path.isdir(option):
+            return None
+        state = "not a folder" if os.path.exists(option) else "no such folder"
+        return f"--models-root {option or repr(option)}: {state}; {hint}"
+    value = os.environ.get("LLM_MODELS_ROOT")
+    if value and os.path.exists(value) and not os.path.isdir(value):
+        return f"$LLM_MODELS_ROOT={value}: not a folder; {hint}, or unset it"
+    return None
 
 
 def choose_policies(option: str | None = None, *, pyproject: str | None = None) -> PolicySource | int:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..diff import Diff, describe_group, diff_policies
 from ..difftext import CONTEXT_NOTE, change_lines, checkpoint_lines, decision_lines, entries, headline, section_order
+from ..wording import plural
 from .common import POLICIES_DEFAULT, choose_policies, fail
 from .policies import load_policy_argument
 
@@ -56,7 +57,7 @@ def render_text(result: Diff) -> str:
         return "\n".join(lines)
     lines.append(CONTEXT_NOTE)
     for entry in found:
-        lines += ["", f"[{entry.number}] {entry.count:,} contexts: {entry.title}", *entry.lines]
+        lines += ["", f"[{entry.number}] {plural(entry.count, 'context', grouped=True)}: {entry.title}", *entry.lines]
     return "\n".join(lines)
 
 

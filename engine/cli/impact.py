@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
-from .common import POLICIES_DEFAULT, choose_policies, fail
+from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
+from ..wording import plural
 from .policies import load_policy_argument
 from .releases import add_trtllm_argument, release_lines
 
@@ -108,8 +109,9 @@ def run(args: Any) -> int:
         misses = arch_map.near_misses(old.architectures | new.architectures)
         if misses:
             return fail("--arch-map: " + "; ".join(misses))
-    if args.models_root and not Path(args.models_root).is_dir():
-        return fail(f"--models-root {args.models_root}: not a folder (name the folder that holds the checkpoint folders)")
+    problem = models_root_problem(args.models_root)
+    if problem:
+        return fail(problem)
     try:
         import yaml  # noqa: F401
     except ImportError:
@@ -172,7 +174,7 @@ def _unknown_line(results: list[ConfigImpact]) -> str | None:
     depends = sum(1 for r in unknown if r.status == "architecture unknown")
     may_fail = sum(1 for r in unknown if r.may_fail)
     return (
-        f"  architecture unknown for {len(unknown)} of {len(read)} config(s): {depends} depend{'s' if depends == 1 else ''} on the model"
+        f"  architecture unknown for {len(unknown)} of {plural(len(read), 'config')}: {depends} depend{'s' if depends == 1 else ''} on the model"
         f" ({may_fail} would start failing for some model); give the checkpoints' config.json under --models-root"
         " or $LLM_MODELS_ROOT, or --arch-map"
     )
@@ -201,7 +203,7 @@ def render_text(results: list[ConfigImpact], old: str, new: str) -> str:
     skipped = len(results) - len(read)
     folder = _common_folder([r.path for r in read])
     lines = [
-        f"kvpolicy impact {old} -> {new}: {len(read)} config(s)"
+        f"kvpolicy impact {old} -> {new}: {plural(len(read), 'config')}"
         + (f" under {folder}/" if folder else "")
         + (f", {skipped} skipped (no cache_transceiver_config)" if skipped else ""),
     ]

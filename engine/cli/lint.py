@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..wording import plural
 from .common import fail, own_policies, with_policies
 
 __all__ = ["register"]
@@ -127,7 +128,7 @@ def run_lint(args: Any) -> int:
     if config.source:
         print(f"kvpolicy lint: configuration from {config.source}", file=sys.stderr)
     print(
-        f"kvpolicy lint: {len(result.files)} file(s), {len(result.findings)} finding(s), "
+        f"kvpolicy lint: {plural(len(result.files), 'file')}, {plural(len(result.findings), 'finding')}, "
         f"{len(result.suppressed)} suppressed, in {elapsed:.2f}s",
         file=sys.stderr,
     )

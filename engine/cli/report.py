@@ -9,7 +9,8 @@ from typing import Any
 
 from ..errors import PolicyError
 from ..policyset import PolicySet, load
-from .common import POLICIES_DEFAULT, choose_policies, fail
+from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
+from ..wording import plural
 from .policies import load_policy_argument
 from .releases import add_trtllm_argument, release_lines
 
@@ -106,7 +107,7 @@ def run(args: Any) -> int:
     print(source.describe())
     for line in release_lines(("--from", args.old), (new_option, new_text)):
         print(line)
-    print(f"kvpolicy report {compared}: wrote {output} ({size / 1024:,.0f} KiB, {len(versions)} version(s))")
+    print(f"kvpolicy report {compared}: wrote {output} ({size / 1024:,.0f} KiB, {plural(len(versions), 'version')})")
     return 0
 
 
@@ -148,8 +149,9 @@ def _impact(args: Any, old: PolicySet, new: PolicySet) -> list[Any] | int:
         misses = arch_map.near_misses(old.architectures | new.architectures)
         if misses:
             return fail("--arch-map: " + "; ".join(misses))
-    if args.models_root and not Path(args.models_root).is_dir():
-        return fail(f"--models-root {args.models_root}: not a folder (name the folder that holds the checkpoint folders)")
+    problem = models_root_problem(args.models_root)
+    if problem:
+        return fail(problem)
     missing = [p for p in args.configs if not Path(p).exists()]
     if len(missing) == len(args.configs):
         return fail(f"--configs: no such file or folder: {', '.join(missing)}")

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 from ..errors import ContextError
 from ..resolution import Resolution
-from .common import add_policy_arguments, choose_policies, context_error, fail
+from ..wording import plural
+from .common import add_policy_arguments, choose_policies, context_error, fail, models_root_problem
 from .releases import add_trtllm_argument, load_for_release
 
 __all__ = ["context_from_args", "register"]
@@ -228,8 +229,9 @@ def _run_config(args: Any, policy_set: Any) -> int:
         misses = arch_map.near_misses(policy_set.architectures)
         if misses:
             return fail("--arch-map: " + "; ".join(misses))
-    if args.models_root and not Path(args.models_root).is_dir():
-        return fail(f"--models-root {args.models_root}: not a folder")
+    problem = models_root_problem(args.models_root)
+    if problem:
+        return fail(problem)
     try:
         answer = answer_config(path, policy_set, explicit=explicit, root=models_root(args.models_root), architecture_map=arch_map)
     except ServingConfigError as exc:
@@ -259,16 +261,20 @@ def _run_config(args: Any, policy_set: Any) -> int:
         blocks = []
         side = 0  # the resolved servers are the verdict's sides, in order
         for server, identity, resolution, why in rows:
-            lines = [f"== {server.name} ({path}) =="]
+            def where(diagnostic: Any, server: Any = server) -> str:
+                at, keys = answer.field_location(server, diagnostic.decision)
+                return f"config: {at}: {keys}"
+
+            lines = [f"== {server.name} ({answer.field_location(server, None)[0]}) =="]
             if identity is not None:
                 lines.append(f"model: {identity.describe()}")
             lines.append(f"read: {'; '.join(server.used)}" if server.used else "read: nothing")
             if resolution is None:
                 lines.append(why or "")
             elif verdict is not None and not verdict.known and not resolution.architecture_known:
-                lines.append(_render_side_outcomes(verdict, side))
+                lines.append(_render_side_outcomes(verdict, side, where))
             else:
-                lines.append(render(resolution, explain=args.explain, summary=False))
+                lines.append(render(resolution, explain=args.explain, summary=False, where=where))
             side += resolution is not None
             blocks.append("\n".join(lines))
         if verdict is not None:
@@ -276,6 +282,11 @@ def _run_config(args: Any, policy_set: Any) -> int:
             for outcome in verdict.outcomes:
                 if outcome.problem:
                     tail.append(f"error[sides-disagree]: {outcome.problem}" + ("" if verdict.known else f" (for {', '.join(outcome.labels)})"))
+                    tail += [
+                        "  config: {}: {}".format(*answer.field_location(server, None))
+                        for server, _, resolution, _ in rows
+                        if resolution is not None
+                    ]
             tail.append(_summary_line(verdict))
             if not verdict.known:
                 tail.append(_UNKNOWN_HINT)
@@ -313,21 +324,21 @@ def _summary_line(verdict: Any) -> str:
             return "ok: this configuration can start"
         if verdict.status == CANNOT_START:
             errors = sum(len(r.errors) for r in verdict.outcomes[0].resolutions) + (1 if verdict.outcomes[0].problem else 0)
-            return f"{errors} error(s): this configuration cannot start"
+            return f"{plural(errors, 'error')}: this configuration cannot start"
         return verdict.summary()
     if verdict.status == DEPENDS:
         return f"{verdict.summary()} (exit 3)"
     return verdict.summary()
 
 
-def _render_side_outcomes(verdict: Any, side: int) -> str:
+def _render_side_outcomes(verdict: Any, side: int, where: Any = None) -> str:
     """One side of a config with an unknown architecture: each outcome's values and errors."""
     lines = []
     for number, outcome in enumerate(verdict.outcomes, 1):
         resolution = outcome.resolutions[side]
         state = "starts" if outcome.ok else "cannot start"
         lines.append(f"[{number}] {state} for {', '.join(outcome.labels)}:")
-        lines.append(_values_block(resolution, indent="    "))
+        lines.append(_values_block(resolution, indent="    ", where=where))
     return "\n".join(lines)
 
 
@@ -351,7 +362,9 @@ def render_unknown(resolution: Resolution, verdict: Any, *, explain: bool = Fals
     return "\n".join(lines)
 
 
-def _values_block(resolution: Resolution, *, indent: str = "  ") -> str:
+def _values_block(resolution: Resolution, *, indent: str = "  ", where: Any = None) -> str:
+    """The values, deciding rules and non-info diagnostics; ``where(diagnostic)``, when given, is a
+    line saying where in a serving config the diagnostic points (``config: FILE:LINE:COL: KEY``)."""
     if not resolution.enabled:
         return f"{indent}disaggregation is off (backend null)"
     lines = []
@@ -361,6 +374,8 @@ def _values_block(resolution: Resolution, *, indent: str = "  ") -> str:
     for diagnostic in resolution.diagnostics:
         if diagnostic.severity != "info":
             lines.append(f"{indent}{diagnostic.severity}[{diagnostic.id}]: {diagnostic.message}")
+            if where is not None:
+                lines.append(f"{indent}  {where(diagnostic)}")
     return "\n".join(lines)
 
 
@@ -392,8 +407,10 @@ def _head(resolution: Resolution) -> list[str]:
     return lines
 
 
-def render(resolution: Resolution, *, explain: bool = False, summary: bool = True) -> str:
-    """The text a person reads: the values, the deciding rules, the diagnostics."""
+def render(resolution: Resolution, *, explain: bool = False, summary: bool = True, where: Any = None) -> str:
+    """The text a person reads: the values, the deciding rules, the diagnostics (with
+    ``where(diagnostic)``, when given, under each error and warning: where a serving config sets
+    what it is about)."""
     lines = _head(resolution)
     if not resolution.enabled:
         return "\n".join(lines)
@@ -405,11 +422,13 @@ def render(resolution: Resolution, *, explain: bool = False, summary: bool = Tru
         lines.append("")
         for diagnostic in resolution.diagnostics:
             lines.append(f"{diagnostic.severity}[{diagnostic.id}]: {diagnostic.message}")
+            if where is not None and diagnostic.severity != "info":
+                lines.append(f"  {where(diagnostic)}")
             lines.append(f"  --> {diagnostic.location}")
     if explain:
         lines += ["", "trace:", str(resolution.trace)]
     if summary:
         lines.append("")
         errors = len(resolution.errors)
-        lines.append("ok: this configuration can start" if not errors else f"{errors} error(s): this configuration cannot start")
+        lines.append("ok: this configuration can start" if not errors else f"{plural(errors, 'error')}: this configuration cannot start")
     return "\n".join(lines)

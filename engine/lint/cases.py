@@ -301,7 +301,10 @@ def render(run: TestRun, *, coverage: bool, verbose: bool = False) -> str:
             out.append(f"  {path:<{width}}  {done:>3}/{len(items):<3} {run.percent(path):6.1f}%")
             for item in missed:
                 out.append(f"    {item.location}: {item.kind} {item.id} not exercised")
-        out.append(f"  {'TOTAL':<{width}}  {run.total_percent():6.1f}%")
+        if run.coverage:
+            out.append(f"  {'TOTAL':<{width}}  {run.total_percent():6.1f}%")
+        else:  # not 100%: no policy loaded, so nothing was covered
+            out.append("  nothing to cover: no policy loaded")
     passed = len(run.cases) - len(run.failed)
     parts = []
     if run.failed:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import PurePath
 from typing import Any
 from xml.etree import ElementTree
@@ -23,6 +24,15 @@ _INFORMATION_URI = "https://github.com/kvpolicy/kvpolicy#kvpolicy-lint"
 def render(result: LintResult, fmt: str) -> str:
     """The result in one of :data:`FORMATS`."""
     return FORMATS[fmt](result)
+
+
+_RST_LITERAL = re.compile(r"(?<!`)``([^`\n]+)``(?!`)")
+
+
+def markdown(doc: str) -> str:
+    """A rule docstring as Markdown: RST inline literals (double backticks, the docstring
+    convention) become single backticks; code fences stay as they are."""
+    return _RST_LITERAL.sub(r"`\1`", doc)
 
 
 def _lines(result: LintResult) -> dict[str, list[str]]:
@@ -172,14 +182,15 @@ def sarif(result: LintResult) -> str:
     rules = []
     for code in codes:
         rule = RULES[code]
-        first = rule.doc.split("\n\n")[0].removeprefix("## What it does").strip().replace("\n", " ")
+        doc = markdown(rule.doc)
+        first = doc.split("\n\n")[0].removeprefix("## What it does").strip().replace("\n", " ")
         rules.append(
             {
                 "id": code,
                 "name": rule.name,
                 "shortDescription": {"text": rule.summary},
                 "fullDescription": {"text": first},
-                "help": {"text": rule.doc, "markdown": rule.doc},
+                "help": {"text": doc, "markdown": doc},
                 "helpUri": f"{_INFORMATION_URI}-{code.lower()}",
                 "defaultConfiguration": {"level": rule.severity},
                 "properties": {"category": rule.category, "tags": [rule.category]},
@@ -281,7 +292,7 @@ def rule_text(code: str) -> str:
     """What ``kvpolicy rule CODE`` prints."""
     rule = RULES[code]
     head = f"# {rule.name} ({rule.code})\n\nCategory: {rule.category} ({CATEGORIES[rule.category]}). Severity: {rule.severity}.\n"
-    return f"{head}\n{rule.summary}.\n\n{rule.doc}\n"
+    return f"{head}\n{markdown(rule.summary)}.\n\n{markdown(rule.doc)}\n"
 
 
 def rules_table() -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -1111,6 +1112,65 @@ def missing_source(file: PolicyFile) -> Iterator[Finding]:
             yield Finding("KVP041", f"{label} has no source; name the upstream change it reproduces", file.anchor(item), "warning")
 
 
+PLACEHOLDER = "TODO(kvpolicy new)"
+"""The marker ``kvpolicy new`` writes where only the author can say what a version is
+(``summary``, ``source``, the header comment); KVP042 refuses a file that still holds it."""
+
+
+@_rule("KVP042", "unfilled-placeholder", "documentation", "error", "A placeholder `kvpolicy new` wrote is still in the file")
+def unfilled_placeholder(file: PolicyFile) -> Iterator[Finding]:
+    """## What it does
+    Reports every line that still holds the ``TODO(kvpolicy new)`` marker: the ``summary``,
+    ``source`` and header comment that ``kvpolicy new`` writes as placeholders instead of
+    copying the previous version's.
+
+    ## Why is this bad?
+    ``summary`` and ``source`` are what ``versions``, ``report`` and reviewers read to learn
+    what a version is and which upstream change it mirrors. A placeholder says nothing; a
+    copied one (what ``new`` used to write) credits the previous version's upstream change
+    for an edit it did not make.
+
+    ## Example
+    ```toml
+    version = "2026.10.01"
+    summary = "TODO(kvpolicy new): one line on what this version changes"
+    ```
+
+    ## Fix
+    Replace each placeholder: ``summary`` with one line on what this version changes,
+    ``source`` with the upstream change it mirrors (repository, PR, merge date, file) or, for
+    a change of kvpolicy's own, what that change is; the header comment with a description of
+    the version (or delete it).
+    """
+    try:
+        text = file.raw.decode("utf-8")
+    except UnicodeDecodeError:  # pragma: no cover - such a file does not load
+        return
+    if PLACEHOLDER not in text:
+        return
+    keys = {}
+    for key in ("summary", "source"):
+        where = file.locate((key,))
+        keys[where.line] = key
+    for number, line in enumerate(text.splitlines(), start=1):
+        column = line.find(PLACEHOLDER)
+        if column < 0:
+            continue
+        key = keys.get(number)
+        if key == "summary":
+            message = "summary is still the placeholder `kvpolicy new` wrote; say in one line what this version changes"
+        elif key == "source":
+            message = (
+                "source is still the placeholder `kvpolicy new` wrote; name the upstream change this version mirrors "
+                "(repository, PR, merge date, file), or say which change of kvpolicy's own it is"
+            )
+        elif line.lstrip().startswith("#"):
+            message = "a placeholder comment `kvpolicy new` wrote is still here; describe this version, or delete the comment"
+        else:
+            message = f"a placeholder `kvpolicy new` wrote is still here; replace the {PLACEHOLDER} text"
+        yield Finding("KVP042", message, Location(file.path, number, column + 1), "error")
+
+
 # -- versioning (set rules: they see every file of the run) ----------------------------------------
 
 
@@ -1185,6 +1245,143 @@ def unbumped_version(files: list[PolicyFile], base: Any = None) -> Iterator[Find
                 file.locate(("version",)),
                 "error",
             )
+
+
+def _predecessors(files: list[PolicyFile]) -> Iterator[tuple[PolicyFile, PolicyFile]]:
+    """(file, the file of the closest earlier version in its folder) for every loaded file of
+    the run that has one. Files whose version another file repeats are KVP050's."""
+    from pathlib import Path
+
+    from ..policyfile import version_key
+
+    folders: dict[str, list[PolicyFile]] = {}
+    for file in files:
+        if file.policy is not None:
+            folders.setdefault(str(Path(file.path).parent), []).append(file)
+    for found in folders.values():
+        found.sort(key=lambda f: (version_key(f.policy.version), f.path))  # type: ignore[union-attr]
+        for earlier, later in zip(found, found[1:]):
+            assert earlier.policy is not None and later.policy is not None
+            if earlier.policy.version != later.policy.version:
+                yield later, earlier
+
+
+#: Policy fields that name a version rather than say what it decides.
+_IDENTITY_FIELDS = frozenset({"version", "summary", "source", "path", "digest"})
+
+
+def _content(value: Any) -> Any:
+    """What a loaded policy (or a part of it) holds, without where it stands in its file."""
+    fields = getattr(type(value), "model_fields", None)
+    if fields is not None:
+        return {name: _content(getattr(value, name)) for name in fields if not isinstance(getattr(value, name), Location)}
+    if isinstance(value, dict):
+        return {key: _content(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_content(item) for item in value]
+    return value
+
+
+def _policy_content(policy: Policy) -> dict[str, Any]:
+    return {name: _content(getattr(policy, name)) for name in type(policy).model_fields if name not in _IDENTITY_FIELDS}
+
+
+@_rule("KVP052", "identical-version", "versioning", "warning", "A version with the same content as the version before it", "set")
+def identical_version(files: list[PolicyFile], base: Any = None) -> Iterator[Finding]:
+    """## What it does
+    Compares each loaded policy with the closest earlier version of the same folder among the
+    files of the run (lint the folder, as ``kvpolicy check`` does). When the two hold the
+    same features, decisions, rules, rows, constraints and checkpoint rules — reasons and
+    sources included; only ``version``, ``summary`` and ``source`` differ — reports the
+    ``version`` line. The loaded policies are compared, so comments and layout do not count.
+
+    ## Why is this bad?
+    A version names one upstream behavioural change. A copy that changes nothing (what
+    ``kvpolicy new`` gives before it is edited) adds a version that decides exactly what the
+    previous one decides, while its summary and source claim a change: ``diff`` shows
+    nothing, and a TensorRT-LLM release mapped to it is mapped to nothing new.
+
+    ## Example
+    ``policies/2026.10.01.toml``, made by ``kvpolicy new 2026.10.01`` and never edited
+    beyond its summary and source, next to ``policies/2026.09.10.toml``.
+
+    ## Fix
+    Make the change the version is for, or delete the file. Where a version restates its
+    predecessor on purpose, suppress the finding on its ``version`` line with the reason.
+    """
+    for file, earlier in _predecessors(files):
+        assert file.policy is not None and earlier.policy is not None
+        if _policy_content(file.policy) != _policy_content(earlier.policy):
+            continue
+        where = earlier.locate(("version",))
+        yield Finding(
+            "KVP052",
+            f"version {file.policy.version} has the same content as the version before it, {earlier.policy.version} "
+            f"({earlier.path}); only version, summary and source differ: make the change this version is for, "
+            "or delete it",
+            file.locate(("version",)),
+            "warning",
+            related=((where, f"version {earlier.policy.version}"),),
+        )
+
+
+_REFERENCE = re.compile(r"https?://[^\s)\]>,;]+|#[0-9]+")
+
+
+def _references(source: str) -> frozenset[str]:
+    """The upstream changes a source names: ``#NNNN`` numbers and URLs."""
+    return frozenset(match.rstrip(".").lower() for match in _REFERENCE.findall(source))
+
+
+@_rule("KVP053", "repeated-source", "versioning", "warning", "A version that cites only what the version before it cites", "set")
+def repeated_source(files: list[PolicyFile], base: Any = None) -> Iterator[Finding]:
+    """## What it does
+    Compares the top-level ``source`` of each loaded policy with that of the closest earlier
+    version of the same folder among the files of the run. Reports the ``source`` line when
+    it names no upstream change (``#NNNN``, a URL) that the earlier one does not already name
+    or, naming none, when it is the same text.
+
+    ## Why is this bad?
+    A new version exists because something changed; its ``source`` should cite that change.
+    A source copied from the previous version credits the previous upstream change for an
+    edit it did not make, and reports and reviewers then misattribute it.
+
+    ## Example
+    ```toml
+    # policies/2026.09.10.toml
+    source = "NVIDIA/TensorRT-LLM #19004 (merged 2026-09-15)"
+    # policies/2026.10.01.toml
+    source = "NVIDIA/TensorRT-LLM #19004 (merged 2026-09-15)"
+    ```
+
+    ## Fix
+    Cite the upstream change this version mirrors (PR, merge date, file). A version that
+    corrects kvpolicy's own reading of the same upstream change should say so in its
+    ``source`` and suppress the finding on that line with the reason.
+    """
+    for file, earlier in _predecessors(files):
+        assert file.policy is not None and earlier.policy is not None
+        source, before = file.policy.source, earlier.policy.source
+        if PLACEHOLDER in source:
+            continue  # KVP042's
+        cited = _references(source)
+        if cited:
+            if not cited <= _references(before):
+                continue
+            detail = f"it names only {', '.join(sorted(cited))}, which {earlier.policy.version} already cites"
+        else:
+            if " ".join(source.split()).casefold() != " ".join(before.split()).casefold():
+                continue
+            detail = f"it is the source of {earlier.policy.version}"
+        where = earlier.locate(("source",))
+        yield Finding(
+            "KVP053",
+            f"source of version {file.policy.version} cites nothing new: {detail} ({earlier.path}); "
+            "cite the upstream change this version mirrors",
+            file.locate(("source",)),
+            "warning",
+            related=((where, f"source of {earlier.policy.version}"),),
+        )
 
 
 # -- suppression -----------------------------------------------------------------------------------

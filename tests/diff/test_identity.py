@@ -227,7 +227,7 @@ def test_impact_counts_unknown_architectures_and_fails_where_some_model_would(ca
     # Under 2026.07.09 every model falls back to C++ on UCX; under 2026.09.10 a PYTHON-preferring
     # model is adopted verbatim and fails: unknown, and some model would start failing.
     assert code == 1
-    assert "architecture unknown for 1 of 1 config(s): 1 depends on the model (1 would start failing for some model)" in out
+    assert "architecture unknown for 1 of 1 config: 1 depends on the model (1 would start failing for some model)" in out
     assert "starts failing for DeepseekV32ForCausalLM, DeepseekV3ForCausalLM" in out
     code = main(["impact", "--configs", str(configs), "--from", "2026.07.09", "--to", VERSION, "--policy", policies, "--fail-on", "never"])
     capsys.readouterr()

@@ -89,3 +89,66 @@ def test_resolve_config_resolves_each_server(capsys, name) -> None:
     assert code == (0 if all(e["resolution"]["ok"] for e in servers) else 1)
     assert code == (1 if name.startswith("disagg") else 0)
     assert data["ok"] is (code == 0) and data["verdict"]["architecture_known"] is True
+
+
+def _resolve_text(capsys, path: Path, *extra: str) -> tuple[int, str, str]:
+    code = main(["resolve", "--config", str(path), "--arch", "LlamaForCausalLM", *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_resolve_config_errors_point_at_the_line_to_change(capsys, tmp_path) -> None:
+    """A bad field of a serving config is reported at its own file:line:col (the feature list, not
+    its section); an error of a resolution names the config key it asks to change, with its line."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: x\nkvpolicy_features: [cancel]\ncache_transceiver_config:\n  backend: NIXL\n")
+    code, _, err = _resolve_text(capsys, config)
+    assert code == 2 and err.startswith(f"kvpolicy: error: {config}:2:1: invalid features: unknown feature 'cancel'")
+
+    config.write_text(
+        "model: x\nkv_cache_config:\n  use_kv_cache_manager_v2: true\n"
+        "cache_transceiver_config:\n  backend: UCX\n  transceiver_runtime: CPP\n"
+    )
+    code, out, _ = _resolve_text(capsys, config)
+    assert code == 1
+    assert f"== server ({config}:4:1) ==" in out
+    lines = out.splitlines()
+    error = next(i for i, line in enumerate(lines) if line.startswith("error[kv-cache-manager-v2-requires-python]"))
+    assert lines[error + 1] == f"  config: {config}:3:3: kv_cache_config.use_kv_cache_manager_v2"
+    assert lines[error + 2].startswith("  --> ") and ".toml:" in lines[error + 2]
+    assert lines[-1] == "1 error: this configuration cannot start"
+
+
+def test_resolve_config_unknown_model_errors_name_the_section(capsys, tmp_path) -> None:
+    config = tmp_path / "disagg.yaml"
+    config.write_text(
+        "model: nowhere/model\ncontext_servers:\n  cache_transceiver_config:\n    backend: UCX\n"
+        "generation_servers:\n  cache_transceiver_config:\n    backend: UCX\n"
+    )
+    code = main(["resolve", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert code == 3
+    assert f"== context_servers ({config}:3:3) ==" in out and f"== generation_servers ({config}:6:3) ==" in out
+    assert f"      config: {config}:3:3: context_servers.cache_transceiver_config" in out
+    assert f"      config: {config}:6:3: generation_servers.cache_transceiver_config" in out
+
+
+@pytest.mark.parametrize("command", [["resolve", "--config"], ["impact", "--from", "2026.09.02", "--to", "2026.09.10", "--configs"]])
+def test_a_models_root_that_is_not_a_folder_is_refused(capsys, tmp_path, monkeypatch, command) -> None:
+    config = FIXTURES / "disagg-top-level-transceiver.yaml"
+    not_a_folder = tmp_path / "models.txt"
+    not_a_folder.write_text("")
+    code = main([*command, str(config), "--models-root", str(not_a_folder)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out.count("\n") <= 1  # at most the "policies:" line
+    assert err == f"kvpolicy: error: --models-root {not_a_folder}: not a folder; name the folder that holds the checkpoint folders\n"
+    code = main([*command, str(config), "--models-root", str(tmp_path / "missing")])
+    assert code == 2 and "no such folder" in capsys.readouterr().err
+    # $LLM_MODELS_ROOT naming a file is refused too; one that does not exist here is only not looked in.
+    monkeypatch.setenv("LLM_MODELS_ROOT", str(not_a_folder))
+    code = main([*command, str(config)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"$LLM_MODELS_ROOT={not_a_folder}: not a folder" in err and "unset it" in err
+    monkeypatch.setenv("LLM_MODELS_ROOT", str(tmp_path / "missing"))
+    assert main([*command, str(config)]) != 2
+    capsys.readouterr()

@@ -141,3 +141,40 @@ def test_python_dash_m(tmp_path):
     )
     assert done.returncode == 1
     assert "kimi-k3-requires-python" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["resolve", "--arch", "LlamaForCausalLM", "--bogus"], "usage: kvpolicy resolve "),
+        (["lint", "policies", "--bogus", "x"], "usage: kvpolicy lint "),
+        (["--bogus", "versions"], "usage: kvpolicy versions "),
+        (["keys", "show", "k.key", "--bogus"], "usage: kvpolicy keys show "),
+    ],
+)
+def test_an_unknown_argument_prints_the_sub_command_usage(capsys, argv, usage):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == ""
+    assert err.startswith(usage), err
+    assert "usage: kvpolicy [-h]" not in err
+    assert err.rstrip().endswith("error: unrecognized arguments: " + " ".join(a for a in argv if a in ("--bogus", "x")))
+
+
+def test_explain_shows_an_empty_value_visibly(capsys):
+    """A condition on an environment variable set to "" reads `is not "" or UCX`, not `is not  or UCX`."""
+    code, out, _ = run(capsys, "explain", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
+    assert code == 0
+    assert 'env TRTLLM_NIXL_KVCACHE_BACKEND is not "" or UCX' in out
+    assert "not  or" not in out
+
+
+def test_counts_are_singular_or_plural(capsys):
+    code, out, err = run(capsys, "lint", "tests/lint/fixtures/KVP040.toml")
+    assert code == 1
+    assert "kvpolicy lint: 1 file, 1 finding, 0 suppressed" in err
+    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "UCX")
+    assert code == 1 and out.rstrip().endswith("\n1 error: this configuration cannot start")
+    code, out, _ = run(capsys, "diff", "2026.09.02", "2026.09.10")
+    assert "(s)" not in out and " way" in out.splitlines()[1]

@@ -162,7 +162,25 @@ def test_rule_and_rules(cli):
     assert code == 2 and "did you mean" in err
     code, out, _ = cli("rules")
     assert code == 0 and "KVP001" in out and "precedence:" in out
-    assert len(json.loads(cli("rules", "--format", "json")[1])) == 22
+    assert len(json.loads(cli("rules", "--format", "json")[1])) == 25
+
+
+def test_rule_docs_are_markdown_in_rule_and_sarif(cli):
+    """Rule docstrings are written with RST double backticks; what people and code scanning read
+    is Markdown: single backticks, code fences kept."""
+    from kvpolicy.lint.rules import RULES
+
+    assert "``version``" in RULES["KVP052"].doc  # the source keeps the docstring convention
+    out = cli("rule", "KVP052")[1]
+    assert "``" not in out.replace("```", "") and "`kvpolicy check`" in out
+    out = cli("rule", "KVP001")[1]
+    assert "```toml" in out and "``" not in out.replace("```", "")
+    sarif = json.loads(cli("lint", "--format", "sarif", "tests/lint/fixtures/clean.toml")[1])
+    for rule in sarif["runs"][0]["tool"]["driver"]["rules"]:
+        for text in (rule["help"]["text"], rule["help"]["markdown"], rule["fullDescription"]["text"]):
+            assert "``" not in text.replace("```", ""), rule["id"]
+    kvp041 = next(r for r in sarif["runs"][0]["tool"]["driver"]["rules"] if r["id"] == "KVP041")
+    assert "`source`" in kvp041["fullDescription"]["text"]
 
 
 def _git(*args, cwd):

@@ -128,8 +128,11 @@ def test_codes_are_stable():
         "KVP030": "auto-rejected",
         "KVP040": "missing-reason",
         "KVP041": "missing-source",
+        "KVP042": "unfilled-placeholder",
         "KVP050": "duplicate-version",
         "KVP051": "unbumped-version",
+        "KVP052": "identical-version",
+        "KVP053": "repeated-source",
         "KVP090": "unused-suppression",
         "KVP091": "suppression-without-reason",
     }
@@ -158,3 +161,89 @@ def test_conflicting_rows_map_to_duplicate_architecture(tmp_path):
     result = lint_paths([str(path)])
     assert [f.code for f in result.findings] == ["KVP020"]
     assert "listed twice with different values" in result.findings[0].message
+
+
+def _two_versions(tmp_path, first: str, second: str, folder: str = "policies") -> str:
+    """A folder holding two versions of the clean fixture, 2030.01.01 and 2030.01.02, edited by
+    ``first`` and ``second`` (text -> text)."""
+    root = tmp_path / folder
+    root.mkdir(parents=True, exist_ok=True)
+    clean = (FIXTURES / "clean.toml").read_text()
+    (root / "a.toml").write_text(first(clean))
+    (root / "b.toml").write_text(second(clean.replace('version = "2030.01.01"', 'version = "2030.01.02"')))
+    return str(root)
+
+
+def _codes(path: str) -> list[tuple[str, str, int]]:
+    return [(f.code, f.location.path.rsplit("/", 1)[-1], f.location.line) for f in lint_paths([path]).findings]
+
+
+def _source(text: str, source: str) -> str:
+    return text.replace('source = "kvpolicy tests"', f'source = "{source}"', 1)
+
+
+def test_identical_version_compares_the_loaded_policies_not_the_text(tmp_path):
+    """KVP052: comments, layout, quoting and summary/source do not make a version differ; a reason
+    does (a documentation fix is a change a new version may carry)."""
+    def relaid(text):
+        text = text.replace("# A small policy", "# Another comment, then a small policy")
+        text = text.replace('values = ["NIXL", "UCX"]', "values = [ 'NIXL', 'UCX' ]  # the backends")
+        text = text.replace('summary = "Lint fixture."', 'summary = "Another summary."')
+        return _source(text, "NVIDIA/TensorRT-LLM #2")
+
+    path = _two_versions(tmp_path, lambda t: _source(t, "NVIDIA/TensorRT-LLM #1"), relaid)
+    assert _codes(path) == [("KVP052", "b.toml", 3)]
+    reason = lambda t: relaid(t).replace('reason = "CPP works everywhere."', 'reason = "CPP works on every backend."')
+    assert _codes(_two_versions(tmp_path / "2", lambda t: _source(t, "NVIDIA/TensorRT-LLM #1"), reason)) == []
+
+
+def test_identical_version_is_judged_against_the_closest_earlier_version_of_the_same_folder(tmp_path):
+    same = lambda t: _source(t, "NVIDIA/TensorRT-LLM #1")
+    other = lambda t: _source(t, "NVIDIA/TensorRT-LLM #2")
+    # Two folders, one version each: nothing to compare (a run may lint several policy folders).
+    _two_versions(tmp_path, same, other, "x")
+    (tmp_path / "x" / "b.toml").rename(tmp_path / "b.toml")
+    result = lint_paths([str(tmp_path / "x"), str(tmp_path / "b.toml")])
+    assert [f.code for f in result.findings] == []
+    # Three versions: the newest is compared with the middle one, which differs from it.
+    path = _two_versions(tmp_path, same, other, "three")
+    text = (FIXTURES / "clean.toml").read_text().replace('version = "2030.01.01"', 'version = "2030.01.03"')
+    changed = text.replace('value = "PYTHON", reason = "GPT-OSS', 'value = "CPP", reason = "GPT-OSS')
+    (Path(path) / "c.toml").write_text(_source(changed, "NVIDIA/TensorRT-LLM #3"))
+    assert _codes(path) == [("KVP052", "b.toml", 3)]
+
+
+def test_repeated_source_compares_the_changes_cited(tmp_path):
+    """KVP053: a source naming no upstream change the previous one does not (#NNNN, URLs), or the
+    same text when it names none; a placeholder is KVP042's alone."""
+    def changed(source):
+        return lambda t: _source(t.replace('value = "PYTHON", reason = "GPT-OSS', 'value = "CPP", reason = "GPT-OSS'), source)
+
+    first = lambda t: _source(t, "NVIDIA/TensorRT-LLM #19004 and #19140 (merged 2026-09-15)")
+    cases = {
+        "NVIDIA/TensorRT-LLM #19004 (the rest of it)": ["KVP053"],
+        "NVIDIA/TensorRT-LLM #19004 and #19999": [],
+        "https://github.com/NVIDIA/TensorRT-LLM/pull/19999": [],
+        "kvpolicy: a local change": [],
+        "TODO(kvpolicy new): the upstream change": ["KVP042"],
+    }
+    for number, (source, expected) in enumerate(cases.items()):
+        path = _two_versions(tmp_path / str(number), first, changed(source))
+        assert [code for code, _, _ in _codes(path)] == expected, source
+    path = _two_versions(tmp_path / "text", lambda t: t, changed("kvpolicy   TESTS"))
+    assert _codes(path) == [("KVP053", "b.toml", 5)]
+    finding = lint_paths([path]).findings[0]
+    assert "it is the source of 2030.01.01" in finding.message and finding.related[0][0].line == 5
+
+
+def test_every_shipped_version_changes_something_and_cites_a_new_upstream_change(shipped_lint):
+    """The shipped history passes KVP052 and KVP053 because each version differs from the one
+    before it and its source names an upstream PR the previous one does not, not by suppression."""
+    from kvpolicy.lint.rules import _policy_content, _references
+
+    assert not {"KVP052", "KVP053"} & {f.code for f in shipped_lint.findings + shipped_lint.suppressed}
+    versions = kvpolicy.load().versions()
+    for before, after in zip(versions, versions[1:]):
+        old, new = (kvpolicy.load(version=v).policy for v in (before, after))
+        assert _policy_content(old) != _policy_content(new), after
+        assert _references(new.source) - _references(old.source), after
