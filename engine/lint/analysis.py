@@ -15,6 +15,8 @@ treats alike (1,000 rows with two distinct values are a handful of classes), and
 coarser step by step: after a decision, only the tables and conditions still to come tell
 architectures apart. Each state keeps one
 *witness*: the smallest full set of inputs that reaches it, which becomes the counterexample.
+The constraints stage, last, does not enumerate the inputs it reads together either: it tests each
+constraint over the few inputs it reads, and derives the rest (see "the constraints stage" below).
 
 The result is exact for the classes of contexts :mod:`kvpolicy.domain` defines; a test checks it
 against the resolver on the full domain.
@@ -30,7 +32,7 @@ from typing import Any, overload
 from ..model import Condition, Decision, Policy, Row
 from ..resolver import RowIndex, compile_condition
 
-__all__ = ["Analysis", "AnalysisLimit", "analyse", "context_of", "describe_context"]
+__all__ = ["Analysis", "AnalysisLimit", "Witnesses", "analyse", "context_of", "describe_context"]
 
 #: Most decision evaluations one step of an analysis may spend (~20 us each here): above any real
 #: policy (the shipped ones need under 200,000), low enough that a pathological file (dozens of
@@ -140,9 +142,10 @@ class Analysis:
     """Constraint id -> first witness where it fired."""
     conflicts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     """(requirement id, requirement id) -> first witness where both held with different values."""
-    rejected: dict[tuple[str, str, str, tuple[Any, ...]], list[dict[str, Any]]] = field(default_factory=dict)
+    rejected: dict[tuple[str, str, str, tuple[Any, ...]], Witnesses] = field(default_factory=dict)
     """(constraint id, decision, deciding rule, other values the constraint reads) -> witnesses of
-    auto contexts whose decided value the error constraint rejects."""
+    auto contexts whose decided value the error constraint rejects (all of them, built when read;
+    :meth:`Witnesses.smallest` gives the smallest first)."""
     row_classes: dict[str, list[Row]] = field(default_factory=dict)
     """Row id of a class representative -> every row its class stands for."""
     representative: dict[str, str] = field(default_factory=dict)
@@ -407,7 +410,11 @@ def analyse(policy: Policy) -> Analysis:
         states = new_states
         result.states += len(states)
 
+    # Judged as for the full enumeration of the final states, which the stage no longer runs (it
+    # costs a fraction): a policy refused before is refused still (KVP029 does not change).
     _check_budget(states, final_dims, alphabet, "constraints", 1 + len(constraint_tests) + sum(len(rules) for _, _, rules in adjustments))
+    # Each input's options in the order the enumeration tried them (architecture classes of the
+    # constraints' level), with their weights; model types are tried last, per architecture.
     options = {d: tuple((v, _weight(d, v, alphabet[d][0])) for v in (members_at[len(steps)] if d == "architecture" else alphabet[d])) for d in final_dims if d != "model_type"}
 
     def type_options(architecture: str | None) -> tuple[str | None, ...]:

@@ -975,7 +975,7 @@ def auto_rejected(file: PolicyFile) -> Iterator[Finding]:
     # every combination of the other decisions (e.g. each backend) where that happens, in one.
     grouped: dict[tuple[str, str], dict[str, list[tuple[str, str, str, dict[str, Any], dict[str, Any], Any]]]] = {}
     for (constraint_id, decision, rule_id, others), witnesses in sorted(analysis.rejected.items()):
-        for witness in sorted(witnesses, key=lambda w: w.get("#size", 0))[:64]:
+        for witness in witnesses.smallest(64):
             ctx = context_of(witness, policy)
             values, _, _ = outcome(ctx)
             rejected = values[decision]

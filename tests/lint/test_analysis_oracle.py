@@ -1,13 +1,15 @@
 """The analysis is exactly what its frozen, enumerate-everything predecessor returned.
 
-``tests/lint/analysis_oracle.py`` is the constraints stage as it was before it was made lazy: it
-tests every constraint in every combination of the free inputs of every final state and keeps
-every witness. Here both run on every shipped policy and on generated ones (with adjustments,
-which the shared random policies lack), and their results must be identical: every rule's
-witnesses, every constraint's and conflict's, every KVP030 family with all its witnesses in
-order and their number, the row classes, the state count, the order of every dict, and the
-refusal (KVP029) where the budget is exceeded. The witnesses the linter actually reads (the
-smallest 64 of a family, in a stable sort by size) are compared too, through the cheap path.
+``tests/lint/analysis_oracle.py`` is ``analyse`` as it was before its constraints stage was made
+lazy: that stage tested every constraint in every combination of the free inputs of every final
+state and kept every witness. Here both run on every shipped policy, on a policy built to hold
+every case the lazy stage tells apart (ties, blocks of inputs, adjustments), and on generated
+ones (the shared random policies, and richer ones with adjustments and features tied to
+variables), and their results must be identical: every rule's witnesses, every constraint's and
+conflict's, every KVP030 family with all its witnesses in order and their number, the row
+classes, the state count, the order of every dict and of every witness's keys, and the refusal
+(KVP029) where a budget is exceeded. What KVP030 reads (the first 64 witnesses of a family in a
+stable sort by size) is compared through the path that builds only those.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from kvpolicy.errors import PolicyError
 from kvpolicy.lint import analysis
 from kvpolicy.loader import parse_policy, shipped_root
 
-from tests.engine.strategies import _condition, policies
+from tests.engine.strategies import policies
 from tests.lint import analysis_oracle
 from tests.lint.analysis_oracle import oracle_analyse
 
@@ -75,6 +77,139 @@ def _assert_same(policy: Any) -> None:
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_same_result_as_the_oracle_on_shipped_policies(path: Path) -> None:
     _assert_same(parse_policy(path.read_bytes(), str(path)))
+
+
+#: Every case the constraints stage distinguishes, in one policy: free at the constraints, the
+#: model type (options of weight 0: ties for the smallest witness, among firing assignments and
+#: among the others), f4 with E4, the variable that turns it on (one block, outside the group of
+#: the constraints that do not read them), and E3 whose options depend on f3, decided before
+#: (a block its state restricts); variable values of equal weight where an adjustment decides;
+#: the architecture decided before, so that a constraint fires as small in several states; two
+#: adjustments first deciding in one state.
+TIES_AND_BLOCKS = """
+schema = 1
+version = "2026.01.01"
+summary = "ties and blocks"
+source = "test"
+
+[features.f1]
+description = "one"
+
+[features.f3]
+description = "three"
+env = "E3"
+
+[features.f4]
+description = "four"
+env = "E4"
+
+[decisions.backend]
+description = "backend"
+values = ["NIXL", "UCX"]
+auto = "DEFAULT"
+default = { id = "backend-default", value = "NIXL" }
+
+[[decisions.backend.conditional]]
+id = "backend-env"
+when = { env = { E1 = "1" } }
+value = "UCX"
+
+[decisions.transceiver_runtime]
+description = "transceiver_runtime"
+values = ["CPP", "PYTHON"]
+auto = "auto"
+inputs = ["backend"]
+default = { id = "runtime-default", value = "PYTHON" }
+
+[[decisions.transceiver_runtime.conditional]]
+id = "runtime-f3"
+when = { features = { f3 = true } }
+value = "CPP"
+
+[[decisions.transceiver_runtime.adjustment]]
+id = "runtime-adjusted"
+when = { features = { f1 = true } }
+value = "CPP"
+
+[decisions.kv_cache_manager]
+description = "kv_cache_manager"
+values = ["V1", "V2"]
+auto = "auto"
+inputs = ["backend", "transceiver_runtime"]
+default = { id = "manager-default", value = "V1" }
+
+[decisions.kv_cache_manager.preference]
+id = "manager-preference"
+rows = [{ architecture = "ArchA", value = "V2" }, { architecture = "ArchB", value = "V1" }]
+
+[[decisions.kv_cache_manager.adjustment]]
+id = "manager-adjusted"
+when = { env = { E5 = ["x", "y"] } }
+value = "V2"
+
+[[constraints]]
+id = "a-model-type"
+severity = "error"
+when = { model_type = ["t1", "t2"], transceiver_runtime = "PYTHON" }
+message = "no"
+fix = "no"
+
+[[constraints]]
+id = "b-cancel"
+severity = "error"
+when = { features = { f4 = true }, transceiver_runtime = "PYTHON" }
+message = "no"
+fix = "no"
+
+[[constraints]]
+id = "c-variable-set"
+severity = "error"
+when = { env = { E4 = { not = "" } }, kv_cache_manager = "V1" }
+message = "no"
+fix = "no"
+
+[[constraints]]
+id = "d-warning"
+severity = "warning"
+when = { kv_cache_manager = "V2", backend = "UCX", env = { E4 = ["1", ""] } }
+message = "no"
+fix = "no"
+
+[[constraints]]
+id = "e-variable-three"
+severity = "error"
+when = { env = { E3 = ["1", "z"] }, transceiver_runtime = "CPP" }
+message = "no"
+fix = "no"
+"""
+
+
+def test_same_result_as_the_oracle_on_ties_and_blocks() -> None:
+    policy = parse_policy(TIES_AND_BLOCKS.encode(), "ties.toml")
+    _assert_same(policy)
+    result = analysis.analyse(policy)
+    assert {"runtime-adjusted", "manager-adjusted"} <= set(result.rules)
+    assert {c.id for c in policy.constraints} == set(result.constraints)
+    assert len(result.rejected) >= 4
+    plans = _plans(policy)
+    assert any(("env:E4", "feature:f4") in plan.others[group] for plan in plans for group in plan.groups), "f4 and E4 free together"
+    assert all("model_type" in plan.blocks[-1] and "architecture" not in plan.blocks[0] for plan in plans)
+
+
+def _plans(policy: Any) -> list[Any]:
+    plans: list[Any] = []
+    original = analysis._Plan.__init__
+
+    def spy(self: Any, *args: Any) -> None:
+        original(self, *args)
+        plans.append(self)
+
+    analysis._Plan.__init__ = spy  # type: ignore[method-assign]
+    try:
+        analysis.analyse(policy)
+    finally:
+        analysis._Plan.__init__ = original  # type: ignore[method-assign]
+    return plans
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,111 +296,6 @@ def test_same_result_as_the_oracle_on_policies_with_adjustments(text: str) -> No
     except PolicyError:  # a combination the loader refuses
         assume(False)
     _assert_same(policy)
-
-
-#: Free at the constraints: the architecture and model type (many options of weight 0: ties for
-#: the smallest witness), f4 with the variable E4 that turns it on (one block), a constraint that
-#: fires on several variable values of equal weight, and two adjustments first deciding in one state.
-TIES_AND_BLOCKS = """
-schema = 1
-version = "2026.01.01"
-summary = "ties and blocks"
-source = "test"
-
-[features.f1]
-description = "one"
-
-[features.f4]
-description = "four"
-env = "E4"
-
-[decisions.backend]
-description = "backend"
-values = ["NIXL", "UCX"]
-auto = "DEFAULT"
-default = { id = "backend-default", value = "NIXL" }
-
-[[decisions.backend.conditional]]
-id = "backend-env"
-when = { env = { E1 = "1" } }
-value = "UCX"
-
-[decisions.transceiver_runtime]
-description = "transceiver_runtime"
-values = ["CPP", "PYTHON"]
-auto = "auto"
-inputs = ["backend"]
-default = { id = "runtime-default", value = "PYTHON" }
-
-[[decisions.transceiver_runtime.adjustment]]
-id = "runtime-adjusted"
-when = { features = { f1 = true } }
-value = "CPP"
-
-[decisions.kv_cache_manager]
-description = "kv_cache_manager"
-values = ["V1", "V2"]
-auto = "auto"
-inputs = ["backend", "transceiver_runtime"]
-default = { id = "manager-default", value = "V1" }
-
-[[decisions.kv_cache_manager.adjustment]]
-id = "manager-adjusted"
-when = { env = { E4 = "x" } }
-value = "V2"
-
-[[constraints]]
-id = "a-not-llama"
-severity = "error"
-when = { architecture = { not = "ArchA" }, model_type = { not = "t1" }, transceiver_runtime = "PYTHON" }
-message = "no"
-fix = "no"
-
-[[constraints]]
-id = "b-cancel"
-severity = "error"
-when = { features = { f4 = true }, transceiver_runtime = "PYTHON" }
-message = "no"
-fix = "no"
-
-[[constraints]]
-id = "c-variable-set"
-severity = "error"
-when = { env = { E4 = { not = "" } }, kv_cache_manager = "V1" }
-message = "no"
-fix = "no"
-
-[[constraints]]
-id = "d-warning"
-severity = "warning"
-when = { kv_cache_manager = "V2", backend = "UCX", env = { E4 = ["1", ""] } }
-message = "no"
-fix = "no"
-"""
-
-
-def test_same_result_as_the_oracle_on_ties_and_blocks() -> None:
-    policy = parse_policy(TIES_AND_BLOCKS.encode(), "ties.toml")
-    _assert_same(policy)
-    result = analysis.analyse(policy)
-    assert {"runtime-adjusted", "manager-adjusted"} <= set(result.rules)
-    assert any(len(block) > 1 for plan in _plans(policy) for block in plan.blocks), "f4 and E4 free together"
-
-
-def _plans(policy: Any) -> list[Any]:
-    plans: list[Any] = []
-    original = analysis._Plan.__init__
-
-    def spy(self: Any, *args: Any) -> None:
-        original(self, *args)
-        plans.append(self)
-
-    analysis._Plan.__init__ = spy  # type: ignore[method-assign]
-    try:
-        analysis.analyse(policy)
-    finally:
-        analysis._Plan.__init__ = original  # type: ignore[method-assign]
-    return plans
 
 
 def test_same_refusal_as_the_oracle_when_over_budget(monkeypatch: pytest.MonkeyPatch) -> None:
