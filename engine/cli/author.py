@@ -37,6 +37,11 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--threshold", type=float, default=100.0, metavar="PCT", help="minimum rule coverage (default: 100)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.kvpolicy] from this file (default: nearest pyproject.toml)")
+    parser.add_argument(
+        "--no-cache", action="store_true",
+        help="compute every result again instead of reading unchanged files' results from the cache "
+        "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
+    )
     parser.set_defaults(run=run_check)
 
     parser = sub.add_parser(
@@ -81,7 +86,7 @@ def run_check(args: Any) -> int:
     usage = False
 
     try:
-        result = lint_paths([folder], find_config(explicit=args.config))
+        result = lint_paths([folder], find_config(explicit=args.config), cache=not args.no_cache)
     except LintUsageError as exc:
         summary.append(("lint", "error", str(exc)))
         usage = True
@@ -95,7 +100,7 @@ def run_check(args: Any) -> int:
         )
         summary.append(("lint", "failed" if result.failed() else "passed", detail))
 
-    checked = check_format([folder])
+    checked = check_format([folder], cache=not args.no_cache)
     if isinstance(checked, str):
         summary.append(("fmt", "error", checked))
         usage = True
@@ -109,7 +114,7 @@ def run_check(args: Any) -> int:
         summary.append(("fmt", state, f"{plural(count, 'file')}, {len(changed)} would be reformatted, {len(errors)} unreadable"))
 
     try:
-        run = run_tests([folder])
+        run = run_tests([folder], cache=not args.no_cache)
     except CasesUsageError as exc:
         summary.append(("test", "error", str(exc)))
         usage = True

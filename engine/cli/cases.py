@@ -30,6 +30,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--threshold", type=float, metavar="PCT", help="fail when a policy file's coverage is below PCT (implies --coverage)")
     parser.add_argument("--verbose", "-v", action="store_true", help="list every case")
     parser.add_argument("--format", choices=("text", "json", "junit"), default="text", help="output format (default: text)")
+    parser.add_argument(
+        "--no-cache", action="store_true",
+        help="compute every result again instead of reading unchanged files' results from the cache "
+        "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
+    )
     parser.set_defaults(run=run_test)
 
 
@@ -47,7 +52,7 @@ def run_test(args: Any) -> int:
     if args.threshold is not None and not 0 <= args.threshold <= 100:
         return fail("--threshold must be a percentage between 0 and 100")
     try:
-        run = run_tests(paths)
+        run = run_tests(paths, cache=not args.no_cache)
     except CasesUsageError as exc:
         return fail(str(exc))
     coverage = args.coverage or args.threshold is not None

@@ -48,6 +48,11 @@ def register(sub: Any) -> None:
         help="FILE: write the --format report to FILE instead of stdout; FORMAT=FILE (repeatable): also write "
         "the report in FORMAT to FILE, from the same run (e.g. -o sarif=kvpolicy.sarif -o junit=lint.xml)",
     )
+    parser.add_argument(
+        "--no-cache", action="store_true",
+        help="analyse every file again instead of reading unchanged files' results from the cache "
+        "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
+    )
     parser.set_defaults(run=run_lint)
 
     parser = sub.add_parser("rule", help="explain a lint rule", description="Print a lint rule's documentation.")
@@ -94,7 +99,7 @@ def run_lint(args: Any) -> int:
             if isinstance(chosen, int):
                 return chosen
             paths, source = chosen
-        result = lint_paths(paths, config, base=args.base)
+        result = lint_paths(paths, config, base=args.base, cache=not args.no_cache)
     except LintUsageError as exc:
         return fail(str(exc))
     main_file, extra = None, []

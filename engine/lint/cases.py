@@ -21,6 +21,7 @@ it fired.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -36,6 +37,10 @@ from ..policyfile import read_policy_bytes
 from ..source import Location, TomlSyntaxError, parse_document
 
 __all__ = ["CaseResult", "CoverageItem", "TestRun", "run_tests"]
+
+#: A line that may set the top-level ``policy`` key (bare, quoted or literal); files without one
+#: test the policy beside them.
+_NAMES_POLICY = re.compile(rb"""^[ \t]*["']?policy["']?[ \t]*=""", re.MULTILINE)
 
 _CASE_KEYS = {"name", "context", "expect", "decided_by", "diagnostics", "starts"}
 
@@ -119,7 +124,10 @@ def _pairs(paths: Sequence[str]) -> list[tuple[Path, Path | None]]:
 def _target(cases: Path) -> Path:
     """The policy a cases file tests: its ``policy`` key, or the file beside it."""
     try:
-        data = parse_document(read_policy_bytes(cases, str(cases)), str(cases)).data
+        raw = read_policy_bytes(cases, str(cases))
+        if not _NAMES_POLICY.search(raw):  # no line can set a top-level `policy`: no parse needed
+            return cases.with_name(cases.name[: -len(CASES_SUFFIX)] + ".toml")
+        data = parse_document(raw, str(cases)).data
         named = data.get("policy")
     except (PolicyError, TomlSyntaxError):
         named = None  # the cases file's own problem is reported when it is run
@@ -128,11 +136,16 @@ def _target(cases: Path) -> Path:
     return cases.with_name(cases.name[: -len(CASES_SUFFIX)] + ".toml")
 
 
-def run_tests(paths: Sequence[str]) -> TestRun:
-    """Run the cases of every policy the paths name."""
+def run_tests(paths: Sequence[str], *, cache: bool = True) -> TestRun:
+    """Run the cases of every policy the paths name. With ``cache`` (the default), a policy and
+    cases file run before with the same bytes by the same code give their stored results (they
+    read nothing else)."""
     started = time.perf_counter()
     run = TestRun()
     for policy_path, cases_path in _pairs(paths):
+        key = _results_key(policy_path, cases_path) if cache else None
+        if key is not None and _stored_results(run, key):
+            continue
         try:
             if not os.path.lexists(policy_path):
                 where = f" (tested by {display_path(cases_path)})" if cases_path is not None else ""
@@ -145,11 +158,83 @@ def run_tests(paths: Sequence[str]) -> TestRun:
             continue
         policy_set = PolicySet(policy)
         exercised: set[str] = set()
+        pair = TestRun()
         if cases_path is not None:
-            _run_file(run, policy_set, cases_path, exercised)
-        run.coverage[policy.path] = _coverage(policy, exercised)
+            _run_file(pair, policy_set, cases_path, exercised)
+        pair.coverage[policy.path] = _coverage(policy, exercised)
+        run.cases += pair.cases
+        run.errors += pair.errors
+        run.coverage.update(pair.coverage)
+        if key is not None and not pair.errors:
+            _store_results(key, pair)
     run.seconds = time.perf_counter() - started
     return run
+
+
+_RESULTS = "test-results-1"
+
+
+def _results_key(policy_path: Path, cases_path: Path | None) -> str | None:
+    """The digest a pair's results are stored under (None when a file cannot be read: then the
+    run reports why)."""
+    from ..cache import code_fingerprint, digest
+
+    parts: list[bytes | str] = ["kvpolicy-test-1", code_fingerprint()]
+    for path in (policy_path, cases_path):
+        if path is None:
+            parts += ["", b""]
+            continue
+        shown = display_path(path)
+        try:
+            parts += [shown, read_policy_bytes(path, shown)]
+        except PolicyError:
+            return None
+    return digest(*parts)
+
+
+def _stored_results(run: TestRun, key: str) -> bool:
+    """Add a pair's stored results to ``run``; False (adding nothing) when there are none."""
+    from ..cache import cached_entry
+
+    entry = cached_entry(_RESULTS, key)
+    try:
+        if entry["key"] != key:
+            return False
+        cases = [
+            CaseResult(name, Location(*where), version, tuple(failures))
+            for name, where, version, failures in entry["cases"]
+        ]
+        coverage = {
+            path: [CoverageItem(kind, id, Location(*where), exercised) for kind, id, where, exercised in items]
+            for path, items in entry["coverage"].items()
+        }
+        for case in cases:
+            if not (isinstance(case.name, str) and isinstance(case.policy, str) and all(isinstance(f, str) for f in case.failures)):
+                return False
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return False
+    run.cases += cases
+    run.coverage.update(coverage)
+    return True
+
+
+def _store_results(key: str, pair: TestRun) -> None:
+    from ..cache import remember_entry
+
+    def where(location: Location) -> list[Any]:
+        return [location.path, location.line, location.column]
+
+    remember_entry(
+        _RESULTS,
+        key,
+        {
+            "key": key,
+            "cases": [[c.name, where(c.location), c.policy, list(c.failures)] for c in pair.cases],
+            "coverage": {
+                path: [[i.kind, i.id, where(i.location), i.exercised] for i in items] for path, items in pair.coverage.items()
+            },
+        },
+    )
 
 
 def _run_file(run: TestRun, policy_set: PolicySet, cases_path: Path, exercised: set[str]) -> None:

@@ -125,6 +125,8 @@ class PolicyFile:
         self.problems = problems
         self.skipped: str | None = None
         self.skipped_reason: str | None = None
+        self.pending = False
+        """Read but not loaded yet (:func:`kvpolicy.lint.runner.lint_files` loads it if needed)."""
 
     @cached_property
     def analysis(self) -> Analysis | None:

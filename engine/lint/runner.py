@@ -191,13 +191,21 @@ def expand_paths(paths: Sequence[str]) -> list[tuple[Path, Path]]:
     return list(unique.values())
 
 
-def read_policy_file(path: Path, root: Path | None = None, allowed: tuple[Path, ...] | None = None) -> PolicyFile:
-    """Read and load one file, keeping the loader's problems (and the reader's refusal) instead of raising."""
+def read_policy_file(
+    path: Path, root: Path | None = None, allowed: tuple[Path, ...] | None = None, *, load: bool = True
+) -> PolicyFile:
+    """Read and load one file, keeping the loader's problems (and the reader's refusal) instead of
+    raising; with ``load=False`` only read it (:func:`lint_files` loads it if its results are
+    not in the cache)."""
     shown = display_path(path)
     try:
         raw = read_policy_bytes(path, shown, root=root, allowed=allowed)
     except PolicyError as exc:
         return PolicyFile(shown, b"", None, None, exc.problems)
+    if not load:
+        unread = PolicyFile(shown, raw, None, None)
+        unread.pending = True
+        return unread
     return load_policy_bytes(raw, shown)
 
 
@@ -252,14 +260,16 @@ def lint_paths(
     config: LintConfig | None = None,
     *,
     base: str | None = None,
+    cache: bool = True,
 ) -> LintResult:
-    """Lint the policy files that ``paths`` name."""
+    """Lint the policy files that ``paths`` name. With ``cache`` (the default), files whose
+    results are stored (:mod:`kvpolicy.lint.cache`) are neither parsed nor analysed again."""
     config = config or LintConfig()
     # The configuration's allow-symlinks; without one, the reader looks for pyproject.toml from the
     # policy folder when it meets a symlink (as load() does).
     allowed = config.allow_symlinks if config.source else None
-    files = [read_policy_file(path, root, allowed) for path, root in expand_paths(paths)]
-    return lint_files(files, config, base=git_base(base) if base else None)
+    files = [read_policy_file(path, root, allowed, load=not cache) for path, root in expand_paths(paths)]
+    return lint_files(files, config, base=git_base(base) if base else None, cache=cache)
 
 
 def lint_files(
@@ -267,21 +277,91 @@ def lint_files(
     config: LintConfig | None = None,
     *,
     base: Callable[[str], dict[str, Any] | None] | None = None,
+    cache: bool = False,
 ) -> LintResult:
-    """Run every enabled rule over loaded files and apply suppressions."""
+    """Run every enabled rule over files and apply suppressions. Files read with ``load=False``
+    are loaded here, only where their results must be computed; with ``cache``, results are
+    read from and stored in the lint cache (never with ``base``, which reads git, for the set
+    rules)."""
+    from . import cache as stored
+
     config = config or LintConfig()
-    result = LintResult(files=files, config=config)
+    files = list(files)
+    rules = stored.rules_key(selected_codes(config)) if cache else None
     raw: list[Finding] = []
-    for file in files:
-        for rule in RULES.values():
-            if not config.enabled(rule.code):
+    loaded: set[str] = set()
+    unanalysed: set[str] = set()  # files whose exact analysis was skipped
+    keys: list[str | None] = []
+    for index, file in enumerate(files):
+        key = None
+        if rules is not None and (file.pending or file.policy is not None):
+            key = stored.file_key(rules, file.path, file.raw)
+            hit = stored.load_file(key)
+            if hit is not None:
+                keys.append(key)
+                raw += hit.findings
+                if hit.loaded:
+                    loaded.add(file.path)
+                if hit.skipped_reason is not None:
+                    file.skipped_reason = hit.skipped_reason
+                    file.skipped = f"{file.path}: precedence and safety analysis skipped: {hit.skipped_reason}"
+                    unanalysed.add(file.path)
                 continue
-            # KVP020 also reports the loader's conflicting rows when the file does not load.
-            if rule.kind == "loader" or (rule.kind == "policy" and (file.policy is not None or rule.code == "KVP020")):
-                raw += rule.check(file)
+        if file.pending:
+            files[index] = file = load_policy_bytes(file.raw, file.path)
+        found = _file_findings(file, config)
+        raw += found
+        if file.policy is not None:
+            loaded.add(file.path)
+            if file.skipped_reason is not None:
+                unanalysed.add(file.path)
+        if key is not None:
+            stored.store_file(key, stored.FileResult(found, file.policy is not None, file.skipped_reason))
+        keys.append(key)
+    found_in_set: list[Finding] | None = None
+    set_key = None
+    if rules is not None and base is None and None not in keys:
+        set_key = stored.set_key(rules, [key for key in keys if key is not None])
+        found_in_set = stored.load_set(set_key)
+    if found_in_set is None:
+        for index, file in enumerate(files):
+            if file.pending:  # the set rules read every file's policy
+                files[index] = load_policy_bytes(file.raw, file.path)
+        found_in_set = _set_findings(files, config, base)
+        if set_key is not None:
+            stored.store_set(set_key, found_in_set)
+    raw += found_in_set
+    return _result(files, config, raw, loaded, unanalysed)
+
+
+def _file_findings(file: PolicyFile, config: LintConfig) -> list[Finding]:
+    """The findings of the loader and policy rules, which read one file only."""
+    found: list[Finding] = []
+    for rule in RULES.values():
+        if not config.enabled(rule.code):
+            continue
+        # KVP020 also reports the loader's conflicting rows when the file does not load.
+        if rule.kind == "loader" or (rule.kind == "policy" and (file.policy is not None or rule.code == "KVP020")):
+            found += rule.check(file)
+    return found
+
+
+def _set_findings(
+    files: list[PolicyFile], config: LintConfig, base: Callable[[str], dict[str, Any] | None] | None
+) -> list[Finding]:
+    """The findings of the set rules, which compare files."""
+    found: list[Finding] = []
     for rule in RULES.values():
         if rule.kind == "set" and config.enabled(rule.code):
-            raw += rule.check(files, base)
+            found += rule.check(files, base)
+    return found
+
+
+def _result(
+    files: list[PolicyFile], config: LintConfig, raw: list[Finding], loaded: set[str], unanalysed: set[str]
+) -> LintResult:
+    """Apply the configuration and the suppression comments to the findings of a run."""
+    result = LintResult(files=files, config=config)
     if config.analysis_limit != "error":
         raw = [dataclasses.replace(f, severity=config.analysis_limit) if f.code == "KVP029" else f for f in raw]
     used: set[tuple[str, int, str]] = set()
@@ -295,9 +375,7 @@ def lint_files(
             result.reasons[(finding.location.path, finding.location.line)] = codes[2]
         else:
             result.findings.append(finding)
-    loaded = {file.path for file in files if file.policy is not None}
     # Where the exact analysis was skipped, its rules did not run: their suppressions are not unused.
-    unanalysed = {file.path for file in files if file.policy is not None and file.skipped_reason is not None}
     for path, lines in comments.items():
         for line, (codes, column, reason) in lines.items():
             if not reason and config.enabled("KVP091"):
