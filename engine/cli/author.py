@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..wording import plural
-from .common import choose_policies, fail
+from .common import add_colour_argument, choose_policies, fail, use_colour
 
 __all__ = ["register"]
 
@@ -42,6 +42,7 @@ def register(sub: Any) -> None:
         help="compute every result again instead of reading unchanged files' results from the cache "
         "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
     )
+    add_colour_argument(parser)
     parser.set_defaults(run=run_check)
 
     parser = sub.add_parser(
@@ -92,7 +93,7 @@ def run_check(args: Any) -> int:
         usage = True
     else:
         if result.findings:
-            sys.stdout.write(render_lint(result, "text"))
+            sys.stdout.write(render_lint(result, "text", colour=use_colour(args.color)))
         counts = result.counts()
         detail = (
             f"{plural(len(result.files), 'file')}, {plural(counts['error'], 'error')}, "

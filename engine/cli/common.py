@@ -114,3 +114,28 @@ def with_policies(report: str, fmt: str, source: PolicySource) -> str:
 def context_error(exc: ContextError) -> int:
     """Report a bad context field (exit 2)."""
     return fail(f"invalid context: {exc}")
+
+
+def add_colour_argument(parser: argparse.ArgumentParser) -> None:
+    """``--color auto|always|never`` (auto: on a terminal, unless NO_COLOR is set)."""
+    parser.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto",
+        help="colour the text report (default auto: on a terminal; NO_COLOR set turns it off, FORCE_COLOR on)",
+    )
+
+
+def use_colour(choice: str, stream: Any = None) -> bool:
+    """Whether to colour what goes to ``stream`` (stdout): the --color choice, then the NO_COLOR
+    and FORCE_COLOR conventions (no-color.org, force-color.org), then whether it is a terminal."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    stream = stream or sys.stdout
+    try:
+        return bool(stream.isatty()) and os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError):
+        return False
+

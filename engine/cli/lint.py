@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..wording import plural
-from .common import fail, own_policies, with_policies
+from .common import add_colour_argument, fail, own_policies, use_colour, with_policies
 
 __all__ = ["register"]
 
@@ -53,6 +53,7 @@ def register(sub: Any) -> None:
         help="analyse every file again instead of reading unchanged files' results from the cache "
         "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
     )
+    add_colour_argument(parser)
     parser.set_defaults(run=run_lint)
 
     parser = sub.add_parser("rule", help="explain a lint rule", description="Print a lint rule's documentation.")
@@ -124,7 +125,7 @@ def run_lint(args: Any) -> int:
         except OSError as exc:
             return fail(f"cannot write {path}: {exc.strerror or exc}")
     if main_file is None:
-        report = render(result, args.format)
+        report = render(result, args.format, colour=args.format == "text" and use_colour(args.color))
         sys.stdout.write(with_policies(report, args.format, source) if source is not None else report)
     elapsed = time.perf_counter() - started
     for file in result.files:

@@ -21,9 +21,20 @@ __all__ = ["FORMATS", "render"]
 _INFORMATION_URI = "https://github.com/kvpolicy/kvpolicy#kvpolicy-lint"
 
 
-def render(result: LintResult, fmt: str) -> str:
-    """The result in one of :data:`FORMATS`."""
+def render(result: LintResult, fmt: str, *, colour: bool = False) -> str:
+    """The result in one of :data:`FORMATS`; ``colour``: ANSI colours in the text format (for a
+    terminal; every other format ignores it)."""
+    if fmt == "text":
+        return text(result, colour=colour)
     return FORMATS[fmt](result)
+
+
+#: ANSI SGR codes of the text format's parts, as ruff and rustc colour theirs.
+_STYLE = {"path": "1", "error": "1;31", "warning": "1;33", "gutter": "34", "note": "36", "passed": "1;32"}
+
+
+def _paint(text: str, part: str, colour: bool) -> str:
+    return f"\x1b[{_STYLE[part]}m{text}\x1b[0m" if colour and text else text
 
 
 _RST_LITERAL = re.compile(r"(?<!`)``([^`\n]+)``(?!`)")
@@ -45,25 +56,30 @@ def _lines(result: LintResult) -> dict[str, list[str]]:
     return texts
 
 
-def text(result: LintResult) -> str:
+def text(result: LintResult, *, colour: bool = False) -> str:
     """``path:line:col: CODE message``, a source excerpt, then a summary line."""
     out: list[str] = []
     sources = _lines(result)
     for finding in result.findings:
         location = finding.location
-        out.append(f"{location}: {finding.code} {finding.message}")
+        code = _paint(finding.code, finding.severity, colour)
+        out.append(f"{_paint(str(location), 'path', colour)}: {code} {finding.message}")
         lines = sources.get(location.path, [])
         if 0 < location.line <= len(lines):
             source, column = _excerpt(lines[location.line - 1].rstrip(), location.column)
             gutter = " " * len(str(location.line))
-            out.append(f"{gutter} |")
-            out.append(f"{location.line} | {source}")
-            out.append(f"{gutter} | {' ' * (column - 1)}^ {finding.code}")
-            out.append(f"{gutter} |")
+            bar = _paint("|", "gutter", colour)
+            out.append(f"{gutter} {bar}")
+            out.append(f"{_paint(str(location.line), 'gutter', colour)} {bar} {source}")
+            out.append(f"{gutter} {bar} {' ' * (column - 1)}{_paint('^ ' + finding.code, finding.severity, colour)}")
+            out.append(f"{gutter} {bar}")
         for related, note in finding.related:
-            out.append(f"  = note: {note} at {related}")
+            out.append(f"  {_paint('= note:', 'note', colour)} {note} at {related}")
         out.append("")
-    out.append(_summary(result))
+    summary = _summary(result)
+    if colour:
+        summary = _paint(summary, "passed" if not result.findings else "error" if result.counts()["error"] else "warning", True)
+    out.append(summary)
     return "\n".join(out) + "\n"
 
 
