@@ -16,9 +16,16 @@ from .. import __version__
 from .rules import CATEGORIES, RULES, Finding
 from .runner import LintResult
 
-__all__ = ["FORMATS", "render"]
+__all__ = ["DOCS_URL", "FORMATS", "render", "rule_url"]
 
-_INFORMATION_URI = "https://github.com/kvpolicy/kvpolicy#kvpolicy-lint"
+#: Where the documentation site (``make docs``; mkdocs.yml's ``site_url``) is published: SARIF's
+#: ``helpUri`` of a rule is its page there (``rules/KVP021/``), generated from the catalogue.
+DOCS_URL = "https://kvpolicy.github.io/kvpolicy/"
+
+
+def rule_url(code: str) -> str:
+    """The documentation page of a lint rule."""
+    return f"{DOCS_URL}rules/{code}/"
 
 
 def render(result: LintResult, fmt: str, *, colour: bool = False) -> str:
@@ -207,7 +214,7 @@ def sarif(result: LintResult) -> str:
                 "shortDescription": {"text": rule.summary},
                 "fullDescription": {"text": first},
                 "help": {"text": doc, "markdown": doc},
-                "helpUri": f"{_INFORMATION_URI}-{code.lower()}",
+                "helpUri": rule_url(code),
                 "defaultConfiguration": {"level": rule.severity},
                 "properties": {"category": rule.category, "tags": [rule.category]},
             }
@@ -255,7 +262,7 @@ def sarif(result: LintResult) -> str:
                     "driver": {
                         "name": "kvpolicy",
                         "version": __version__,
-                        "informationUri": _INFORMATION_URI,
+                        "informationUri": DOCS_URL,
                         "rules": rules,
                     }
                 },
