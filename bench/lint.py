@@ -7,16 +7,23 @@ policy. A generated policy may need more of it than its budget allows: it is the
 a hostile file can cost. Ratios are measured side by side in one run (the machines are shared and
 noisy).
 
-    python bench/lint.py [--quick]
+The first table is the gate as CI and pre-commit pay for it: ``kvpolicy lint`` and ``kvpolicy check``
+in a new process with an empty cache, with nothing changed, and with one file edited.
+
+    python bench/lint.py [--quick] [--gate]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,24 +86,89 @@ def brute_force(policy) -> float:
     return time.perf_counter() - started
 
 
+def cpu_of(command: list[str], env: dict[str, str]) -> float:
+    """CPU seconds (user + system) a new process spends on ``command``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, capture_output=True, check=False, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def gate(repeat: int) -> None:
+    """The CI and pre-commit gate on the shipped policies, as a user pays for it: CPU of a new
+    process, cases measured round-robin in one run, medians, as ratios to ``python -c pass``."""
+    work = Path(tempfile.mkdtemp(prefix="kvpolicy-bench-"))
+    folder = work / "policies"
+    shutil.copytree(shipped_root(), folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    newest = sorted(p for p in folder.glob("*.toml") if not p.name.endswith(".cases.toml"))[-1]
+    original = newest.read_text(encoding="utf-8")
+    warm = dict(os.environ, KVPOLICY_CACHE_DIR=str(work / "warm"))
+    kvpolicy_ = [sys.executable, "-m", "kvpolicy"]
+    for command in ("lint", "check"):
+        subprocess.run([*kvpolicy_, command, str(folder)], capture_output=True, check=False, env=warm)
+    edits = iter(range(10**6))
+
+    def edited(command: str):
+        def run(env: dict[str, str]) -> list[str]:
+            newest.write_text(original + f"# bench edit {next(edits)}\n", encoding="utf-8")
+            return [*kvpolicy_, command, str(folder)]
+        return run
+
+    def empty(env: dict[str, str]) -> dict[str, str]:
+        return dict(env, KVPOLICY_CACHE_DIR=str(Path(tempfile.mkdtemp(dir=work))))
+
+    cases = {
+        "python -c pass": (lambda env: [sys.executable, "-c", "pass"], lambda env: env),
+        "lint, empty cache": (lambda env: [*kvpolicy_, "lint", str(folder)], empty),
+        "lint, nothing changed": (lambda env: [*kvpolicy_, "lint", str(folder)], lambda env: env),
+        "lint, one file edited": (edited("lint"), lambda env: env),
+        "check, empty cache": (lambda env: [*kvpolicy_, "check", str(folder)], empty),
+        "check, nothing changed": (lambda env: [*kvpolicy_, "check", str(folder)], lambda env: env),
+        "check, one file edited": (edited("check"), lambda env: env),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(max(repeat, 5)):
+        for name, (command, environment) in cases.items():
+            if name.endswith("nothing changed"):
+                newest.write_text(original, encoding="utf-8")
+            env = environment(warm)
+            times[name].append(cpu_of(command(env), env))
+    shutil.rmtree(work, ignore_errors=True)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    bare = median["python -c pass"]
+    files = len([p for p in shipped_root().glob("*.toml") if not p.name.endswith(".cases.toml")])
+    print(f"the gate on the shipped policies ({files} files, CPU of a new process, median of {max(repeat, 5)} round-robin runs)")
+    for name, value in median.items():
+        line = f"  {name:<24} {value * 1000:>7.0f} ms CPU  {value / bare:>6.1f}x python -c pass"
+        if name.startswith("check"):
+            line += f"  {value / median['lint' + name[5:]]:>5.2f}x lint"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, up to 1,000 rows")
+    parser.add_argument("--gate", action="store_true", help="only the gate's cost (lint and check, cold, unchanged, edited)")
     args = parser.parse_args()
     repeat = 1 if args.quick else 3
+    gate(repeat)
+    if args.gate:
+        return
     root = shipped_root()
 
     print("shipped policies")
     cold = []
     for _ in range(repeat):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "kvpolicy", "lint", str(root)], capture_output=True, check=False)
+        subprocess.run(
+            [sys.executable, "-m", "kvpolicy", "lint", "--no-cache", str(root)], capture_output=True, check=False
+        )
         cold.append(time.perf_counter() - started)
-    warm = best(lambda: lint_paths([str(root)]), repeat)
+    warm = best(lambda: lint_paths([str(root)], cache=False), repeat)
     newest = kvpolicy.load(version="2026.09.10").policy
     exact = best(lambda: analyse(newest), repeat)
     brute = brute_force(newest)
-    count = len(list(root.glob("*.toml")))
+    count = len([p for p in root.glob("*.toml") if not p.name.endswith(".cases.toml")])
     print(f"  kvpolicy lint policies/ (new process, {count} files): {min(cold):.2f} s")
     print(f"  lint of the {count} files in-process:                 {warm:.2f} s")
     print(f"  2026.09.10: exact analysis {exact * 1000:.0f} ms vs brute force over {domain_of(newest).size():,} contexts "
