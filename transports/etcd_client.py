@@ -13,6 +13,23 @@ never sends a password or a token in clear text to another host. ``http.client``
 Every call has a finite timeout. No endpoint answering raises :class:`RegistryUnavailable`; a refused
 TLS handshake, a wrong password or a missing permission raises :class:`RegistryDenied`, never retried
 as if it were an outage.
+
+**Why not etcd3gw.** etcd3gw (2.7.0, 2026) is a maintained client of the same gateway and was tried
+for this module (issue 28). It has TLS client certificates, leases, transactions (compare-and-swap)
+and watch, but not what the registry needs around them:
+
+- no etcd users: nothing sends an ``Authorization`` token or authenticates again when the token
+  expires (``--auth-token-ttl``); the registry's prefill/decode roles rest on users;
+- one endpoint per client: no failover across the members of a cluster;
+- answers are read whole (``resp.json()``) with no size cap, and a watch stream is parsed one
+  ``iter_content`` chunk per event, so a chunk split mid-event breaks it and a huge one is read
+  whole: a compromised or confused endpoint can make a rank allocate without bound;
+- it goes through ``requests``, which by default honours ``http(s)_proxy`` variables: a token could
+  be sent through a proxy unless every caller passes a session with ``trust_env=False``;
+- it adds ``requests``, ``futurist`` and ``pbr`` to a rank's dependencies for ~400 lines.
+
+Wrapping it to add the first four would keep most of this module and add a layer; so this module
+stays, with only the standard library.
 """
 
 from __future__ import annotations
