@@ -42,6 +42,7 @@ from functools import cached_property, lru_cache, reduce
 from typing import Any
 
 from .domain import Dimension, Domain, domain_of
+from .edit import PolicyEdit, edit_between
 from .model import Condition, Decision, Policy, Row
 
 __all__ = [
@@ -116,6 +117,8 @@ class DecisionChange:
     def __str__(self) -> str:
         if self.old != self.new:
             text = f"{self.decision} {self.old} -> {self.new}"
+            if self.old_rule == self.new_rule:  # the rule's own value changed (a row's, say)
+                return f"{text}, still decided by {self.new_rule}, whose value changed"
             return f"{text}, decided by {self.new_rule} instead of {self.old_rule}"
         return f"{self.decision} stays {self.new}, decided by {self.new_rule} instead of {self.old_rule}"
 
@@ -312,6 +315,12 @@ class Diff:
 
     def __bool__(self) -> bool:
         return bool(self.groups) or bool(self.checkpoint_changes)
+
+    @cached_property
+    def edit(self) -> PolicyEdit:
+        """What changed in the files (see :mod:`kvpolicy.edit`): what a reviewer reads first, and
+        what each group is attached to."""
+        return edit_between(self.old, self.new)
 
     @cached_property
     def checkpoint_changes(self) -> tuple[tuple[str, str], ...]:
@@ -1071,12 +1080,16 @@ def _by_values(
     value while that holds: widening a dimension adds the slab of the box's complement on it,
     and is refused when some other context resolving alike lies in that slab."""
     resolved = {_resolution_key(o, with_rules) for o in outcomes}
-    keys = {o: _resolution_key(o, with_rules) for o in {o for _, a, b in result.evaluated for o in (a, b)}}
-    others = [
-        cube
-        for (cube, first, second), group in zip(result.evaluated, result.evaluated_groups)
-        if group not in members and keys[first] in resolved and (not both or keys[second] == keys[first])
-    ]
+    found: dict[int, bool] = {}  # by id of a key: whether it is one of ``resolved``
+    others = []
+    for (cube, _, _), (first, second), group in zip(result.evaluated, _evaluated_keys(result, with_rules), result.evaluated_groups):
+        if group in members or (both and second is not first):
+            continue
+        inside = found.get(id(first))
+        if inside is None:
+            inside = found[id(first)] = first in resolved
+        if inside:
+            others.append(cube)
 
     def alike_in(query: Cube) -> bool:
         if any(all(values & allowed for values, allowed in zip(cube, query)) for cube in others):
@@ -1095,6 +1108,28 @@ def _by_values(
         if not alike_in((*box[:index], full - box[index], *box[index + 1 :])):
             box[index] = full
     return ByValues(tuple(box), tuple(sorted(resolved, key=repr)), with_rules, both)
+
+
+def _evaluated_keys(result: Diff, with_rules: bool) -> list[tuple[Any, Any]]:
+    """(OLD, NEW) resolution keys of every evaluated leaf, computed once per diff. Equal keys are
+    one object (a leaf's outcomes are shared among leaves), so callers may compare them with ``is``:
+    every section asks, and hashing each leaf's outcomes again cost seconds on structural diffs."""
+    cache = result.__dict__.setdefault("_evaluated_keys", {})
+    if with_rules not in cache:
+        by_id: dict[int, Any] = {}
+        interned: dict[Any, Any] = {}
+        pairs = []
+        for _, first, second in result.evaluated:
+            keys = []
+            for outcome in (first, second):
+                key = by_id.get(id(outcome))
+                if key is None:
+                    key = _resolution_key(outcome, with_rules)
+                    key = by_id[id(outcome)] = interned.setdefault(key, key)
+                keys.append(key)
+            pairs.append((keys[0], keys[1]))
+        cache[with_rules] = pairs
+    return cache[with_rules]
 
 
 @lru_cache(maxsize=65536)
@@ -1296,7 +1331,7 @@ def _resolutions_seen(result: Diff, with_rules: bool) -> tuple[dict[str, set[Any
     if with_rules not in cache:
         every: dict[str, set[Any]] = {}
         rules_of: dict[tuple[str, Any], set[Any]] = {}
-        keys = {_resolution_key(o, with_rules) for _, first, second in result.evaluated for o in (first, second)}
+        keys = {key for pair in _evaluated_keys(result, with_rules) for key in pair}
         if result.unchanged is not None:
             keys |= result.unchanged.resolution_keys(with_rules)
         for key in keys:

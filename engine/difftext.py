@@ -1,17 +1,20 @@
-"""How a diff reads: the entries and lines ``kvpolicy diff`` prints.
+"""How a diff reads: the edit first, then the entries and lines ``kvpolicy diff`` prints.
 
-Shared by the text output (:mod:`kvpolicy.cli.diff`) and the HTML report
-(:mod:`kvpolicy.report`), so both show exactly the same entries, counts and words.
+The edit (:mod:`kvpolicy.edit`: what changed in the files) comes first; each entry (a way the
+decisions change) names the parts of the edit it comes from, found by the rule and diagnostic ids
+its contexts are decided by or gain or lose, and the entries follow the edit's order. Shared by the
+text output (:mod:`kvpolicy.cli.diff`), its JSON, the HTML report (:mod:`kvpolicy.report`) and
+``kvpolicy impact``, so all show exactly the same headline, entries, counts and words.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from .wording import plural
 
 from .diff import (
     ARCHITECTURE_SLOT,
+    UNKNOWN_VALUE,
     Diff,
     Group,
     Section,
@@ -22,8 +25,20 @@ from .diff import (
     describe_group,
     describe_resolved,
 )
+from .edit import UNKNOWN_VALUE_OF, PolicyEdit
+from .wording import plural
 
-__all__ = ["Entry", "change_lines", "decision_lines", "diagnostic_line", "entries", "headline", "section_order"]
+__all__ = [
+    "Entry",
+    "change_lines",
+    "decision_lines",
+    "diagnostic_line",
+    "edit_lines",
+    "entries",
+    "entry_of_group",
+    "headline",
+    "section_order",
+]
 
 #: The second line of every text diff: what a context is.
 CONTEXT_NOTE = (
@@ -43,13 +58,26 @@ class Entry:
     """``transceiver_runtime CPP -> PYTHON (decided by ...)``: the first decision line."""
     lines: tuple[str, ...]
     """Every further line, indented as the text output indents it."""
-    groups: tuple[int, ...]
-    """The 1-based numbers of its groups, as ``diff --format json`` numbers them."""
+    edits: tuple[int, ...]
+    """The parts of the edit that cause it: 1-based positions in :attr:`Diff.edit` (``E1`` ...)."""
+    subgroups: tuple[int, ...]
+    """The 1-based numbers of its exact sub-groups (one per way diagnostics come and go), as
+    ``diff --format json --contexts`` numbers them."""
 
     @property
     def count(self) -> int:
         """How many contexts change this way."""
         return self.section.count
+
+    @property
+    def starts_failing(self) -> int:
+        """How many of its contexts gain an error."""
+        return sum(g.count for g in self.section.groups if g.change.starts_failing)
+
+    @property
+    def stops_failing(self) -> int:
+        """How many of its contexts lose an error."""
+        return sum(g.count for g in self.section.groups if g.change.stops_failing)
 
 
 def _rule(rule: str, group: Group | Section, result: Diff) -> str:
@@ -71,7 +99,10 @@ def decision_lines(decisions: Any, owner: Group | Section, result: Diff) -> list
     lines = []
     for d in decisions:
         old_rule, new_rule = _rule(d.old_rule, owner, result), _rule(d.new_rule, owner, result)
-        if d.old != d.new:
+        if d.old != d.new and d.old_rule == d.new_rule:
+            # The same rule decides both: what changed is its value (a row's, say), not the rule.
+            lines.append(f"{d.decision} {d.old} -> {d.new} (still decided by {new_rule}, whose value changed)")
+        elif d.old != d.new:
             lines.append(f"{d.decision} {d.old} -> {d.new} (decided by {new_rule} instead of {old_rule})")
         else:
             lines.append(f"{d.decision} stays {d.new}, now decided by {new_rule} instead of {old_rule}")
@@ -108,31 +139,127 @@ def section_order(section: Section) -> tuple[Any, ...]:
     return (not values_change, not section.decisions, -section.count, [str(d) for d in section.decisions])
 
 
-def checkpoint_lines(result: Diff) -> list[str]:
-    """How the two versions read checkpoints differently (their checkpoint rules), or nothing."""
-    if not result.checkpoint_changes:
-        return []
-    return [
-        "checkpoints are read differently (upstream's load-time rewrites by model_type):",
-        *(f"  {sign} {text}" for sign, text in result.checkpoint_changes),
-    ]
-
-
 def headline(result: Diff, count: int) -> str:
-    """``kvpolicy diff A -> B: X of Y contexts change, in N ways`` (or ``no change``)."""
+    """``kvpolicy diff A -> B: 1 row changed; X of Y contexts change, in N ways`` (or ``no change``):
+    what changed in the files first, then what it does."""
     head = f"kvpolicy diff {result.old.version} -> {result.new.version}"
-    if not result:
+    edit = result.edit
+    if not result and not edit:
         return f"{head}: no change"
-    return f"{head}: {result.changed:,} of {result.total:,} contexts change, in {plural(count, 'way')}"
+    what = f"{edit.summary()}; " if edit else ""
+    if not result.groups:
+        return f"{head}: {what}no context resolves differently"
+    return f"{head}: {what}{result.changed:,} of {result.total:,} contexts change, in {plural(count, 'way')}"
+
+
+def edit_lines(edit: PolicyEdit, found: list[Entry] | None = None, limit: int | None = None, details: bool = True) -> list[str]:
+    """What changed in the files, one part at a time (``E1 ~ row ...: value PYTHON -> CPP``), each
+    with its reason and source (``details``) and, given the diff's entries, the ways it changes
+    contexts. ``limit``: at most that many parts, then how many more there are."""
+    if not edit:
+        return []
+    ways: dict[int, list[int]] = {}
+    for entry in found or ():
+        for number in entry.edits:
+            ways.setdefault(number, []).append(entry.number)
+    lines = [f"the edit (what changed in the files): {edit.summary()}"]
+    shown = edit.changes if limit is None else edit.changes[:limit]
+    for number, change in enumerate(shown, 1):
+        label = f"E{number}"
+        where = f" ({change.location})" if change.location else ""
+        lines.append(f"  {label} {change.text()}{where}")
+        pad = " " * (len(label) + 3)
+        if details:
+            lines += [f"{pad}{line}" for line in change.detail_lines()]
+        if number in ways:
+            lines.append(f"{pad}changes contexts in {_numbers(ways[number], '[{}]')}")
+    if len(shown) < len(edit.changes):
+        lines.append(f"  and {len(edit.changes) - len(shown):,} more (kvpolicy diff lists them all)")
+    return lines
+
+
+def _numbers(numbers: list[int], form: str) -> str:
+    """``[1]-[4]``, ``E1, E3 and E5-E7``: runs of consecutive numbers as ranges."""
+    runs: list[tuple[int, int]] = []
+    for n in sorted(set(numbers)):
+        if runs and runs[-1][1] == n - 1:
+            runs[-1] = (runs[-1][0], n)
+        else:
+            runs.append((n, n))
+    parts = [form.format(a) if a == b else f"{form.format(a)}-{form.format(b)}" for a, b in runs]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _names(section: Section, result: Diff) -> set[str]:
+    """The rule and diagnostic ids a section's contexts are decided by or gain or lose, with
+    ``{architecture}`` templates written out for each architecture of the section."""
+    names: set[str] = set()
+    architectures: list[str | None] | None = None
+    for d in section.decisions:
+        for rule in (d.old_rule, d.new_rule):
+            for part in rule.split("+"):  # agreeing requirements decide together
+                if ARCHITECTURE_SLOT in part:
+                    if architectures is None:
+                        architectures = architectures_of(section, result.dimensions)
+                    names.update(concrete_rule(part, a) for a in architectures if a is not None)
+                elif part:
+                    names.add(part)
+    for change in section.diagnostics:
+        id_, _, decision = change.diagnostic
+        names.add(UNKNOWN_VALUE_OF.format(decision) if id_ == UNKNOWN_VALUE else id_)
+    return names
+
+
+def _causes(section: Section, result: Diff, index: dict[str, list[int]]) -> tuple[int, ...]:
+    """The parts of the edit (0-based) whose rules decide the section's contexts in either
+    version, or whose diagnostics come or go there."""
+    found: set[int] = set()
+    for name in _names(section, result):
+        found.update(index.get(name, ()))
+    return tuple(sorted(found))
+
+
+def _from_line(numbers: tuple[int, ...], edit: PolicyEdit) -> str:
+    if not numbers:
+        return "  from the edit as a whole (no part of it decides these contexts on its own)"
+    if len(numbers) == 1:
+        change = edit.changes[numbers[0] - 1]
+        return f"  from E{numbers[0]} ({change.kind} {change.id})"
+    return f"  from {_numbers(list(numbers), 'E{}')} ({plural(len(numbers), 'part')} of the edit)"
+
+
+def entry_of_group(result: Diff, found: list[Entry]) -> dict[int, int]:
+    """The entry number of each exact group (by its 0-based index in ``result.groups``): the
+    group a matrix cell or a listed context belongs to, as the diff numbers its ways."""
+    return {sub - 1: entry.number for entry in found for sub in entry.subgroups}
 
 
 def entries(result: Diff) -> list[Entry]:
-    """Every section of the diff in reading order, with the lines the text output prints."""
+    """Every section of the diff in reading order (by the part of the edit that causes it, then
+    value changes first, larger first), with the lines the text output prints (worked out once
+    per diff: the text, the JSON and the report's matrix all ask)."""
+    found = result.__dict__.get("_entries")
+    if found is None:
+        found = result.__dict__["_entries"] = tuple(_entries(result))
+    return list(found)
+
+
+def _entries(result: Diff) -> list[Entry]:
+    edit = result.edit
+    index: dict[str, list[int]] = {}
+    for position, change in enumerate(edit.changes):
+        for name in change.names:
+            index.setdefault(name, []).append(position)
+    caused = [(section, _causes(section, result, index)) for section in result.sections()]
+    caused.sort(key=lambda item: (item[1][:1] or (len(edit.changes),), section_order(item[0])))
+    group_numbers = {id(g): n for n, g in enumerate(result.groups, 1)}
     found = []
-    sections = sorted(result.sections(), key=section_order)
-    for number, section in enumerate(sections, 1):
+    for number, (section, causes) in enumerate(caused, 1):
         decisions = decision_lines(section.decisions, section, result) or ["decisions unchanged, diagnostics change"]
         lines = [f"    {line}" for line in decisions[1:]]
+        edits = tuple(c + 1 for c in causes)
+        if edit:
+            lines.append(_from_line(edits, edit))
         if section.by_values is not None:
             where = describe_cube(section.by_values.restriction, result.dimensions)
             resolved = describe_resolved(section.by_values, result)
@@ -152,6 +279,6 @@ def entries(result: Diff) -> list[Entry]:
                 lines += clause_lines(describe_clauses(change.clauses, result.dimensions), "when", "      ")
             else:
                 lines.append(f"  {text}: in all")
-        groups = tuple(result.groups.index(g) + 1 for g in section.groups)
-        found.append(Entry(number, section, decisions[0], tuple(lines), groups))
+        subgroups = tuple(sorted(group_numbers[id(g)] for g in section.groups))
+        found.append(Entry(number, section, decisions[0], tuple(lines), edits, subgroups))
     return found

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .diff import ARCHITECTURE_SLOT, Change, Diff, Group, diff_policies, outcome_of
-from .difftext import CONTEXT_NOTE, Entry, change_lines, checkpoint_lines, decision_lines, entries, headline
+from .diff import ARCHITECTURE_SLOT, Change, Diff, diff_policies, outcome_of
+from .difftext import CONTEXT_NOTE, Entry, edit_lines, entries, entry_of_group, headline
 from .matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
 from .policyset import PolicySet
 from .report_assets import SCRIPT, stylesheet
@@ -35,7 +36,7 @@ RUNTIME = "transceiver_runtime"
 #: Impact statuses, worst first, and the class that colours them.
 _STATUSES = (("starts failing", "bad"), ("fails differently", "bad"), ("malformed", "bad"),
              ("architecture unknown", "warn"), ("runtime changes", "warn"), ("backend changes", "warn"), ("changes", "warn"),
-             ("stops failing", "good"), ("still failing", "bad"), ("unchanged", "same"))
+             ("new warning", "warn"), ("stops failing", "good"), ("still failing", "bad"), ("unchanged", "same"))
 _SIDE_LABELS = {"context_servers": "context", "generation_servers": "generation", "server": "server"}
 
 #: How :mod:`kvpolicy.domain` stands for an environment value no policy names.
@@ -56,6 +57,9 @@ class ReportInput:
     link: Link | None = None
     """``link(path, line)``: the href of a config file (default: the path itself, ``#L<line>``)."""
     generator: str = "kvpolicy"
+    root: str | None = None
+    """The folder paths are shown relative to (the working directory, say; None: as given). A path
+    outside it is shown as given; every shown path keeps its full form in a ``title``."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,38 @@ def _source(text: str | None) -> str:
         last = match.start() + len(url)
     out.append(_e(text[last:]))
     return "".join(out)
+
+
+def _full(path: str, root: str | None) -> str:
+    """``path`` as an absolute path (joined to ``root`` when relative and a root is known)."""
+    if root is None or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(root, path))
+
+
+def _relative(path: str, root: str | None) -> str:
+    """``path`` relative to ``root`` when it lies inside it, else as given: absolute paths made a
+    wide table wider and told a reviewer nothing the repository does not."""
+    if root is None or not os.path.isabs(path):
+        return path
+    inside = os.path.relpath(path, root)
+    return path if inside == os.pardir or inside.startswith(os.pardir + os.sep) else inside
+
+
+def _shorten(text: str, root: str | None) -> str:
+    """Free text (a location, a message) with the root's own prefix taken off the paths it names."""
+    folder = (root or "").rstrip(os.sep)
+    return text.replace(folder + os.sep, "") if folder else text  # never for "/": every slash would go
+
+
+def _path(path: str, root: str | None) -> str:
+    """A path as HTML: short where a root allows, whole on hover."""
+    return f'<span title="{_e(_full(path, root))}">{_breakable(_relative(path, root))}</span>'
+
+
+def _breakable(path: str) -> str:
+    """A path as HTML that may wrap after each slash (a narrow column breaks it between folders)."""
+    return _e(path).replace("/", "/<wbr>")
 
 
 def cell_change(cell: Cell, policy_set: PolicySet, base: PolicySet) -> Change | None:
@@ -136,6 +172,8 @@ def _view(key: str, policy_set: PolicySet, base: PolicySet | None, result: Diff 
     matrix = decision_matrix(policy_set)
     changes: dict[tuple[int, int], Change] = {}
     groups: dict[tuple[int, int], int] = {}
+    # A cell names the way it changes as the diff numbers it (the entry of its exact group).
+    numbers = entry_of_group(result, entries(result)) if result is not None else {}
     for at, cell in matrix.cells.items():
         if base is None:
             continue
@@ -146,7 +184,7 @@ def _view(key: str, policy_set: PolicySet, base: PolicySet | None, result: Diff 
             point = _point(cell, policy_set, result)
             group = result.group_of(point) if point is not None else None
             if group is not None:
-                groups[at] = result.groups.index(group) + 1
+                groups[at] = numbers[result.groups.index(group)]
     return MatrixView(key, matrix, policy_set, base, changes, groups)
 
 
@@ -249,7 +287,7 @@ def _render(data: ReportInput, prepared: _Prepared, *, compact: bool) -> str:
     if result is not None:
         parts.append(_diff(result, found))
     if data.impact is not None and old is not None:
-        parts.append(_impact(data.impact, old.version, data.new.version, data.link))
+        parts.append(_impact(data.impact, old.version, data.new.version, data.link, data.root))
     parts += [
         "</main>",
         f"<footer><p>Generated by {_e(data.generator)}. Every cell resolves with runtime and KV-cache manager "
@@ -264,9 +302,9 @@ def _render(data: ReportInput, prepared: _Prepared, *, compact: bool) -> str:
 
 def _summary(data: ReportInput, current: MatrixView, result: Diff | None, sections: int) -> str:
     m = current.matrix
-    items = [("policy", f"{data.new.version} ({data.new.digest[:12]}), {_e(data.new.path)}")]
+    items = [("policy", f"{data.new.version} ({data.new.digest[:12]}), {_path(str(data.new.path), data.root)}")]
     if data.old is not None:
-        items.insert(0, ("compared with", f"{data.old.version} ({data.old.digest[:12]}), {_e(data.old.path)}"))
+        items.insert(0, ("compared with", f"{data.old.version} ({data.old.digest[:12]}), {_path(str(data.old.path), data.root)}"))
     items.append(("matrix", f"{len(m.rows)} architectures × {len(m.columns)} requested backends; "
                             f"<strong>{m.failing}</strong> of {len(m.cells)} cells cannot start"))
     if result is not None:
@@ -280,24 +318,38 @@ def _summary(data: ReportInput, current: MatrixView, result: Diff | None, sectio
     return f'<section id="summary" aria-labelledby="summary-h"><h2 id="summary-h">Summary</h2><dl class="summary">{rows}</dl></section>'
 
 
+#: Horizontal room per version on the timeline. Labels alternate above and below the axis, so a
+#: label may use two steps: 15 versions fit a 1,000 px window; more scroll inside their own box.
+_TIMELINE_STEP = 58
+_TIMELINE_AXIS = 62
+
+
 def _timeline(versions: list[PolicySet], new: PolicySet, old: PolicySet | None) -> str:
     count = len(versions)
-    width = max(640, 150 * count)
-    step = (width - 140) / max(count - 1, 1)
+    step = _TIMELINE_STEP if count > 6 else 2 * _TIMELINE_STEP  # few versions: room to spare
+    width = max(640, 128 + step * (count - 1))
+    axis = _TIMELINE_AXIS
     svg = [
-        f'<svg class="timeline" viewBox="0 0 {width} 96" width="{width}" height="96" role="img" aria-labelledby="timeline-t">',
+        f'<svg class="timeline" viewBox="0 0 {width} {2 * axis}" width="{width}" height="{2 * axis}" role="img"'
+        ' aria-labelledby="timeline-t">',
         f'<title id="timeline-t">Timeline of {count} policy versions, oldest first</title>',
-        f'<line x1="40" y1="48" x2="{width - 40}" y2="48" class="axis"/>',
+        f'<line x1="24" y1="{axis}" x2="{width - 24}" y2="{axis}" class="axis"/>',
     ]
     for index, policy_set in enumerate(versions):
-        x = 70 + index * step
+        x = 64 + index * step
         role = "to" if _same(policy_set, new) else "from" if old is not None and _same(policy_set, old) else ""
         date = _date(policy_set)
+        # The day only where the version id does not already say it.
+        day = date.isoformat() if date and date.isoformat() != policy_set.version.replace(".", "-") else ""
+        above = index % 2 == 0
+        version_y, date_y = (axis - 38, axis - 22) if above else (axis + 32, axis + 48)
+        tick = (axis - 16, axis - 10) if above else (axis + 10, axis + 16)
         svg.append(
-            f'<a href="#version-{index}"><circle cx="{x:.0f}" cy="48" r="{9 if role else 6}" class="dot {role}"/>'
-            f'<text x="{x:.0f}" y="26" text-anchor="middle" class="v">{_e(policy_set.version)}</text>'
-            f'<text x="{x:.0f}" y="76" text-anchor="middle" class="d">{_e(date.isoformat() if date else "")}'
-            f'{" · " + role if role else ""}</text></a>'
+            f'<a href="#version-{index}" data-version="{_e(policy_set.version)}">'
+            f'<line x1="{x}" y1="{tick[0]}" x2="{x}" y2="{tick[1]}" class="tick"/>'
+            f'<circle cx="{x}" cy="{axis}" r="{9 if role else 6}" class="dot {role}"/>'
+            f'<text x="{x}" y="{version_y}" text-anchor="middle" class="v">{_e(policy_set.version)}</text>'
+            f'<text x="{x}" y="{date_y}" text-anchor="middle" class="d">{_e(" · ".join(filter(None, (day, role))))}</text></a>'
         )
     svg.append("</svg>")
     items = []
@@ -312,7 +364,8 @@ def _timeline(versions: list[PolicySet], new: PolicySet, old: PolicySet | None) 
         )
     return (
         '<section id="timeline" aria-labelledby="timeline-h"><h2 id="timeline-h">History of the policy</h2>'
-        f'<div class="scroll">{"".join(svg)}</div><ol class="versions">{"".join(items)}</ol></section>'
+        f'<div class="scroll timeline-box" tabindex="0" role="group" aria-label="timeline (scrolls sideways when narrow)">'
+        f'{"".join(svg)}</div><ol class="versions">{"".join(items)}</ol></section>'
     )
 
 
@@ -499,20 +552,19 @@ def _change_label(change: Change, base: str) -> str:
 
 def _diff(result: Diff, found: list[Entry]) -> str:
     head = f'<p class="headline">{_e(headline(result, len(found)))}</p>'
-    checkpoints = checkpoint_lines(result)
-    if checkpoints:
-        head += f'<pre class="checkpoints">{_e(chr(10).join(checkpoints))}</pre>'
+    edit = edit_lines(result.edit, found)
+    if edit:
+        # What changed in the files, as ``kvpolicy diff`` prints it first.
+        head += f'<pre class="edit">{_e(chr(10).join(edit))}</pre>'
     if not result.groups:
         return f'<section id="diff" aria-labelledby="diff-h"><h2 id="diff-h">Diff</h2>{head}</section>'
     articles = []
     for entry in found:
-        shared = decision_lines(entry.section.decisions, entry.section, result)
-        groups = "".join(_group(n, result.groups[n - 1], result, shared) for n in entry.groups)
         articles.append(
             f'<article class="entry" id="diff-entry-{entry.number}" data-count="{entry.count}">'
             f"<h3>[{entry.number}] {plural(entry.count, 'context', grouped=True)}: {_e(entry.title)}</h3>"
             f'<pre class="where">{_e(chr(10).join(entry.lines))}</pre>'
-            f'<p>Groups (numbered as <code>kvpolicy diff --format json</code> numbers them):</p><ul class="groups">{groups}</ul>'
+            f'<ul class="groups">{_group(entry)}</ul>'
             "</article>"
         )
     return (
@@ -521,13 +573,14 @@ def _diff(result: Diff, found: list[Entry]) -> str:
     )
 
 
-def _group(number: int, group: Group, result: Diff, shared: list[str]) -> str:
-    # The decision lines its entry already shows are not repeated; what is left tells groups apart.
-    decisions = decision_lines(group.change.decisions, group, result)
-    lines = "; ".join([*(d for d in decisions if decisions != shared), *change_lines(group, result)[len(decisions):]])
-    lines = lines or "these decision changes, no diagnostic comes or goes"
-    return (f'<li id="diff-group-{number}" data-group="{number}" data-count="{group.count}">'
-            f"<b>[{number}]</b> {plural(group.count, 'context', grouped=True)}: {_e(lines)}</li>")
+def _group(entry: Entry) -> str:
+    # One group per entry, as ``kvpolicy diff --format json`` numbers them (what matrix cells link
+    # to): how many of its contexts start or stop failing, which its lines say only per diagnostic.
+    failing = [f"{entry.starts_failing:,} gain an error"] if entry.starts_failing else []
+    failing += [f"{entry.stops_failing:,} lose an error"] if entry.stops_failing else []
+    text = ", ".join(failing) or "none gains or loses an error"
+    return (f'<li id="diff-group-{entry.number}" data-group="{entry.number}" data-count="{entry.count}">'
+            f"<b>[{entry.number}]</b> {plural(entry.count, 'context', grouped=True)}: {_e(text)}</li>")
 
 
 def _used(section: Any) -> str:
@@ -541,55 +594,94 @@ def _impact_counts(results: Sequence[Any]) -> str:
     return ", ".join(f"{counts[s]} {s}" for s, _ in _STATUSES if counts[s])
 
 
-def _impact(results: Sequence[Any], old: str, new: str, link: Link | None) -> str:
-    link = link or (lambda path, line: path + (f"#L{line}" if line else ""))
+def _severity(result: Any) -> int:
+    """A config's place in the impact table: its status's position in ``_STATUSES`` (worst first)."""
+    order = [status for status, _ in _STATUSES]
+    return order.index(result.status) if result.status in order else len(order)
+
+
+def _impact_rows(result: Any, old: str, new: str, link: Link, root: str | None) -> list[str]:
+    """The table rows of one config: a row per server, then its problems and side mismatches."""
     classes = dict(_STATUSES)
-    read = [r for r in results if not r.skipped]
-    rows = []
-    for result in read:
-        architecture = result.architecture or "unknown"
-        if result.model_type:
-            architecture += f" ({result.model_type})"
-        first = True
-        span = max(len(result.sections), 1)
-        for section in result.sections:
-            status = section.status
-            errors = [d for d in (section.new.resolution.errors if section.new.resolution else ())]
-            why = "; ".join(f"{d.id}: {d.message}" for d in errors) or (section.new.invalid or "")
-            if len(section.possibilities) > 1:
-                # Never a green "unchanged" for a model kvpolicy could not identify: every status it may get.
-                why = "the model is unknown: " + "; ".join(f"{s} for {', '.join(m)}" for s, m in section.possibilities)
-            head = ""
-            if first:
-                head = (f'<th scope="rowgroup" rowspan="{span}"><a href="{_e(link(result.path, None))}">{_e(result.path)}</a>'
-                        f'<br><small>{_e(architecture)}, from {_e(result.architecture_source)}</small></th>')
-            side = getattr(section, "role", None) or _SIDE_LABELS.get(section.name, section.name)
-            rows.append(
-                f'<tr data-status="{_e(status)}">{head}<td class="side"><a href="{_e(link(result.path, section.line))}"'
-                f' title="{_e(_used(section))}">{_e(side)}'
-                f'{", line " + str(section.line) if section.line else ""}</a></td>'
-                f"<td>{_e(section.old.short())}</td><td>{_e(section.new.short())}</td>"
-                f'<td class="status {classes.get(status, "same")}">{_e(status)}</td><td>{_e(why)}</td></tr>'
-            )
-            first = False
-        for problem in result.problems:
-            rows.append(
-                f'<tr data-status="malformed"><th scope="row"><a href="{_e(link(problem.path, problem.line))}">'
-                f"{_e(problem.location)}</a></th><td>—</td><td></td><td></td>"
-                f'<td class="status bad">malformed</td><td>{_e(problem.message)}</td></tr>'
-            )
-        for label, mismatch in ((old, result.mismatch_old), (new, result.mismatch_new)):
-            if mismatch:
-                rows.append(f'<tr data-status="{_e(result.status)}"><th scope="row">{_e(result.path)}</th><td>both</td>'
-                            f'<td colspan="2">under {_e(label)}</td><td class="status bad">{_e(result.status)}</td>'
-                            f"<td>{_e(mismatch)}</td></tr>")
+    config = _e(_full(result.path, root))
+    architecture = result.architecture or "unknown"
+    if result.model_type:
+        architecture += f" ({result.model_type})"
+    rows, first = [], True
+    span = max(len(result.sections), 1)
+    for section in result.sections:
+        status = section.status
+        errors = [d for d in (section.new.resolution.errors if section.new.resolution else ())]
+        why = "; ".join(f"{d.id}: {d.message}" for d in errors) or (section.new.invalid or "")
+        if len(section.possibilities) > 1:
+            # Never a green "unchanged" for a model kvpolicy could not identify: every status it may get.
+            why = "the model is unknown: " + "; ".join(f"{s} for {', '.join(m)}" for s, m in section.possibilities)
+        head = ""
+        if first:
+            head = (f'<th scope="rowgroup" rowspan="{span}" class="config"><a href="{_e(link(result.path, None))}"'
+                    f' title="{config}">{_breakable(_relative(result.path, root))}</a>'
+                    f'<br><small>{_e(architecture)}, from {_e(_shorten(result.architecture_source, root))}</small></th>')
+        side = getattr(section, "role", None) or _SIDE_LABELS.get(section.name, section.name)
+        rows.append(
+            f'<tr data-status="{_e(status)}" data-config="{config}">{head}<td class="side">'
+            f'<a href="{_e(link(result.path, section.line))}" title="{_e(_used(section))}">{_e(side)}'
+            f'{", line " + str(section.line) if section.line else ""}</a></td>'
+            f"<td>{_e(section.old.short())}</td><td>{_e(section.new.short())}</td>"
+            f'<td class="status {classes.get(status, "same")}">{_e(status)}</td><td class="why">{_e(_shorten(why, root))}</td></tr>'
+        )
+        first = False
+    for problem in result.problems:
+        rows.append(
+            f'<tr data-status="malformed" data-config="{config}"><th scope="row" class="config">'
+            f'<a href="{_e(link(problem.path, problem.line))}" title="{_e(_full(problem.path, root))}">'
+            f"{_breakable(_shorten(problem.location, root))}</a></th><td>—</td><td></td><td></td>"
+            f'<td class="status bad">malformed</td><td class="why">{_e(_shorten(problem.message, root))}</td></tr>'
+        )
+    for label, mismatch in ((old, result.mismatch_old), (new, result.mismatch_new)):
+        if mismatch:
+            rows.append(f'<tr data-status="{_e(result.status)}" data-config="{config}"><th scope="row" class="config"'
+                        f' title="{config}">{_breakable(_relative(result.path, root))}</th><td>both</td>'
+                        f'<td colspan="2">under {_e(label)}</td><td class="status bad">{_e(result.status)}</td>'
+                        f'<td class="why">{_e(_shorten(mismatch, root))}</td></tr>')
+    return rows
+
+
+def _impact_table(rows: list[str], old: str, new: str) -> str:
+    # Fixed column widths (report_assets): long paths and messages wrap inside their cells instead
+    # of pushing the status and the reasons off the page; only a phone scrolls the box.
+    return (
+        '<div class="scroll"><table class="impact"><colgroup><col class="c-config"><col class="c-side"><col class="c-version">'
+        '<col class="c-version"><col class="c-status"><col class="c-why"></colgroup>'
+        '<thead><tr><th scope="col">config</th><th scope="col">side</th>'
+        f'<th scope="col">{_e(old)}</th><th scope="col">{_e(new)}</th><th scope="col">status</th>'
+        f'<th scope="col">why ({_e(new)})</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+    )
+
+
+def _impact(results: Sequence[Any], old: str, new: str, link: Link | None, root: str | None = None) -> str:
+    """The impact section: configs worst first; the unchanged ones last, folded away."""
+    link = link or (lambda path, line: path + (f"#L{line}" if line else ""))
+    read = sorted((r for r in results if not r.skipped), key=_severity)  # stable: path order within a status
+    moved = [r for r in read if r.status != "unchanged"]
+    same = [r for r in read if r.status == "unchanged"]
+    table = ""
+    if moved:
+        table = _impact_table([row for r in moved for row in _impact_rows(r, old, new, link, root)], old, new)
+    elif read:
+        table = '<p class="note">No config resolves differently.</p>'
+    if same:
+        servers = sum(max(len(r.sections), 1) for r in same)
+        table += (
+            f'<details class="unchanged" id="impact-unchanged" data-count="{len(same)}"><summary>'
+            f"{plural(len(same), 'unchanged config')} ({plural(servers, 'server')}: same runtime, backend and values)"
+            f"</summary>{_impact_table([row for r in same for row in _impact_rows(r, old, new, link, root)], old, new)}"
+            "</details>"
+        )
     skipped = len(results) - len(read)
     note = f" {plural(skipped, 'file')} skipped (no cache_transceiver_config)." if skipped else ""
     return (
         '<section id="impact" aria-labelledby="impact-h"><h2 id="impact-h">Impact on serving configs</h2>'
         f"<p>{plural(len(read), 'config')}: {_e(_impact_counts(results)) or 'none read'}.{_e(note)} "
-        "<span class=\"mark fail\">!</span> after a value: cannot start; /V2: KV-cache manager V2.</p>"
-        '<div class="scroll"><table class="impact"><thead><tr><th scope="col">config</th><th scope="col">side</th>'
-        f'<th scope="col">{_e(old)}</th><th scope="col">{_e(new)}</th><th scope="col">status</th>'
-        f'<th scope="col">why ({_e(new)})</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>'
+        "Worst first. <span class=\"mark fail\">!</span> after a value: cannot start; /V2: KV-cache manager V2.</p>"
+        f"{table}</section>"
     )

@@ -37,7 +37,8 @@ nav ul{list-style:none;padding:0;margin:0;display:flex;gap:16px;flex-wrap:wrap}
 dl.summary{display:grid;grid-template-columns:repeat(auto-fill,minmax(280px,1fr));gap:6px;margin:0}
 dl.summary div{border:1px solid var(--line);border-radius:6px;padding:6px 10px}dt{font-weight:600;color:var(--muted)}dd{margin:0}
 .scroll{overflow-x:auto}
-svg.timeline .axis{stroke:#9ca3af;stroke-width:2}svg.timeline .dot{fill:#6b7280}
+.timeline-box{border:1px solid var(--line);border-radius:6px;padding:4px 0}svg.timeline{display:block}
+svg.timeline .axis{stroke:#9ca3af;stroke-width:2}svg.timeline .tick{stroke:#9ca3af;stroke-width:1}svg.timeline .dot{fill:#6b7280}
 svg.timeline .dot.to{fill:#1d4ed8}svg.timeline .dot.from{fill:#fff;stroke:#1d4ed8;stroke-width:3}
 svg.timeline text{font-size:13px;fill:var(--fg)}svg.timeline .v{font-weight:600}svg.timeline .d{fill:var(--muted);font-size:12px}
 ol.versions{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:8px;padding-left:20px}
@@ -61,14 +62,17 @@ td.cell.changed{box-shadow:inset 0 0 0 3px var(--chg)}td.cell.touched{box-shadow
 .mark.fail{color:#fff;background:var(--bad)}.mark.chg{color:#fff;background:var(--chg)}
 .mark.chg-minor{color:var(--chg);background:#fff;border:1px solid var(--chg);font-weight:600}
 ul.why{margin:4px 0 0;padding-left:16px;font-size:.92em;min-width:260px}ul.why .err{color:var(--bad)}ul.why .chg{color:var(--chg)}
-details.rules{margin:8px 0}details.rules table{font-size:12px}
+details.rules{margin:8px 0;overflow-x:auto}details.rules table{font-size:12px}details.rules td{overflow-wrap:anywhere}
 details.rules td,details.rules th,table.impact td,table.impact th{border:1px solid var(--line);padding:3px 6px;text-align:left;vertical-align:top}
 .entry{border:1px solid var(--line);border-left:4px solid var(--chg);border-radius:4px;padding:4px 12px;margin:10px 0}
-pre.where{white-space:pre-wrap;font-size:12px;background:#f9fafb;padding:6px;margin:4px 0}
+pre{white-space:pre-wrap;overflow-wrap:anywhere}pre.edit{background:#f9fafb;border-left:3px solid #6366f1;padding:8px 10px;margin:8px 0;font-size:12.5px}pre.where{white-space:pre-wrap;font-size:12px;background:#f9fafb;padding:6px;margin:4px 0}
 .note{color:var(--muted)}.headline{font-weight:600}
 ul.groups li{margin:2px 0}
-table.impact{font-size:12.5px}td.side{white-space:nowrap}
-td.status{font-weight:700;white-space:nowrap}td.status.bad{color:var(--bad)}td.status.warn{color:#92400e}td.status.good{color:#15803d}td.status.same{color:var(--muted)}
+table.impact{font-size:12.5px;width:100%;table-layout:fixed}table.impact td,table.impact th{overflow-wrap:anywhere}
+table.impact col.c-config{width:22%}table.impact col.c-side{width:8em}table.impact col.c-version{width:10em}
+table.impact col.c-status{width:11em}
+details.unchanged{margin:10px 0}details.unchanged summary{cursor:pointer;color:var(--muted);font-weight:600}
+td.status{font-weight:700}td.status.bad{color:var(--bad)}td.status.warn{color:#92400e}td.status.good{color:#15803d}td.status.same{color:var(--muted)}
 td.status.bad::before{content:"✖ "}td.status.warn::before{content:"▲ "}td.status.good::before{content:"✔ "}
 footer{color:var(--muted);margin:30px auto 20px}
 [hidden]{display:none!important}

@@ -7,6 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..difftext import edit_lines
+from ..edit import PolicyEdit, edit_between
 from ..impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
 from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
 from ..wording import plural
@@ -24,6 +26,8 @@ _SIDE_LABELS = {
 }
 #: Statuses that make ``--fail-on failing`` (the default) exit 1.
 _FAILING = {"starts failing", "fails differently", "malformed"}
+#: Parts of the edit listed before the table (``kvpolicy diff`` lists them all).
+_EDIT_LIMIT = 20
 _CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes", "new warning", "architecture unknown"}
 #: Tokens beside the statuses (see :func:`fail_tokens`): a config whose model was not identified
 #: (``unknown``), and one of those that would start failing for some model (``unknown-may-fail``).
@@ -122,8 +126,9 @@ def run(args: Any) -> int:
     results = impact_of(args.configs, old, new, models_root=args.models_root, architecture_map=arch_map)
     if arch_map is not None:  # the map may live beside the configs; it is not one of them
         results = [r for r in results if not _same_file(r.path, arch_map.path)]
+    edit = edit_between(old, new)
     if args.format == "json":
-        print(json.dumps({"policies": source.to_dict(), **to_json(results, old.version, new.version)}, indent=2))
+        print(json.dumps({"policies": source.to_dict(), "edit": edit.to_dict(), **to_json(results, old.version, new.version)}, indent=2))
     elif args.format == "sarif":
         print(render_sarif(results, old.version, new.version), end="")
     elif args.format == "github":
@@ -134,7 +139,7 @@ def run(args: Any) -> int:
         print(source.describe())
         for line in release_lines(("--from", args.old), (new_option, new_text)):
             print(line)
-        print(render_text(results, old.version, new.version))
+        print(render_text(results, old.version, new.version, edit))
     statuses: set[str] = set()
     for result in results:
         if not result.skipped:
@@ -197,8 +202,9 @@ def _short_path(path: str, folder: str) -> str:
     return str(Path(path).relative_to(folder)) if folder else path
 
 
-def render_text(results: list[ConfigImpact], old: str, new: str) -> str:
-    """Summary table first, details after."""
+def render_text(results: list[ConfigImpact], old: str, new: str, edit: PolicyEdit | None = None) -> str:
+    """Summary table first (after ``edit``, what changed in the files, as ``kvpolicy diff`` prints
+    it first), details after."""
     read = [r for r in results if not r.skipped]
     skipped = len(results) - len(read)
     folder = _common_folder([r.path for r in read])
@@ -212,6 +218,8 @@ def render_text(results: list[ConfigImpact], old: str, new: str) -> str:
         unknown_line = _unknown_line(results)
         if unknown_line:
             lines.append(unknown_line)
+    if edit:
+        lines += ["", *edit_lines(edit, limit=_EDIT_LIMIT, details=False)]
     rows = [("config", "side", "architecture", old, new, "status")]
     for result in read:
         first = True

@@ -94,7 +94,8 @@ def run(args: Any) -> int:
     link = _linker(args.link_base, None if output == "-" else Path(output).parent)
     from .. import __version__
 
-    page = render_report(ReportInput(versions, new, old, impact, link, f"kvpolicy {__version__}"))
+    # Paths show relative to where the command runs (the repository, in CI); the full path on hover.
+    page = render_report(ReportInput(versions, new, old, impact, link, f"kvpolicy {__version__}", root=os.getcwd()))
     if output == "-":
         print(page, end="")
         return 0

@@ -1,12 +1,28 @@
-"""``kvpolicy diff``: golden text, JSON for scripts, exit codes."""
+"""``kvpolicy diff``: golden text, JSON for scripts, exit codes; a one-row edit reads as one."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
+from pathlib import Path
 
 from kvpolicy.cli import main
+from kvpolicy.loader import shipped_root
 
 from .conftest import REPO, check_golden
+
+GPT_OSS_ROW = '{ architecture = "GptOssForCausalLM", value = "PYTHON"'
+#: A constraint both sides carry that reads two more environment variables: the same edit then
+#: touches several times more contexts (every changed context exists with each of their values).
+WIDER_DOMAIN = """
+[[constraints]]
+id = "test-wider-domain"
+severity = "warning"
+when = { backend = "UCX", env = { KVPOLICY_TEST_A = "1", KVPOLICY_TEST_B = "2" } }
+message = "a constraint that only widens the domain"
+fix = "nothing"
+"""
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -42,25 +58,99 @@ def test_exit_code_when_changed(capsys) -> None:
     assert run(capsys, "diff", "2026.07.09", "2026.07.20")[0] == 0
 
 
-def test_json_lists_contexts_of_every_group_and_each_of_them_changes(capsys, shipped) -> None:
+def _resolve(policy_set, ctx):
+    fields = {k: v for k, v in ctx.items() if k not in ("any", "group", "subgroup", "model_type")}
+    fields["features"] = set(fields["features"])
+    if ctx["model_type"]:
+        fields["pretrained_config"] = {"architectures": [fields.pop("architecture")], "model_type": ctx["model_type"]}
+    return policy_set.resolve(**fields)
+
+
+def test_json_lists_contexts_only_on_request_and_each_resolves_as_its_subgroup_says(capsys, shipped) -> None:
     code, out, _ = run(capsys, "diff", "2026.07.09", "2026.08.11", "--format", "json")
+    assert code == 0
+    plain = json.loads(out)
+    assert "contexts" not in plain and "subgroups" not in plain
+    code, out, _ = run(capsys, "diff", "2026.07.09", "2026.08.11", "--format", "json", "--contexts")
     assert code == 0
     data = json.loads(out)
     assert data["old"]["version"] == "2026.07.09" and data["new"]["version"] == "2026.08.11"
-    assert data["changed"] == sum(g["count"] for g in data["groups"])
+    assert [g["count"] for g in data["groups"]] == [g["count"] for g in plain["groups"]]
+    assert data["changed"] == sum(g["count"] for g in data["groups"]) == sum(s["count"] for s in data["subgroups"])
+    groups = {g["group"]: g for g in data["groups"]}
+    subgroups = {s["subgroup"]: s for s in data["subgroups"]}
+    for number, subgroup in subgroups.items():
+        assert number in groups[subgroup["group"]]["subgroups"]
     contexts = data["contexts"]
-    assert contexts and {c["group"] for c in contexts} == {g["group"] for g in data["groups"]}
-    # Every listed context (all of them, not a sample) really changes: resolve it under both versions.
+    assert contexts and {c["subgroup"] for c in contexts} == set(subgroups)
+    # Every listed context (all of them, not a sample) resolves under both versions exactly as its
+    # sub-group says: the decisions that change, from what to what, and the diagnostics that come and go.
     old, new = shipped["2026.07.09"], shipped["2026.08.11"]
     for ctx in contexts:
-        fields = {k: v for k, v in ctx.items() if k not in ("any", "group", "model_type")}
-        fields["features"] = set(fields["features"])
-        if ctx["model_type"]:
-            fields["pretrained_config"] = {"architectures": [fields.pop("architecture")], "model_type": ctx["model_type"]}
-        before, after = old.resolve(**dict(fields)), new.resolve(**dict(fields))
-        assert (dict(before.values), dict(before.decided_by), sorted(d.id for d in before.diagnostics)) != (
-            dict(after.values), dict(after.decided_by), sorted(d.id for d in after.diagnostics)
-        ), ctx
+        change = subgroups[ctx["subgroup"]]["change"]
+        assert subgroups[ctx["subgroup"]]["group"] == ctx["group"]
+        before, after = _resolve(old, ctx), _resolve(new, ctx)
+        changed = {d["decision"] for d in change["decisions"]}
+        for d in change["decisions"]:
+            assert (before.values[d["decision"]], after.values[d["decision"]]) == (d["old"], d["new"]), ctx
+        for name, value in before.values.items():
+            if name not in changed:
+                assert after.values[name] == value and after.decided_by[name] == before.decided_by[name], ctx
+        keys = lambda r: Counter((d.id, d.severity, d.decision) for d in r.diagnostics)  # noqa: E731
+        assert keys(after) - keys(before) == Counter((d["id"], d["severity"], d["decision"]) for d in change["diagnostics_added"]), ctx
+        assert keys(before) - keys(after) == Counter((d["id"], d["severity"], d["decision"]) for d in change["diagnostics_removed"]), ctx
+
+
+def _one_row_edit(folder: Path, extra: str = "") -> tuple[Path, Path]:
+    """2026.09.10 and the same file with GPT-OSS's runtime preference row PYTHON -> CPP."""
+    text = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8") + extra
+    assert text.count(GPT_OSS_ROW) == 1
+    folder.mkdir(parents=True)
+    old, new = folder / "a.toml", folder / "b.toml"
+    old.write_text(text, encoding="utf-8")
+    new.write_text(text.replace(GPT_OSS_ROW, GPT_OSS_ROW.replace("PYTHON", "CPP")), encoding="utf-8")
+    return old, new
+
+
+def test_a_one_row_edit_names_the_row_and_its_values_first_in_a_handful_of_groups(capsys, tmp_path) -> None:
+    old, new = _one_row_edit(tmp_path / "d")
+    code, out, _ = run(capsys, "diff", str(old), str(new))
+    assert code == 0
+    lines = out.splitlines()
+    assert "1 row changed" in lines[1]
+    assert lines[2].startswith("the edit (what changed in the files): 1 row changed")
+    assert re.match(r"  E1 ~ row runtime-preference\[GptOssForCausalLM\]: value PYTHON -> CPP \(.*b\.toml:116\)$", lines[3])
+    assert lines[4].strip() == "reason: GPT-OSS prefers the Python transceiver."
+    assert lines[5].strip().startswith("source: NVIDIA/TensorRT-LLM #16479")
+    ways = [line for line in lines if re.match(r"\[\d+\] ", line)]
+    assert 1 <= len(ways) <= 6, ways
+    # Every way names the row as its cause; none says a rule was replaced by itself.
+    assert out.count("  from E1 (row runtime-preference[GptOssForCausalLM])") == len(ways)
+    assert not re.search(r"decided by (\S+) instead of \1(\W|$)", out), out
+    assert "transceiver_runtime PYTHON -> CPP (still decided by runtime-preference[GptOssForCausalLM], whose value changed)" in out
+
+    code, out, _ = run(capsys, "diff", str(old), str(new), "--format", "json")
+    data = json.loads(out)
+    assert data["headline"] == lines[1]
+    (change,) = data["edit"]["changes"]
+    assert change["edit"] == "E1" and change["kind"] == "row" and change["id"] == "runtime-preference[GptOssForCausalLM]"
+    assert change["fields"] == [{"field": "value", "old": "PYTHON", "new": "CPP"}]
+    assert change["groups"] == [g["group"] for g in data["groups"]] and len(data["groups"]) == len(ways)
+    assert all(g["edits"] == ["E1"] for g in data["groups"])
+
+
+def test_json_grows_with_the_edit_not_with_the_contexts_it_touches(capsys, tmp_path) -> None:
+    sizes, changed = [], []
+    for name, extra in (("narrow", ""), ("wide", WIDER_DOMAIN)):
+        old, new = _one_row_edit(tmp_path / name, extra)
+        code, out, _ = run(capsys, "diff", str(old), str(new), "--format", "json")
+        assert code == 0
+        data = json.loads(out)
+        sizes.append(len(json.dumps({k: v for k, v in data.items() if k not in ("policies", "old", "new", "total", "changed", "headline")})))
+        changed.append(data["changed"])
+    assert changed[1] >= 4 * changed[0]  # the same edit touches several times more contexts ...
+    assert abs(sizes[1] - sizes[0]) < sizes[0] / 100  # ... and says the same about them (counts have more digits)
+    assert sizes[0] < 32_000  # a few kilobytes, where every leaf made ~900 KB
 
 
 def test_files_and_folders_are_accepted(capsys, tmp_path) -> None:
@@ -89,7 +179,7 @@ def test_a_new_checkpoint_rule_is_part_of_the_diff(capsys) -> None:
     code = main(["diff", "2026.08.03", "2026.08.07", "--exit-code", "--policy", str(REPO / "policies")])
     out = capsys.readouterr().out
     assert code == 1
-    assert "+ kimi-k3-text-checkpoint: model_type kimi_k3 or kimi_linear loads as KimiLinearForCausalLM" in out
+    assert "+ checkpoint rule kimi-k3-text-checkpoint: model_type kimi_k3 or kimi_linear loads as KimiLinearForCausalLM" in out
     code = main(["diff", "2026.08.03", "2026.08.07", "--format", "json", "--policy", str(REPO / "policies")])
     data = json.loads(capsys.readouterr().out)
     assert data["checkpoint_rules"] == [

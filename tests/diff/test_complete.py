@@ -161,15 +161,18 @@ def row_edits(draw: Any, text: str) -> str:
         if preference is None:
             continue
         rows = []
+        taken: set[tuple[str, str | None]] = set()
         for row in preference["rows"]:
             action = draw(st.sampled_from(("keep", "keep", "flip", "drop", "qualify")))
             if action == "flip":
                 row = {**row, "value": draw(st.sampled_from(values))}
             elif action == "qualify":
                 row = {**row, "model_type": MODEL_TYPES[0]}
-            if action != "drop":
+            key = (row["architecture"], row.get("model_type"))
+            # A qualified row may meet one already there: the loader refuses an architecture listed twice.
+            if action != "drop" and key not in taken:
                 rows.append(row)
-        taken = {(r["architecture"], r.get("model_type")) for r in rows}
+                taken.add(key)
         for architecture in RANDOM_ARCHITECTURES:
             if (architecture, None) not in taken and draw(st.integers(0, 3)) == 0:
                 rows.append({"architecture": architecture, "value": draw(st.sampled_from(values))})

@@ -11,7 +11,8 @@ import pytest
 
 import kvpolicy
 from kvpolicy.matrix import columns_of, decision_matrix, rows_of
-from tests.report.conftest import FLIP, REPO
+from kvpolicy.report import _STATUSES
+from tests.report.conftest import FLIP_ABSOLUTE, REPO
 
 VERSIONS = kvpolicy.load().versions()
 PAIRS = [*zip(VERSIONS, VERSIONS[1:]), (VERSIONS[0], VERSIONS[-1])]
@@ -117,8 +118,8 @@ def test_diff_entries_read_exactly_as_kvpolicy_diff_prints_them(shared_report, c
     main(["diff", old, new])
     text = capsys.readouterr().out.split("\n", 1)[1]  # after the line naming the policies used
     shown = [root.by_id("diff").find("p", "headline").text()]
-    for checkpoints in root.by_id("diff").find_all("pre", "checkpoints"):
-        shown += checkpoints.text().split("\n")
+    for edit in root.by_id("diff").find_all("pre", "edit"):
+        shown += edit.text().split("\n")
     shown.append(root.by_id("diff").find("p", "note").text())
     for article in root.by_id("diff").find_all("article", "entry"):
         shown += ["", article.find("h3").text(), *article.find("pre").text().split("\n")]
@@ -204,20 +205,80 @@ def test_timeline_lists_every_version_with_its_upstream_change(shared_report):
 
 
 def test_impact_table_matches_kvpolicy_impact_and_links_file_and_line(shared_report, cli_json):
-    args = FLIP
-    code, _, root = shared_report(*args)
+    code, _, root = shared_report(*FLIP_ABSOLUTE)
     assert code == 0
-    expected = cli_json("impact", *args, "--format", "json")
-    rows = root.by_id("impact").find("tbody").find_all("tr")
-    sections = [(c["path"], s) for c in expected["configs"] for s in c["sections"]]
+    expected = cli_json("impact", *FLIP_ABSOLUTE, "--format", "json")
+    rows = [tr for tr in root.by_id("impact").find_all("tr") if "data-status" in tr.attrs]
+    sections = {(c["path"], s["line"]): s for c in expected["configs"] for s in c["sections"]}
     assert len(rows) == len(sections)
-    for row, (path, section) in zip(rows, sections):
-        assert row.attrs["data-status"] == section["status"]
-        assert row.find("td", "status").text() == section["status"]
+    seen = set()
+    for row in rows:
         href = row.find("td").find("a").attrs["href"]
         file, _, line = href.partition("#L")
-        assert int(line) == section["line"]
+        path = row.attrs["data-config"]
+        section = sections[(path, int(line))]
+        seen.add((path, int(line)))
+        assert row.attrs["data-status"] == section["status"]
+        assert row.find("td", "status").text() == section["status"]
         assert (shared_report.folder / file).resolve() == (REPO / path).resolve()
+    assert seen == set(sections)
+
+
+def _configs_in_order(node):
+    """The configs of an impact table (its ``data-config``), in the order the page shows them."""
+    order = []
+    for tr in node.find_all("tr"):
+        if "data-config" in tr.attrs and tr.attrs["data-config"] not in order:
+            order.append(tr.attrs["data-config"])
+    return order
+
+
+def test_impact_shows_configs_worst_first_and_folds_the_unchanged_ones_last(shared_report, cli_json):
+    code, _, root = shared_report(*FLIP_ABSOLUTE)
+    assert code == 0
+    status = {c["path"]: c["status"] for c in cli_json("impact", *FLIP_ABSOLUTE, "--format", "json")["configs"]}
+    severity = [s for s, _ in _STATUSES]
+    section = root.by_id("impact")
+    shown = _configs_in_order(section)
+    assert sorted(shown) == sorted(status)
+    ranks = [severity.index(status[path]) for path in shown]
+    assert ranks == sorted(ranks), [status[p] for p in shown]
+    assert status[shown[0]] == "starts failing"
+    # The unchanged configs sit in one closed <details> after the table of the others, and nowhere else.
+    folded = section.by_id("impact-unchanged")
+    unchanged = [p for p in shown if status[p] == "unchanged"]
+    assert folded.tag == "details" and "open" not in folded.attrs
+    assert _configs_in_order(folded) == unchanged == shown[-len(unchanged):]
+    assert folded.find("summary").text().startswith(f"{len(unchanged)} unchanged configs")
+    first_table = section.find("table", "impact")
+    assert "unchanged" not in {tr.attrs.get("data-status") for tr in first_table.find_all("tr")}
+    assert first_table.parent.parent is section  # the table of what changes is not folded away
+
+
+def test_paths_show_relative_to_the_working_directory_with_the_full_path_on_hover(shared_report):
+    code, _, root = shared_report(*FLIP_ABSOLUTE)
+    assert code == 0
+    heads = root.by_id("impact").find_all("th", "config")
+    assert heads
+    for th in heads:
+        link = th.find("a")
+        full = link.attrs["title"]
+        assert full.startswith("/") and (REPO / link.text()).resolve() == REPO / full  # same file, shorter
+        assert not link.text().startswith("/")
+    for section in ("summary", "impact"):
+        assert str(REPO) not in root.by_id(section).text(), section
+
+
+def test_paths_outside_the_root_stay_whole():
+    from kvpolicy.report import _relative, _shorten
+
+    assert _relative("/repo/deploy/a.yaml", "/repo") == "deploy/a.yaml"
+    assert _relative("/elsewhere/a.yaml", "/repo") == "/elsewhere/a.yaml"  # never ../../elsewhere
+    assert _relative("/repository/a.yaml", "/repo") == "/repository/a.yaml"
+    assert _relative("deploy/a.yaml", "/repo") == "deploy/a.yaml"
+    assert _relative("/repo/a.yaml", None) == "/repo/a.yaml"
+    assert _shorten("arch-map (/repo/map.yaml (*x*))", "/repo/") == "arch-map (map.yaml (*x*))"
+    assert _shorten("/etc/a.yaml", "/") == "/etc/a.yaml"  # a root of / shortens nothing
 
 
 def test_upstream_urls_in_sources_become_links():
