@@ -199,3 +199,24 @@ def test_a_null_transceiver_config_means_disaggregation_off(tmp_path, shipped) -
     (result,) = impact_of([config], shipped["2026.08.11"], shipped["2026.08.24"])
     (section,) = result.sections
     assert section.old.short() == section.new.short() == "off" and result.status == "unchanged"
+
+
+def test_a_config_only_the_new_version_rejects_starts_failing_and_the_other_way_stops_failing(capsys, tmp_path) -> None:
+    # Llama on UCX: 2026.08.11 adopts its PYTHON preference only on NIXL (CPP here, starts);
+    # 2026.08.24 adopts it verbatim (PYTHON on UCX, python-requires-nixl: cannot start).
+    config = write(tmp_path, "llama-ucx.yaml", DISAGG.format(model="Llama-3.1-8B", ctx_backend="UCX", gen_backend="UCX"))
+    arch_map = write(tmp_path, "map.yaml", '"*Llama-3.1-8B*": {architecture: LlamaForCausalLM}\n')
+    common = ("impact", "--configs", str(config), "--arch-map", str(arch_map), "--format", "json")
+
+    code, out, _ = run(capsys, *common, "--from", "2026.08.11", "--to", "2026.08.24")
+    (report,) = json.loads(out)["configs"]
+    assert report["status"] == "starts failing" and code == 1
+    assert {s["status"] for s in report["sections"]} == {"starts failing"}
+    for section in report["sections"]:
+        assert section["old"]["values"]["transceiver_runtime"] == "CPP" and section["old"]["ok"] is True
+        assert section["new"]["values"]["transceiver_runtime"] == "PYTHON" and section["new"]["ok"] is False
+
+    code, out, _ = run(capsys, *common, "--from", "2026.08.24", "--to", "2026.08.11")
+    (report,) = json.loads(out)["configs"]
+    assert report["status"] == "stops failing" and code == 0
+    assert {s["status"] for s in report["sections"]} == {"stops failing"}

@@ -6,8 +6,9 @@ import random
 import sys
 from typing import Any
 
+import pytest
 import tomlkit
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 import kvpolicy
@@ -15,7 +16,7 @@ from kvpolicy.loader import parse_policy
 from kvpolicy.policyset import PolicySet
 
 from .conftest import VERSIONS
-from .strategies import BACKEND_ENV, contexts, policies, random_contexts
+from .strategies import ARCHITECTURES, BACKEND_ENV, QUALIFIED, contexts, policies, random_contexts
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -89,7 +90,7 @@ def test_random_policies_fast_path_equals_interpreter_and_keeps_explicit(text, s
         fast = program.evaluate(ctx, None)
         assert fast == program.interpret(ctx, None)
         for name in policy_set.decisions:
-            if ctx[name] != program.policy.decisions[name].auto:
+            if ctx[name] not in program.policy.decisions[name].undecided:  # auto, and null where null = "policy"
                 assert fast[0][name] == ctx[name]
 
 
@@ -167,3 +168,62 @@ def test_dependent_decision_never_contradicts_its_inputs(version, fields):
             assert resolution.decided_by["transceiver_runtime"] != SHIPPED[version].policy.decisions[
                 "transceiver_runtime"
             ].default.id
+
+
+def _constructs(text: str) -> set[str]:
+    """The constructs of the policy language a policy's text uses."""
+    data = tomllib.loads(text)
+    found: set[str] = set()
+
+    def conditions(node: Any) -> None:
+        if isinstance(node, dict):
+            if "requested" in node:
+                found.add("requested")
+            for value in node.values():
+                conditions(value)
+        elif isinstance(node, list):
+            for value in node:
+                conditions(value)
+
+    conditions(data)
+    for decision in data["decisions"].values():
+        found |= {kind for kind in ("requirement", "conditional", "adjustment") if decision.get(kind)}
+        if decision.get("null") == "policy":
+            found.add("null-policy")
+        elif "null" in decision:
+            found.add("null-value")
+        preference = decision.get("preference")
+        if preference:
+            found.add("adopt_when" if "adopt_when" in preference else "verbatim")
+            plain = {r["architecture"] for r in preference["rows"] if "model_type" not in r}
+            if any("model_type" in r and r["architecture"] in plain for r in preference["rows"]):
+                found.add("plain-beside-qualified")
+    if data.get("constraints"):
+        found.add("constraint")
+    return found
+
+
+#: Draws only (no shrinking, no example database): the first example that has it is enough.
+DRAWS = settings(max_examples=500, database=None, phases=[Phase.generate])
+EVERY_CONSTRUCT = {
+    "requirement", "conditional", "adjustment", "null-policy", "null-value", "adopt_when", "verbatim",
+    "plain-beside-qualified", "constraint", "requested",
+}
+
+
+@pytest.mark.parametrize("construct", sorted(EVERY_CONSTRUCT))
+def test_random_policies_reach_every_construct_of_the_language(construct):
+    # Each construct turns up within a few hundred draws (so the property tests above meet it).
+    example = find(policies(), lambda text: construct in _constructs(text), settings=DRAWS)
+    PolicySet(parse_policy(example.encode(), "random.toml"))  # and the policy is valid
+
+
+def test_contexts_name_the_architectures_the_shipped_policies_name():
+    named = set().union(*(set(SHIPPED[v].policy.architectures()) for v in VERSIONS))
+    assert named <= set(ARCHITECTURES)
+    assert {a for a, _ in QUALIFIED} <= named | {r.architecture for v in VERSIONS for r in SHIPPED[v].policy.checkpoint_rules}
+    # A checkpoint a model_type-qualified row reads is drawn too: GLM-5 through DeepSeek-V3's class.
+    glm = find(contexts(), lambda f: f.get("pretrained_config") == {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "glm_moe_dsa"},
+               settings=settings(max_examples=2000, database=None, phases=[Phase.generate]))
+    resolution = SHIPPED["2026.07.23"].resolve(**{**glm, "backend": "NIXL", "transceiver_runtime": "auto"})
+    assert resolution.decided_by["transceiver_runtime"] == "runtime-preference[DeepseekV3ForCausalLM,model_type=glm_moe_dsa]"

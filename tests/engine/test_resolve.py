@@ -189,24 +189,39 @@ def test_kv_cache_manager_depends_on_runtime_and_backend(newest):
 # -- DEFAULT backend and the environment ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("env", "backend"),
-    [
-        ({}, "NIXL"),
-        ({"TRTLLM_USE_UCX_KVCACHE": "1"}, "UCX"),
-        ({"TRTLLM_USE_UCX_KVCACHE": "1", "TRTLLM_USE_NIXL_KVCACHE": "1"}, "NIXL"),
-        ({"TRTLLM_USE_MPI_KVCACHE": "1", "TRTLLM_USE_MOONCAKE_KVCACHE": "1"}, "MOONCAKE"),
-        ({"TRTLLM_USE_MPI_KVCACHE": "1"}, "MPI"),
-        ({"TRTLLM_USE_UCX_KVCACHE": "true"}, "NIXL"),  # exactly "1" counts
-    ],
+#: DEFAULT's variables in upstream's priority order (_resolve_default_backend): the first set to "1" wins.
+BACKEND_PRIORITY = (
+    ("TRTLLM_USE_NIXL_KVCACHE", "NIXL"),
+    ("TRTLLM_USE_UCX_KVCACHE", "UCX"),
+    ("TRTLLM_USE_MOONCAKE_KVCACHE", "MOONCAKE"),
+    ("TRTLLM_USE_MPI_KVCACHE", "MPI"),
 )
+#: Every pair of variables both set to "1" (and each alone): the higher-priority one decides.
+PRIORITY_PAIRS = [
+    (dict.fromkeys(variables, "1"), next(name for variable, name in BACKEND_PRIORITY if variable in variables))
+    for variables in [(v,) for v, _ in BACKEND_PRIORITY] + [
+        (first, second) for i, (first, _) in enumerate(BACKEND_PRIORITY) for second, _ in BACKEND_PRIORITY[i + 1:]
+    ]
+]
+
+
+@pytest.mark.parametrize(("env", "backend"), PRIORITY_PAIRS + [(dict(reversed(list(e.items()))), b) for e, b in PRIORITY_PAIRS if len(e) == 2])
 def test_default_backend_env_priority(newest, env, backend):
     resolution = newest.resolve(backend="DEFAULT", env=env)
     assert resolution.backend == backend
-    env_decided = any(v == "1" for v in env.values())
-    assert bool(resolution.warnings) == env_decided or backend == "MPI"
-    if env_decided:
-        assert "instead of the environment variable" in resolution.warnings[0].message
+    assert resolution.decided_by["backend"] == f"backend-env-{backend.lower()}"
+    # One warning says which variable decided; MPI adds its deprecation warning, nothing else does.
+    expected = [f"backend-env-{backend.lower()}"] + (["mpi-backend-deprecated"] if backend == "MPI" else [])
+    assert sorted(d.id for d in resolution.warnings) == sorted(expected)
+    (env_warning,) = [d for d in resolution.warnings if d.id.startswith("backend-env-")]
+    assert "instead of the environment variable" in env_warning.message
+
+
+@pytest.mark.parametrize("env", [{}, {"TRTLLM_USE_UCX_KVCACHE": "true"}, {"TRTLLM_USE_MPI_KVCACHE": "0"}, {"TRTLLM_USE_UCX_KVCACHE": ""}])
+def test_default_backend_without_a_variable_set_to_1_is_nixl_and_says_nothing(newest, env):
+    resolution = newest.resolve(backend="DEFAULT", env=env)  # only the exact "1" counts
+    assert resolution.backend == "NIXL" and resolution.decided_by["backend"] == "backend-default-nixl"
+    assert not resolution.warnings
 
 
 def test_explicit_backend_ignores_env(newest):
@@ -363,13 +378,17 @@ def test_config_mapping_without_backend_is_disaggregation_off(newest):
 
 
 def test_only_the_exact_value_1_turns_in_flight_cancel_on():
-    # #15238: getenv("TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL", "0") == "1"; "0", "true" and "" leave it off.
-    import kvpolicy
-
-    for value, on in (("1", True), ("0", False), ("true", False), ("", False), ("01", False)):
-        resolution = kvpolicy.resolve(backend="NIXL", transceiver_runtime="PYTHON", env={"TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL": value})
-        assert ("inflight_cancel" in resolution.context["features"]) is on, value
-        assert resolution.ok is not on, value  # cancel refuses PYTHON
+    # #15238: getenv("TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL", "0") == "1"; unset, "0", "true" and "" leave it off.
+    variable = "TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL"
+    unset = [{}, {"TRTLLM_USE_NIXL_KVCACHE": "1"}]  # the variable absent (another one set beside it)
+    cases = [(env, False) for env in unset] + [
+        ({variable: value}, value == "1") for value in ("1", "0", "", "true", "01", " 1")
+    ]
+    for env, on in cases:
+        resolution = kvpolicy.resolve(backend="NIXL", transceiver_runtime="PYTHON", env=env)
+        assert ("inflight_cancel" in resolution.context["features"]) is on, env
+        assert resolution.ok is not on, env  # cancel refuses PYTHON
+        assert ("inflight-cancel-requires-cpp" in [d.id for d in resolution.errors]) is on, env
 
 
 def test_a_nixl_plugin_variable_set_to_empty_is_not_ucx():

@@ -2,7 +2,7 @@
 
 ``upstream.py`` restates upstream's resolvers, model hooks and start-up checks independently of the
 policy files. For every shipped version this test walks every architecture any version names (and
-one none names), every backend with every combination of DEFAULT's variables, runtime
+one none names; the list is the union of the policies' names and the oracle's registry), every backend with every combination of DEFAULT's variables, runtime
 auto/CPP/PYTHON/null, a finite or null timeout, KV-cache manager auto/V1/V2, pipelined transfer
 on/off and in-flight cancel on/off, and the cancel gate's variables where cancel is on, and checks
 that the decided values and the start verdict are upstream's.
@@ -23,13 +23,28 @@ VERSIONS = list(upstream.VERSION_STATE)
 BACKENDS = ("DEFAULT", "NIXL", "UCX", "MPI", "MOONCAKE")
 RUNTIMES = ("auto", "CPP", "PYTHON", None)
 MANAGERS = (("auto", "auto"), ("V1", False), ("V2", True))
-MODELS = [(a, None) for a in sorted(upstream.MODEL_CLASS_MAPPING)] + [
-    ("SomeNewModelForCausalLM", None),
-    (None, None),
-    ("DeepseekV3ForCausalLM", "glm_moe_dsa"),
-    ("DeepseekV32ForCausalLM", "glm_moe_dsa"),
-    ("DeepseekV3ForCausalLM", "deepseek_v3"),
-]
+
+
+def _models() -> list[tuple[str | None, str | None]]:
+    """(architecture, model_type) pairs: every architecture a shipped version names (rows, conditions,
+    checkpoint rules) or upstream's registry holds, each model_type a version's rows or checkpoint
+    rules read, one name nobody knows and no model at all. Taken from the policies as well as the
+    oracle, so a row for a model the oracle lacks is still checked (against upstream's no-preference)."""
+    names: set[str] = set(upstream.MODEL_CLASS_MAPPING)
+    qualified: set[tuple[str, str]] = {("DeepseekV3ForCausalLM", "deepseek_v3")}
+    for version in kvpolicy.load().versions():
+        policy = kvpolicy.load(version=version).policy
+        names |= set(policy.architectures())
+        qualified |= {(row.architecture, row.model_type) for row in policy.rows() if row.model_type}
+        for rule in policy.checkpoint_rules:
+            names.add(rule.architecture)
+            if rule.multimodal is not True:  # a plain checkpoint (no text and vision configs)
+                for model_type in rule.model_type:  # whatever its architectures[0] says
+                    qualified |= {(rule.architecture, model_type), ("SomeNewModelForCausalLM", model_type)}
+    return [(a, None) for a in sorted(names)] + sorted(qualified) + [("SomeNewModelForCausalLM", None), (None, None)]
+
+
+MODELS = _models()
 #: The cancel gate's variables, each unset or set to what the gate looks at. Set to "" the plugin
 #: variable is not UCX: upstream's getenv(name, "UCX") returns "" and the gate refuses it.
 GATE = [{}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "UCX"}, {"TRTLLM_NIXL_KVCACHE_BACKEND": "LIBFABRIC"}, {"TRTLLM_NIXL_KVCACHE_BACKEND": ""}] + [

@@ -5,8 +5,10 @@ with ``get_preferred_*`` hooks registered under checkpoint architecture names, t
 resolvers of ``tensorrt_llm/llmapi/llm_utils.py`` (era A: #16164, era C: #18134) and the creation-
 time checks of ``create_kv_cache_transceiver`` / ``resolve_cache_transceiver_config``. Nothing here
 reads kvpolicy's TOML: the shipped policies must agree with this over the whole input domain
-(``test_upstream.py``). Where upstream's record is uncertain, this module makes the same assumption
-as the shipped policy and says so in a comment, so a change of assumption shows up in both.
+(``test_upstream.py``). Where upstream's record is uncertain, the reading is a switch of
+:class:`Assumptions`: its default is the shipped policy's assumption (``ASSUMED``), and
+``test_assumptions.py`` checks that the other reading of each changes only the contexts
+``docs/policies.md`` lists as uncertain, so nothing outside them rests on an assumption.
 
 Dates are the upstream merge dates; a version ``YYYY.MM.DD`` of kvpolicy is the state of upstream
 on the date of its last change (see ``VERSION_STATE``).
@@ -14,7 +16,7 @@ on the date of its last change (see ``VERSION_STATE``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 #: kvpolicy version -> the upstream merge date whose state it reproduces.
 VERSION_STATE = {
@@ -37,17 +39,73 @@ VERSION_STATE = {
 PYTHON_BY_DEFAULT = "2026-08-28"  # #18134
 PIPELINED = "2026-09-02"  # #15727
 KIMI_K3_GATE = "2026-08-17"  # #17480
-#: Hybrid hooks: PR and date not found (present by 08-26); kvpolicy ships them with #18134's version.
-HYBRIDS = "2026-08-28"
-#: Assumption: the disaggregated-serving guard that keeps a model's V2 default only on NIXL + PYTHON.
-#: Its own PR was not found; #16942 (described 07-28) cites it as present. Before it, a V2 default
-#: (DeepSeek-V4's, the only one that early) stays, and fails with the C++ transceiver.
-V2_GUARD = "2026-07-28"
-#: Assumption: #17269 (described 08-05, merge date not found) rewrites kimi_k3 / kimi_linear
-#: checkpoints to KimiLinearForCausalLM; taken as merged by 2026.08.07's state.
-KIMI_TEXT_REWRITE = "2026-08-07"
 #: #17050 (08-13): a composite kimi_k3 checkpoint loads as KimiK3ForConditionalGeneration.
 KIMI_MULTIMODAL_REWRITE = "2026-08-13"
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """How this restatement reads each upstream fact whose record is uncertain. ``True`` is the
+    reading the shipped policies make (``ASSUMED``); ``False`` the other plausible one. Each field's
+    docstring names the line of ``docs/policies.md``'s list of uncertain facts it stands for."""
+
+    hybrids_with_18134: bool = True
+    """**Hybrid models' hooks**: PR and date not found (present by 08-26); taken as arriving with
+    #18134's state (08-28). Otherwise: already there at 2026.08.18's state (08-18)."""
+    glm_test_reads_either: bool = True
+    """**#16524's GLM test**: either the architecture (GlmMoeDsaForCausalLM) or the model_type
+    (glm_moe_dsa) counts. Otherwise: only the model_type."""
+    hooks_inherited: bool = True
+    """**Inherited hooks**: Mistral Large 3 inherits DeepSeek-V3's, Qwen3.5 text Qwen3-Next's, Kimi K3
+    multimodal Kimi K2.5's PYTHON preference, Qwen3.5 MoE VL the shared VL base's. Otherwise: none."""
+    kimi_k3_vl_without_v2: bool = True
+    """**Kimi K3 multimodal and V2**: its get_model_defaults override drops Kimi K2.5's V2 default.
+    Otherwise: inherited (from #17050, 08-13)."""
+    gemma_python_from_17396: bool = True
+    """**Gemma3 multimodal / Gemma4 text PYTHON**: Gemma4 text prefers PYTHON from #17396 (08-18).
+    Otherwise: from #16787 (08-11), with Gemma3 text."""
+    pipelined_not_a_field: bool = True
+    """**`enable_pipelined_transfer` before #15727**: not a CacheTransceiverConfig field, so the
+    strict config refuses it. Otherwise: accepted and ignored."""
+    v2_with_cpp_fails: bool = True
+    """**Plain KV-cache manager V2 with the C++ transceiver**: fails at start-up (the perf-sanity
+    precheck). Otherwise: starts."""
+    v2_guard_by_07_28: bool = True
+    """**DeepSeek-V4's V2 default**: the guard that keeps a V2 default only on NIXL + PYTHON was
+    present by 07-28 (its PR not found; #16942, described 07-28, cites it), so earlier states keep
+    V2 with C++. Otherwise: there from the first version's state."""
+    kimi_text_rewrite_by_08_07: bool = True
+    """**#17269's merge date**: kimi_k3 / kimi_linear checkpoints load as KimiLinearForCausalLM from
+    2026.08.07's state. Otherwise: merged only after #17480 (08-17), the first change for which the
+    date matters (before it no class such a checkpoint may load as has a hook or a check)."""
+    kimi_route_check_at_load: bool = True
+    """**Kimi K3's route check** sees the runtime resolved at load, before pipelined transfer switches
+    a null runtime to PYTHON. Otherwise: the runtime the transceiver is created with."""
+
+    @property
+    def hybrids(self) -> str:
+        """The date the hybrid models' hooks arrive."""
+        return "2026-08-28" if self.hybrids_with_18134 else "2026-08-18"
+
+    @property
+    def v2_guard(self) -> str:
+        """The date of the guard that demotes a V2 default off NIXL + PYTHON."""
+        return "2026-07-28" if self.v2_guard_by_07_28 else "2026-07-01"
+
+    @property
+    def kimi_text_rewrite(self) -> str:
+        """The date kimi_k3 / kimi_linear text checkpoints start loading as KimiLinearForCausalLM."""
+        return "2026-08-07" if self.kimi_text_rewrite_by_08_07 else "2026-08-18"
+
+    def flipped(self, name: str) -> "Assumptions":
+        """These assumptions with ``name`` read the other way."""
+        assert name in SWITCHES, name
+        return Assumptions(**{f: (getattr(self, f) if f != name else not getattr(self, f)) for f in SWITCHES})
+
+
+SWITCHES = tuple(f.name for f in fields(Assumptions))
+#: The shipped policies' readings.
+ASSUMED = Assumptions()
 
 BACKEND_ENV = (
     ("TRTLLM_USE_NIXL_KVCACHE", "NIXL"),
@@ -66,31 +124,31 @@ class PreTrainedModel:
     """Upstream's base: no preference (both hooks return None)."""
 
     @classmethod
-    def runtime(cls, date: str, architectures: list[str], model_type: str | None) -> str | None:
+    def runtime(cls, date: str, architectures: list[str], model_type: str | None, assume: Assumptions) -> str | None:
         return None
 
     @classmethod
-    def kv_version(cls, date: str) -> str | None:
+    def kv_version(cls, date: str, assume: Assumptions) -> str | None:
         return None
 
 
 class GptOss(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         return "PYTHON" if date >= "2026-07-20" else None  # #16479
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-08-10" else None  # #16942 (get_model_defaults)
 
 
 class KimiK25(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         return "PYTHON" if date >= "2026-07-21" else None  # #16482
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-08-07" else None  # #17125 (get_model_defaults)
 
 
@@ -99,40 +157,42 @@ class KimiK3VL(KimiK25):
     (a get_model_defaults entry) is not inherited. Before 08-13 the name was registered on KimiLinear."""
 
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         if date < "2026-08-13":
-            return KimiLinear.runtime(date, architectures, model_type)
-        return super().runtime(date, architectures, model_type)
+            return KimiLinear.runtime(date, architectures, model_type, assume)
+        return super().runtime(date, architectures, model_type, assume) if assume.hooks_inherited else None
 
     @classmethod
-    def kv_version(cls, date):
-        return None
+    def kv_version(cls, date, assume):
+        if assume.kimi_k3_vl_without_v2 or date < "2026-08-13":
+            return None
+        return super().kv_version(date, assume)
 
 
 class KimiLinear(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         return "PYTHON" if date >= "2026-08-17" else None  # #17480
 
 
 class MiniMaxM2(PreTrainedModel):
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-08-07" else None  # #17360 (get_model_defaults)
 
 
 class DeepseekV3(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         if date >= "2026-08-03":  # #16908: every checkpoint
             return "PYTHON"
-        if date >= "2026-07-23":  # #16524: GLM checkpoints only (assumed: either signal counts)
-            glm = "GlmMoeDsaForCausalLM" in architectures or model_type == "glm_moe_dsa"
+        if date >= "2026-07-23":  # #16524: GLM checkpoints only (which signal counts: an assumption)
+            glm = model_type == "glm_moe_dsa" or (assume.glm_test_reads_either and "GlmMoeDsaForCausalLM" in architectures)
             return "PYTHON" if glm else None
         return None
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-08-11" else None  # #16060
 
 
@@ -141,7 +201,7 @@ class DeepseekV4(PreTrainedModel):
     get_model_defaults sets use_kv_cache_manager_v2, which auto then keeps like a preference."""
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-07-03" else None
 
 
@@ -151,56 +211,66 @@ class MistralLarge3(DeepseekV3):
 
 class Llama(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         return "PYTHON" if date >= "2026-08-11" else None  # #16787
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-09-15" else None  # #19004
 
 
 class Llama4(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         return "PYTHON" if date >= "2026-09-15" else None  # #19004
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-09-15" else None
 
 
 class Gemma3(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         return "PYTHON" if date >= "2026-08-11" else None  # #16787
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-08-18" else None  # #17396
 
 
 class Gemma3VL(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
+    def runtime(cls, date, architectures, model_type, assume):
         return "PYTHON" if date >= "2026-08-18" else None  # #17396
 
     @classmethod
-    def kv_version(cls, date):
+    def kv_version(cls, date, assume):
         return "V2" if date >= "2026-08-18" else None
 
 
 class Gemma4(Gemma3VL):
-    """Gemma4 text and multimodal: both hooks from #17396 (08-18)."""
+    """Gemma4 multimodal: both hooks from #17396 (08-18)."""
+
+
+class Gemma4Text(Gemma4):
+    """Gemma4 text: both hooks from #17396 (08-18); its PYTHON preference may be #16787's (08-11)."""
+
+    @classmethod
+    def runtime(cls, date, architectures, model_type, assume):
+        if not assume.gemma_python_from_17396:
+            return Gemma3.runtime(date, architectures, model_type, assume)
+        return super().runtime(date, architectures, model_type, assume)
 
 
 class Hybrid(PreTrainedModel):
     @classmethod
-    def runtime(cls, date, architectures, model_type):
-        return "PYTHON" if date >= HYBRIDS else None
+    def runtime(cls, date, architectures, model_type, assume):
+        return "PYTHON" if date >= assume.hybrids else None
 
     @classmethod
-    def kv_version(cls, date):
-        return "V2" if date >= HYBRIDS else None
+    def kv_version(cls, date, assume):
+        return "V2" if date >= assume.hybrids else None
 
 
 #: MODEL_CLASS_MAPPING: checkpoint architectures[0] -> model class.
@@ -219,7 +289,7 @@ MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "Llama4ForConditionalGeneration": Llama4,
     "Gemma3ForCausalLM": Gemma3,
     "Gemma3ForConditionalGeneration": Gemma3VL,
-    "Gemma4ForCausalLM": Gemma4,
+    "Gemma4ForCausalLM": Gemma4Text,
     "Gemma4ForConditionalGeneration": Gemma4,
     "NemotronHForCausalLM": Hybrid,
     "Qwen3NextForCausalLM": Hybrid,
@@ -229,8 +299,18 @@ MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "Qwen3_5MoeForConditionalGeneration": Hybrid,
     "MistralForCausalLM": PreTrainedModel,
 }
+#: Classes whose hooks are inherited (inferred from the class hierarchy, not read): without
+#: ``Assumptions.hooks_inherited`` they have none of their own.
+INHERITING = ("MistralLarge3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration")
 #: Kimi K3 checks its route in get_kv_cache_manager_cls (#17480); the VL class is assumed covered.
 KIMI_K3 = ("KimiLinearForCausalLM", "KimiK3ForConditionalGeneration")
+
+
+def model_class(architecture: str | None, assume: Assumptions = ASSUMED) -> type[PreTrainedModel]:
+    """The model registry's class for ``architectures[0]`` (the base class for a name it lacks)."""
+    if not assume.hooks_inherited and architecture in INHERITING:
+        return PreTrainedModel
+    return MODEL_CLASS_MAPPING.get(architecture or "", PreTrainedModel)
 
 
 @dataclass(frozen=True)
@@ -243,12 +323,14 @@ class Outcome:
     starts: bool
 
 
-def load_pretrained_config(date: str, architectures: list[str], model_type: str | None, multimodal: bool) -> list[str]:
+def load_pretrained_config(
+    date: str, architectures: list[str], model_type: str | None, multimodal: bool, assume: Assumptions = ASSUMED
+) -> list[str]:
     """``load_pretrained_config``'s rewrites by model_type (config_utils.py): the architectures the
     model registry then reads, whatever the checkpoint's own list says."""
     if model_type == "kimi_k3" and multimodal and date >= KIMI_MULTIMODAL_REWRITE:
         return ["KimiK3ForConditionalGeneration"]
-    if model_type in ("kimi_k3", "kimi_linear") and date >= KIMI_TEXT_REWRITE:
+    if model_type in ("kimi_k3", "kimi_linear") and date >= assume.kimi_text_rewrite:
         return ["KimiLinearForCausalLM"]
     return architectures
 
@@ -274,21 +356,23 @@ def resolve(
     env: dict[str, str],
     pipelined: bool,
     multimodal: bool = False,
+    assume: Assumptions = ASSUMED,
 ) -> Outcome | None:
     """Upstream's outcome for one serving context (None: disaggregation off). ``architecture`` and
-    ``model_type`` are the checkpoint's own; ``multimodal``: it has text and vision configs."""
+    ``model_type`` are the checkpoint's own; ``multimodal``: it has text and vision configs;
+    ``assume``: how the uncertain facts are read (the shipped policies' reading by default)."""
     date = VERSION_STATE[version]
     if backend is None:
         return None
-    architectures = load_pretrained_config(date, [architecture] if architecture else [], model_type, multimodal)
+    architectures = load_pretrained_config(date, [architecture] if architecture else [], model_type, multimodal, assume)
     architecture = architectures[0] if architectures else None
-    model = MODEL_CLASS_MAPPING.get(architecture or "", PreTrainedModel)
+    model = model_class(architecture, assume)
     eff = effective_backend(backend, env)
 
     # Load time (ModelLoader): the runtime first, then the KV-cache manager.
     resolved = runtime
     if runtime == "auto":
-        preferred = model.runtime(date, architectures, model_type)
+        preferred = model.runtime(date, architectures, model_type, assume)
         if date < PYTHON_BY_DEFAULT:
             if preferred == "PYTHON" and eff != "NIXL":
                 preferred = None
@@ -299,8 +383,8 @@ def resolve(
                 resolved = None
     v2 = use_v2
     if use_v2 == "auto":
-        v2 = model.kv_version(date) == "V2"
-        if v2 and date >= V2_GUARD and (eff != "NIXL" or resolved != "PYTHON"):
+        v2 = model.kv_version(date, assume) == "V2"
+        if v2 and date >= assume.v2_guard and (eff != "NIXL" or resolved != "PYTHON"):
             v2 = False
 
     # Creation time.
@@ -314,8 +398,8 @@ def resolve(
                 created = "PYTHON"
         elif created == "CPP" and pipelined:
             starts = False
-    elif pipelined:
-        starts = False  # not a CacheTransceiverConfig field before #15727 (assumed; StrictBaseModel)
+    elif pipelined and assume.pipelined_not_a_field:
+        starts = False  # not a CacheTransceiverConfig field before #15727 (StrictBaseModel)
     if created == "PYTHON" and eff != "NIXL":
         starts = False
     if env.get(CANCEL_ENV) == "1":
@@ -329,10 +413,11 @@ def resolve(
         starts = starts and supported
     if date >= KIMI_K3_GATE and architecture in KIMI_K3:
         # get_kv_cache_manager_cls runs before the transceiver is created: it sees the load-time runtime.
-        if not (eff == "NIXL" and resolved == "PYTHON"):
+        seen = resolved if assume.kimi_route_check_at_load else created
+        if not (eff == "NIXL" and seen == "PYTHON"):
             starts = False
     if created == "PYTHON" and timeout is None:
         starts = False
-    if v2 is True and (created or "CPP") == "CPP":
+    if v2 is True and (created or "CPP") == "CPP" and assume.v2_with_cpp_fails:
         starts = False
     return Outcome(eff, created or "CPP", "V2" if v2 is True else "V1", starts)

@@ -3,6 +3,7 @@ brute force over the full domain (every context class, evaluated by the resolver
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import kvpolicy
@@ -16,9 +17,20 @@ from kvpolicy.resolver import compile_condition
 from tests.engine.strategies import policies
 
 
+def _without_adjustments(policy):
+    """The policy as it decides, before the creation-time rewrites (adjustments run after every
+    decision; the trace shows the rule that decided, then the adjustment that rewrote it)."""
+    decisions = {name: dataclasses.replace(d, adjustments=()) for name, d in policy.decisions.items()}
+    return dataclasses.replace(policy, decisions=decisions)
+
+
 def _brute_force(policy):
-    """Rules that decide, conditions that hold under auto, constraints that fire, conflicts."""
+    """Rules that decide (at the decision stage, or as an adjustment), requirements that hold
+    (explicit value or not) and conditionals that hold under auto (over the values decided before
+    any adjustment), constraints that fire, conflicts."""
     policy_set = kvpolicy.PolicySet(policy)
+    deciding = kvpolicy.PolicySet(_without_adjustments(policy))
+    adjustment_ids = {r.id for d in policy.decisions.values() for r in d.adjustments}
     names = frozenset(policy.decisions)
     decided, held, fired, conflicts = set(), set(), set(), set()
     tests = {}
@@ -32,16 +44,21 @@ def _brute_force(policy):
             ctx = {**ctx, "features": ctx["features"] | on}  # as resolve normalises it
         values, decided_by, diagnostics = policy_set.outcome(ctx)
         fired |= {d.id for d in diagnostics if d.id in {c.id for c in policy.constraints}}
+        rewritten = {decided_by[n] for n in names if decided_by.get(n) in adjustment_ids}
+        if rewritten:
+            decided |= rewritten
+            values, decided_by, _ = deciding.outcome(ctx)  # what decided before the rewrite
         for name, decision in policy.decisions.items():
             auto = ctx[name] in decision.undecided
             held_requirements = [r for r in decision.requirements if tests[r.id](ctx, values)]
             for first, second in itertools.combinations(held_requirements, 2):
                 if first.value != second.value:
                     conflicts.add(tuple(sorted((first.id, second.id))))
+            # A requirement acts on an explicit value too (an error when they differ): it holds there.
+            held |= {r.id for r in held_requirements}
             if not auto:
                 continue
             decided.update(decided_by[name].split("+"))  # agreeing requirements decide together
-            held |= {r.id for r in held_requirements}
             held |= {r.id for r in decision.conditionals if tests[r.id](ctx, values)}
     return decided, held, fired, conflicts
 
@@ -83,3 +100,45 @@ def test_exact_on_shipped_policies(version):
 @given(policies())
 def test_exact_on_random_policies(text):
     _compare(parse_policy(text.encode(), "random.toml"))
+
+
+#: An adjustment is the only rule that reads the architecture: it rewrites the manager for ArchA.
+ADJUSTED_BY_MODEL_ONLY = """schema = 1
+version = "2026.01.01"
+summary = "s"
+source = "s"
+features = {}
+
+[decisions.backend]
+description = "b"
+values = ["NIXL", "UCX"]
+auto = "DEFAULT"
+default = { id = "backend-default", value = "NIXL" }
+
+[decisions.transceiver_runtime]
+description = "r"
+values = ["CPP", "PYTHON"]
+auto = "auto"
+inputs = ["backend"]
+default = { id = "runtime-default", value = "CPP" }
+
+[decisions.kv_cache_manager]
+description = "m"
+values = ["V1", "V2"]
+auto = "auto"
+inputs = ["transceiver_runtime"]
+default = { id = "manager-default", value = "V1" }
+
+[[decisions.kv_cache_manager.adjustment]]
+id = "arch-a-v2"
+when = { architecture = "ArchA" }
+value = "V2"
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="follow-up (issue 29): the analysis's constraints stage does not split on an "
+                   "architecture only an adjustment reads, so it never sees that adjustment decide")
+def test_an_adjustment_that_alone_reads_the_architecture_is_seen_to_decide():
+    policy = parse_policy(ADJUSTED_BY_MODEL_ONLY.encode(), "adjusted.toml")
+    assert kvpolicy.PolicySet(policy).resolve(architecture="ArchA", backend="NIXL").decided_by["kv_cache_manager"] == "arch-a-v2"
+    _compare(policy)

@@ -247,3 +247,61 @@ def test_every_shipped_version_changes_something_and_cites_a_new_upstream_change
         old, new = (kvpolicy.load(version=v).policy for v in (before, after))
         assert _policy_content(old) != _policy_content(new), after
         assert _references(new.source) - _references(old.source), after
+
+
+def _claim_holds(finding) -> None:
+    """A KVP030 finding's own words, checked on its counterexample: under auto the context fails,
+    and with the value it names instead every check passes (the other decisions' errors included)."""
+    policy_set = kvpolicy.load(finding.location.path)
+    claim = re.search(r"(backend|transceiver_runtime|kv_cache_manager) = (\w+) would pass", finding.message)
+    assert claim and finding.context is not None, finding.message
+    decision, working = claim.groups()
+    fields = _resolve_fields(finding.context)
+    assert not policy_set.resolve(**fields).ok, f"{finding.location}: the counterexample starts under auto"
+    explicit = policy_set.resolve(**{**fields, decision: working})
+    assert explicit.ok, f"{finding.location}: {decision} = {working} fails: {[d.id for d in explicit.errors]}"
+
+
+#: Added to the KVP030 fixture: GPT-OSS runs only on NIXL, whichever runtime, and that error belongs
+#: to *the backend decision*. On UCX, auto's PYTHON is rejected (python-requires-nixl), and CPP, the only
+#: other runtime, fails too, through the other decision: no runtime would pass, so KVP030 must not say one does.
+GPT_OSS_NIXL_ONLY = """
+[[constraints]]
+id = "gpt-oss-requires-nixl"
+decision = "backend"
+severity = "error"
+when = { architecture = "GptOssForCausalLM", backend = { not = "NIXL" } }
+message = "GPT-OSS moves its KV cache over NIXL only, but the backend is {backend}."
+fix = "set backend to NIXL"
+reason = "GPT-OSS's pool layout is registered with NIXL only."
+source = "fixture"
+"""
+
+
+def test_kvp030_never_claims_a_value_passes_when_another_decision_then_fails(tmp_path):
+    text = (FIXTURES / "KVP030.toml").read_text()
+    head, tail = text.split("[[constraints]]", 1)
+    path = tmp_path / "2030.01.01.30.toml"
+    path.write_text(head + GPT_OSS_NIXL_ONLY + "\n[[constraints]]" + tail)
+    policy_set = kvpolicy.load(str(path))
+    # The situation the rule must see: auto fails on UCX, and so does explicit CPP (through the backend).
+    auto = policy_set.resolve(architecture="GptOssForCausalLM", backend="UCX")
+    assert "python-requires-nixl" in [d.id for d in auto.errors]
+    cpp = policy_set.resolve(architecture="GptOssForCausalLM", backend="UCX", transceiver_runtime="CPP")
+    assert [(d.id, d.decision) for d in cpp.errors] == [("gpt-oss-requires-nixl", "backend")]
+
+    result = lint_paths([str(path)])
+    kvp030 = [f for f in result.findings if f.code == "KVP030"]
+    assert not [f for f in kvp030 if "transceiver_runtime = CPP would pass" in f.message], [f.message for f in kvp030]
+    for finding in kvp030:  # whatever is still reported says only what is true
+        _claim_holds(finding)
+
+
+def test_a_reported_kvp030_finding_says_what_fails_where_and_what_would_pass():
+    (finding,) = [f for f in lint_paths([_fixture("KVP030")]).findings if f.code == "KVP030"]
+    assert finding.context == {"architecture": "GptOssForCausalLM", "backend": "UCX"} or (
+        finding.context["architecture"] == "GptOssForCausalLM" and finding.context["backend"] == "UCX"
+    )
+    assert "auto resolves transceiver_runtime to PYTHON through runtime-preference[GptOssForCausalLM]" in finding.message
+    assert "which constraint python-requires-nixl rejects; transceiver_runtime = CPP would pass" in finding.message
+    _claim_holds(finding)
