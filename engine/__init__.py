@@ -8,9 +8,9 @@
 The engine never imports torch or nixl; the transfer layer lives in :mod:`kvpolicy.transports`.
 """
 
-from .errors import ContextError, Location, PolicyError, PolicyProblem, ResolutionError
+from .errors import ContextError, Location, PolicyError, PolicyProblem
 from .policyset import PolicySet, load, resolve
-from .resolution import Diagnostic, Resolution, Trace, TraceStep
+from .resolution import Diagnostic, Resolution, ResolutionError, Trace, TraceStep
 
 __all__ = [
     "ContextError",

@@ -20,17 +20,17 @@ from _string import formatter_parser  # what string.Formatter().parse calls (str
 from collections.abc import Callable
 from functools import partial
 from types import MappingProxyType
+
+from .index import DecisionIndex
 from .resolution import Diagnostic, Resolution
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
     from typing import Any
 
-    from .index import DecisionIndex
-
     Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tuple[Any, ...]]]
 
-__all__ = ["generate_evaluator"]
+__all__ = ["CompiledIndex", "generate_evaluator"]
 
 
 class _Source:
@@ -416,3 +416,26 @@ def _constraint(src: _Source, depth: int, constraint: dict[str, Any], decided: d
         depth,
         f"diags.append(new_diagnostic(Diagnostic, ({rule_id}, {severity}, {message[0]} + ' To fix: ' + fx + '.', {decision}, {where}, fx)))",
     )
+
+
+class CompiledIndex(DecisionIndex):
+    """A decision index with its generated evaluators: :attr:`entry` (the whole ``resolve``
+    call, built at once), and :meth:`evaluate` and :meth:`outcome` (built on first use)."""
+
+    def __init__(self, data: dict[str, Any], path: str) -> None:
+        super().__init__(data, path)
+        self._fast: Evaluator | None = None
+        self._lean: Evaluator | None = None
+        self.entry = generate_evaluator(self, entry=True)
+
+    def evaluate(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
+        """Values, deciding rules and diagnostics of a normalised context."""
+        if self._fast is None:
+            self._fast = generate_evaluator(self)
+        return self._fast(ctx)  # type: ignore[no-any-return]
+
+    def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
+        """As :meth:`evaluate`, with diagnostics without messages or locations, unsorted."""
+        if self._lean is None:
+            self._lean = generate_evaluator(self, lean=True)
+        return self._lean(ctx)  # type: ignore[no-any-return]

@@ -1,12 +1,11 @@
-"""The errors kvpolicy raises. Each says where the problem is and what to change."""
+"""The errors kvpolicy raises. Each says where the problem is and what to change.
+
+(:class:`kvpolicy.ResolutionError`, raised for a resolution that carries errors, lives with the
+resolution in :mod:`kvpolicy.resolution`.)"""
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing itself is not imported: a cold `kvpolicy resolve` imports this module
-if TYPE_CHECKING:
-    from .resolution import Diagnostic
-
-__all__ = ["ContextError", "FrozenRecord", "Location", "PolicyError", "PolicyProblem", "ResolutionError"]
+__all__ = ["ContextError", "FrozenRecord", "Location", "PolicyError", "PolicyProblem"]
 
 
 class FrozenRecord:
@@ -118,12 +117,3 @@ class ContextError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.reason = message
-
-
-class ResolutionError(ValueError):
-    """Raised by ``Resolution.raise_for_errors()`` when a resolution carries errors."""
-
-    def __init__(self, errors: tuple[Diagnostic, ...]) -> None:
-        self.errors = errors
-        lines = [f"  [{d.id}] {d.message}" for d in errors]
-        super().__init__("the configuration cannot start:\n" + "\n".join(lines))

@@ -331,8 +331,9 @@ class Requirement(tuple):  # type: ignore[type-arg]
 
 
 class DecisionIndex:
-    """A policy's decision index, built from :func:`build_index` data: normalisation, the
-    generated evaluators and diagnostics, with no reference to the typed model."""
+    """A policy's decision index, built from :func:`build_index` data: normalisation and
+    diagnostics, with no reference to the typed model. What evaluates contexts against it is
+    generated from it: :class:`kvpolicy.compiler.CompiledIndex`."""
 
     def __init__(self, data: dict[str, Any], path: str) -> None:
         self.data = data
@@ -355,11 +356,6 @@ class DecisionIndex:
         self._rank = {name: index for index, name in enumerate(self.order)}
         self._order_key = self._sort_key(self._rank)
         self._renderers: dict[str, Callable[..., str]] = {}
-        self._fast: Callable[[dict[str, Any]], Any] | None = None
-        self._lean: Callable[[dict[str, Any]], Any] | None = None
-        from .compiler import generate_evaluator
-
-        self.entry = generate_evaluator(self, entry=True)
 
     # -- per decision --
 
@@ -386,24 +382,6 @@ class DecisionIndex:
         """A requirement's runtime form."""
         notice = self.notice(rule["notice"]) if rule["notice"] is not None else None
         return Requirement((rule["id"], rule["value"], notice, rule["text"], rule["reason"], self.where(rule["location"])))
-
-    # -- evaluation --
-
-    def evaluate(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
-        """Values, deciding rules and diagnostics of a normalised context."""
-        if self._fast is None:
-            from .compiler import generate_evaluator
-
-            self._fast = generate_evaluator(self)
-        return self._fast(ctx)  # type: ignore[no-any-return]
-
-    def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
-        """As :meth:`evaluate`, with diagnostics without messages or locations, unsorted."""
-        if self._lean is None:
-            from .compiler import generate_evaluator
-
-            self._lean = generate_evaluator(self, lean=True)
-        return self._lean(ctx)  # type: ignore[no-any-return]
 
     # -- architectures --
 
@@ -673,7 +651,7 @@ class DecisionIndex:
 
 
 def _suggest(name: str, known: Any) -> str:
-    from .loader import suggest
+    from .wording import suggest
 
     return suggest(name, known)
 

@@ -9,17 +9,17 @@ to its rule codes.
 from __future__ import annotations
 
 import datetime
-import difflib
 import hashlib
 import json
 import re
 import string
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError, PolicyProblem
+from .wording import suggest
 from .policyfile import CASES_SUFFIX, MAX_POLICY_BYTES, display_path, policy_files, read_policy_bytes, shipped_root, version_key
 from .model import (
     DECISIONS,
@@ -48,7 +48,6 @@ __all__ = [
     "policy_files",
     "schema",
     "shipped_root",
-    "suggest",
     "version_key",
 ]
 
@@ -77,16 +76,6 @@ def _validator() -> Any:
     import jsonschema
 
     return jsonschema.Draft202012Validator(schema())
-
-
-def suggest(name: str, known: Iterable[str]) -> str:
-    """A ``did you mean`` hint for a misspelled name, or ''."""
-    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    if not match:
-        lowered = {k.lower(): k for k in known}
-        if name.lower() in lowered:
-            match = [lowered[name.lower()]]
-    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:

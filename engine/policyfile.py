@@ -1,6 +1,7 @@
 """Reading a policy (or cases) file safely: cheap checks before any parse.
 
-Every command reads policy files through :func:`read_policy_bytes` and :func:`check_text`, so
+Every command reads policy files through :func:`read_policy_bytes` and
+:func:`kvpolicy.scan.check_text` (which holds to the bounds defined here), so
 ``load``, ``lint``, ``test``, ``fmt`` and ``diff`` accept and refuse the same files with the same
 located message. The checks run before the TOML parser sees a byte, and each costs at most one pass:
 
@@ -26,10 +27,6 @@ from pathlib import Path
 
 from .errors import Location, PolicyError, PolicyProblem
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .scan import SourceMap
-
 __all__ = [
     "CASES_SUFFIX",
     "MAX_ARRAY_TABLES",
@@ -42,7 +39,6 @@ __all__ = [
     "MAX_TABLE_KEYS",
     "Pattern",
     "allowed_symlink_roots",
-    "check_text",
     "display_path",
     "policy_files",
     "read_capped",
@@ -251,117 +247,3 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a plain file"
-
-
-# -- bounds before tomllib -------------------------------------------------------------------------
-
-_ARRAY_HEADER = Pattern(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
-
-
-
-def check_text(raw: bytes, shown: str, source_map: SourceMap | None = None) -> None:
-    """Refuse, with a location, a file whose structure would cost more than a policy can need:
-    too deep, too many parts in a key, a too-long bare value, too many tables or rows. Valid TOML
-    within the bounds passes; invalid TOML is left to the parser to report.
-
-    With ``source_map`` (a new :class:`kvpolicy.scan.SourceMap`), the same pass fills it with
-    where each key, table and array element stands, meaningful once the parser accepted the text."""
-    _check_array_tables(raw, shown)
-    text = raw.decode("utf-8", errors="replace")
-    if raw.count(b"{") > MAX_FEATURES:  # only then can an inline list or the inline tables be too many
-        _count_rows(text, shown)
-    from .scan import scan  # (scan imports this module's bounds)
-
-    scan(text, shown, source_map)
-
-
-_HEADER = Pattern(rb"^[ \t]*\[", re.MULTILINE)
-_FEATURE_HEADER = Pattern(rb"^[ \t]*\[[ \t]*features[ \t]*\.", re.MULTILINE)
-
-
-def _check_headers(raw: bytes, shown: str) -> None:
-    if raw.count(b"[") <= MAX_FEATURES:
-        return
-    for pattern, limit, what in (
-        (_FEATURE_HEADER, MAX_FEATURES, f"more than {MAX_FEATURES:,} [features.*] tables; the schema allows at most {MAX_FEATURES:,} features"),
-        (_HEADER, MAX_HEADERS, f"more than {MAX_HEADERS:,} table headers; no policy needs that many"),
-    ):
-        count = 0
-        for match in pattern.finditer(raw):
-            count += 1
-            if count > limit:
-                raise size_error(shown, what, line=raw.count(b"\n", 0, match.start()) + 1)
-
-
-def _check_array_tables(raw: bytes, shown: str) -> None:
-    _check_headers(raw, shown)
-    if raw.count(b"[[") <= MAX_ARRAY_TABLES:
-        return
-    counts: dict[bytes, int] = {}
-    for match in _ARRAY_HEADER.finditer(raw):
-        name = re.sub(rb"\s+", b"", match.group(1))
-        counts[name] = counts.get(name, 0) + 1
-        limit = MAX_ROWS if name.endswith(b".rows") else MAX_ARRAY_TABLES
-        if counts[name] > limit:
-            line = raw.count(b"\n", 0, match.start()) + 1
-            raise size_error(
-                shown,
-                f"more than {limit:,} [[{name.decode('utf-8', 'replace')}]] tables; "
-                f"a policy allows at most {limit:,} per list",
-                line=line,
-                column=1,
-            )
-
-
-# Strings and comments, removed before counting rows: multi-line strings first (replaced by their
-# newlines, so line numbers stay), then one-line strings and comments (they hold no newline).
-_MULTILINE_STRING = Pattern(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
-# Unrolled ("normal* (special normal*)*"): twice as fast as a per-character alternation.
-_LINE_STRING_OR_COMMENT = Pattern(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
-_LIST_KEY = Pattern(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
-_BRACKET = Pattern(r"[\[\]{}]")
-
-
-def _count_rows(text: str, shown: str) -> None:
-    """Refuse more entries in an inline list of tables (``rows = [...]``, ``constraints = [...]``,
-    ``requirement``, ``conditional``), or more inline tables in the file, than a policy may hold.
-    Counting runs on the text without strings and comments, bracket by bracket, and stops at the
-    bound: a 300,000-row file is refused in about a second instead of minutes of parsing."""
-    if '"""' in text or "\'\'\'" in text:
-        text = _MULTILINE_STRING.sub(lambda m: "\n" * m.group().count("\n"), text)
-    bare = _LINE_STRING_OR_COMMENT.sub("", text)
-    for match in _LIST_KEY.finditer(bare):
-        name = match.group(1) or match.group(2)
-        limit = MAX_ROWS if name == "rows" else MAX_FEATURES if name == "features" else MAX_ARRAY_TABLES
-        if bare.count("{", match.end()) <= limit:
-            continue
-        depth = count = 0
-        for bracket in _BRACKET.finditer(bare, match.end()):
-            char = bracket.group()
-            if char in "[{":
-                if depth == 0 and char == "{":
-                    count += 1
-                    if count > limit:
-                        raise size_error(
-                            shown,
-                            f"more than {limit:,} entries in `{name} = {'{...}' if name == 'features' else '[...]'}`; "
-                            f"the schema allows at most {limit:,} "
-                            "(split the table across versions or architectures)",
-                            line=bare.count("\n", 0, match.start()) + 1,
-                            column=match.start() - (bare.rfind("\n", 0, match.start()) + 1) + 1,
-                        )
-                depth += 1
-            elif depth == 0:
-                break  # the list's own closing bracket
-            else:
-                depth -= 1
-    if bare.count("{") > MAX_INLINE_TABLES:
-        at = -1
-        for _ in range(MAX_INLINE_TABLES + 1):
-            at = bare.find("{", at + 1)
-        raise size_error(
-            shown,
-            f"more than {MAX_INLINE_TABLES:,} inline tables; a policy has at most {MAX_ROWS:,} rows plus its "
-            "rules' conditions",
-            line=bare.count("\n", 0, at) + 1,
-        )

@@ -11,11 +11,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 from .errors import Location, PolicyError, PolicyProblem
-from .policyfile import CASES_SUFFIX, check_text, display_path, policy_files, read_policy_bytes, shipped_root, version_key
+from .policyfile import CASES_SUFFIX, display_path, policy_files, read_policy_bytes, shipped_root, version_key
+from .scan import check_text
 from .resolution import Resolution
 
 if TYPE_CHECKING:
-    from .index import DecisionIndex
+    from .compiler import CompiledIndex
     from .model import Policy
     from .resolver import Program
 
@@ -47,7 +48,7 @@ class PolicySet:
         self._siblings = siblings or {policy.version: Path(policy.path)}
 
     @classmethod
-    def _from_index(cls, index: DecisionIndex, raw: bytes, siblings: dict[str, Path] | None = None) -> PolicySet:
+    def _from_index(cls, index: CompiledIndex, raw: bytes, siblings: dict[str, Path] | None = None) -> PolicySet:
         """A set resolved from a decision index alone (``raw``: the file's bytes, for the model)."""
         self = object.__new__(cls)
         self._policy = None
@@ -293,12 +294,13 @@ def _load_file(path: Path, *, root: Path | None = None, siblings: dict[str, Path
     key = cache.index_key(raw)
     data = cache.cached_index(key)
     if data is not None:
-        from .index import DecisionIndex, check_index
+        from .compiler import CompiledIndex
+        from .index import check_index
 
         try:
             check_index(data)
             if data["digest"] == cache.sha256(raw):
-                return PolicySet._from_index(DecisionIndex(data, shown), raw, siblings)
+                return PolicySet._from_index(CompiledIndex(data, shown), raw, siblings)
         except Exception:  # noqa: BLE001 - a bad entry is a miss, whatever is wrong with it
             pass
     from .loader import parse_policy

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from operator import itemgetter
 from types import MappingProxyType
 
-from .errors import ResolutionError
 
 # typing costs a cold `kvpolicy resolve` milliseconds: type checkers read the typed fields below,
 # the interpreter builds the same tuples with collections.namedtuple.
@@ -34,7 +33,7 @@ else:
     _DiagnosticFields = namedtuple("Diagnostic", ["id", "severity", "message", "decision", "location", "fix"], defaults=("",))
     _TraceStepFields = namedtuple("TraceStep", ["decision", "stage", "rule", "outcome", "detail"])
 
-__all__ = ["Diagnostic", "Resolution", "Trace", "TraceStep"]
+__all__ = ["Diagnostic", "Resolution", "ResolutionError", "Trace", "TraceStep"]
 
 
 class Diagnostic(_DiagnosticFields):
@@ -75,6 +74,15 @@ class Trace(tuple[TraceStep, ...]):
             if step.detail:
                 lines.append(f"  {'':<12} {'':<11}   {step.detail}")
         return "\n".join(lines)
+
+
+class ResolutionError(ValueError):
+    """Raised by ``Resolution.raise_for_errors()`` when a resolution carries errors."""
+
+    def __init__(self, errors: tuple[Diagnostic, ...]) -> None:
+        self.errors = errors
+        lines = [f"  [{d.id}] {d.message}" for d in errors]
+        super().__init__("the configuration cannot start:\n" + "\n".join(lines))
 
 
 class Resolution(tuple):  # type: ignore[type-arg]

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .index import CONTEXT_FIELDS, DecisionIndex, build_index, compile_message, conflict_diagnostic
+from .compiler import CompiledIndex
+from .index import CONTEXT_FIELDS, build_index, compile_message, conflict_diagnostic
 from .model import Condition, Constraint, Decision, Matcher, Notice, Policy, Row, Rule
 from .resolution import Diagnostic, Trace, TraceStep
 
@@ -172,7 +173,7 @@ class _CompiledConstraint:
 class Program:
     """A policy compiled for resolution: decisions in dependency order, indexed rules, context schema."""
 
-    def __init__(self, policy: Policy, index: DecisionIndex | None = None) -> None:
+    def __init__(self, policy: Policy, index: CompiledIndex | None = None) -> None:
         self.policy = policy
         names = frozenset(policy.decisions)
         self.decision_names = names
@@ -194,7 +195,7 @@ class Program:
         self._facts: dict[int, tuple[Any, ...]] = {}
         #: The plain-data decision index: normalisation and the generated evaluators (the
         #: interpreter below is the reference they are tested against, and it writes traces).
-        self.index = index if index is not None else DecisionIndex(build_index(policy, order), policy.path)
+        self.index = index if index is not None else CompiledIndex(build_index(policy, order), policy.path)
         self.default_timeout_ms = self.index.default_timeout_ms
 
     def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
@@ -206,7 +207,7 @@ class Program:
         return self.index.outcome(ctx)
 
     def normalise(self, config: Mapping[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
-        """Check and complete a context (see :meth:`DecisionIndex.normalise`)."""
+        """Check and complete a context (see :meth:`kvpolicy.index.DecisionIndex.normalise`)."""
         return self.index.normalise(config, fields)
 
     # -- resolution ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ every key and every array element, addressed by the same path that jsonschema us
 (``("decisions", "transceiver_runtime", "preference", "rows", 3, "value")``).
 
 The source map is recorded by the bounds pass that runs before the parser
-(:func:`kvpolicy.policyfile.check_text`), which reads every token of the file anyway: one scan of
+(:func:`kvpolicy.scan.check_text`), which reads every token of the file anyway: one scan of
 the text, then the parser. The keys inside a preference row are located only when something asks.
 
 The parser is tomli's compiled (mypyc) build when it is installed, at a version that parses TOML
@@ -153,11 +153,11 @@ class SourceDocument:
 def parse_document(raw: bytes, path: str) -> SourceDocument:
     """Parse TOML bytes; raise :class:`TomlSyntaxError` with the position of the first problem.
 
-    The bounds of :func:`kvpolicy.policyfile.check_text` (nesting, key parts, value length, table
+    The bounds of :func:`kvpolicy.scan.check_text` (nesting, key parts, value length, table
     counts) are checked first, so no input reaches the parser that could exhaust its recursion
     or cost minutes later; a refusal has ``check == "size"``. The same pass records the source map."""
     from .errors import PolicyError
-    from .policyfile import check_text
+    from .scan import check_text
     from .scan import SourceMap
 
     source_map = SourceMap()

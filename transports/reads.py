@@ -29,19 +29,19 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import control
 from .keys import agent_carries_key
 from .local import LocalSide, agent_of_metadata
 from .mapping import block_segments, plan_descriptors
-from .peers import Remote, release_remote
+from .peers import Remote, Remotes, release_remote
 from .request import next_nonce
 from .writes import WritePoster, transfer_error, whole_block_plan
 
 if TYPE_CHECKING:
     from .connections import Connections, Peer
-    from .sender import Offer, Sender
+    from .offer import Offer
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -50,6 +50,19 @@ _BLOCKS_PER_PEER = 64
 
 
 # -- sender side ------------------------------------------------------------------------------------
+
+
+class Sender(Protocol):
+    """What announcing reads needs of a sender (:class:`kvpolicy.transports.sender.Sender`)."""
+
+    local: LocalSide
+    offers: dict[str, Offer]
+    fenced: dict[tuple[str, int], Offer]
+    remotes: Remotes
+
+    def settle(self, offer: Offer) -> None: ...
+
+    def writer_ended(self, offer: Offer, *, ok: bool, reason: str) -> None: ...
 
 
 def announce(sender: Sender, offer: Offer, asked: set[bytes]) -> None:
@@ -76,19 +89,19 @@ def on_release(sender: Sender, remote: Remote, release: control.Release) -> None
     if offer.handle.done:  # ended meanwhile: its blocks waited for this release
         unfence(sender, offer)
     elif release.status == "error":
-        sender._writer_ended(offer, ok=False, reason=f"the receiver's read failed: {release.reason}")
+        sender.writer_ended(offer, ok=False, reason=f"the receiver's read failed: {release.reason}")
     elif release.status == "declined" or remote.key in offer.served_by:
-        sender._settle(offer)
+        sender.settle(offer)
     elif release.status == "cancelled":
         offer.served_by.add(remote.key)
         offer.cancelled += 1
-        sender._settle(offer)
+        sender.settle(offer)
     else:
         offer.served_by.add(remote.key)
         metrics = offer.handle.metrics
         metrics.nbytes += release.nbytes
         metrics.transfer_s = max(metrics.transfer_s, release.transfer_us / 1e6)
-        sender._writer_ended(offer, ok=True, reason="")
+        sender.writer_ended(offer, ok=True, reason="")
 
 
 def withdraw(sender: Sender, offer: Offer) -> None:
@@ -147,7 +160,7 @@ def remote_gone(sender: Sender, remote: Remote) -> None:
         if offer.handle.done:
             unfence(sender, offer)
         else:
-            sender._settle(offer)
+            sender.settle(offer)
 
 
 # -- receiver side ----------------------------------------------------------------------------------

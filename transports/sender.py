@@ -15,40 +15,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import control, reads
 from .local import LocalSide, remember
+from .offer import Offer
 from .mapping import plan_descriptors
 from .peers import Remote, Remotes
 from .request import RequestState, TransferHandle
 from .writes import WritePoster, transfer_error, whole_block_plan
 
 log = logging.getLogger("kvpolicy.transports")
-
-
-@dataclass(slots=True)
-class Offer:
-    """Blocks offered for one request id."""
-
-    handle: TransferHandle
-    receivers: int
-    to: frozenset[bytes] | None
-    """Keys of the receivers it is for; None: any allowed peer."""
-    served: int = 0
-    cancelled: int = 0
-    failed: str = ""
-    writes: int = 0
-    cancel_requested: bool = False
-    served_by: set[bytes] = field(default_factory=set)
-    timer: Any = None
-    token: int = 0  # (reads) this offer's announcements, the receivers that owe a release, withdrawn?
-    announced: dict[bytes, Remote] = field(default_factory=dict)
-    withdrawn: bool = False
-
-    def for_key(self, key: bytes) -> bool:
-        return self.to is None or key in self.to
 
 
 @dataclass(slots=True)
@@ -128,7 +106,7 @@ class Sender:
         reads.withdraw(self, offer)  # (a receiver that took it reads on: its release ends the offer)
         if offer.writes or offer.announced:
             return False
-        self._settle(offer)
+        self.settle(offer)
         return True
 
     def _offer_expired(self, offer: Offer) -> None:
@@ -222,7 +200,7 @@ class Sender:
         offer.cancelled += 1
         if cancel.nonce:
             self.remotes.reply(remote, control.Result(cancel.request_id, cancel.nonce, "cancelled", "cancelled by the receiver"))
-        self._settle(offer)
+        self.settle(offer)
 
     def on_remote_gone(self, remote: Remote) -> None:
         """A receiver was forgotten: its waiting asks, and the announcements it owed a release, go
@@ -264,7 +242,7 @@ class Sender:
             problem = "sender and receiver share no layers/heads"
         if problem:
             self._refuse(remote, request, "error", problem)
-            self._writer_ended(offer, ok=False, reason=problem)
+            self.writer_ended(offer, ok=False, reason=problem)
             return
         posted = time.perf_counter()
         try:
@@ -330,7 +308,7 @@ class Sender:
         metrics.descriptors += write.descriptors
         metrics.queue_s = max(metrics.queue_s, queue_s)
         metrics.transfer_s = max(metrics.transfer_s, transfer_s)
-        self._writer_ended(write.offer, ok=ok, reason=reason)
+        self.writer_ended(write.offer, ok=ok, reason=reason)
 
     def _abort_writes(self, offer: Offer) -> None:
         """Past the deadline with writes in flight: only a confirmed abort (release succeeds) ends a
@@ -343,15 +321,15 @@ class Sender:
         if not offer.writes and not offer.handle.done:
             self._end(offer, RequestState.TIMED_OUT, "write did not finish in time")
 
-    def _writer_ended(self, offer: Offer, *, ok: bool, reason: str) -> None:
+    def writer_ended(self, offer: Offer, *, ok: bool, reason: str) -> None:
         if ok:
             offer.served += 1
             offer.handle.metrics.writers += 1
         elif not offer.failed:
             offer.failed = reason
-        self._settle(offer)
+        self.settle(offer)
 
-    def _settle(self, offer: Offer) -> None:
+    def settle(self, offer: Offer) -> None:
         """End the offer once nothing is in flight and nothing more is expected (or it must stop)."""
         if offer.writes or offer.handle.done or (offer.cancel_requested and offer.announced):
             return

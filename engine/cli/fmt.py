@@ -61,7 +61,8 @@ def check_format(paths: list[str], *, cache: bool = True) -> tuple[list[tuple[Pa
     from ..errors import PolicyError
     from ..lint.fmt import FormatError, format_text
     from ..loader import display_path
-    from ..policyfile import check_text, read_policy_bytes
+    from ..policyfile import read_policy_bytes
+    from ..scan import check_text
 
     files = _files(paths)
     if isinstance(files, str):

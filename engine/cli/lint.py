@@ -145,7 +145,7 @@ def run_rule(args: Any) -> int:
     """Print one rule's documentation."""
     from ..lint.report import rule_text
     from ..lint.rules import RULES
-    from ..loader import suggest
+    from ..wording import suggest
 
     code = args.code.upper()
     if code not in RULES:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ContextError, PolicyError, PolicyProblem
-from ..loader import CASES_SUFFIX, display_path, load_policy_file, policy_files, suggest
+from ..loader import CASES_SUFFIX, display_path, load_policy_file, policy_files
+from ..wording import suggest
 from ..model import Policy
 from ..policyset import PolicySet
 from ..policyfile import read_policy_bytes

@@ -129,7 +129,7 @@ def config_from_table(table: Any, source: str) -> LintConfig:
 def check_pattern(pattern: str, where: str) -> None:
     """Reject a select/ignore entry that matches no rule."""
     if not any(_matches(code, [pattern]) for code in RULES):
-        from ..loader import suggest
+        from ..wording import suggest
 
         names = [*RULES, *(r.name for r in RULES.values())]
         raise LintUsageError(f"{where}: {pattern!r} matches no rule{suggest(pattern, names)}")

@@ -93,7 +93,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from kvpolicy.errors import PolicyError  # noqa: E402
 from kvpolicy.loader import shipped_root  # noqa: E402
-from kvpolicy.policyfile import check_text  # noqa: E402
+from kvpolicy.scan import check_text  # noqa: E402
 from kvpolicy.scan import SourceMap  # noqa: E402
 from tests.engine import reference_scanner  # noqa: E402
 

@@ -117,7 +117,7 @@ def test_cancel_is_refused_while_a_write_is_in_flight(pool):
                 if in_flight:
                     offer.handle._state = RequestState.TRANSFERRING
                 else:
-                    transceiver._sender._settle(offer)
+                    transceiver._sender.settle(offer)
 
             transceiver._loop.submit(run).result(5)
 

@@ -1,0 +1,148 @@
+"""The package's layout keeps its promises: every documented import works, no module reaches into
+another's private names, and no two modules import each other (type-only and lazy imports count)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Where each package's modules live in the repository (pyproject.toml's package-dir).
+FOLDERS = {"kvpolicy": ROOT / "engine", "kvpolicy.transports": ROOT / "transports"}
+
+#: The names design.md, the README and the documentation site tell users to import.
+DOCUMENTED = [
+    ("kvpolicy", "load"),
+    ("kvpolicy", "resolve"),
+    ("kvpolicy", "PolicySet"),
+    ("kvpolicy", "Resolution"),
+    ("kvpolicy", "Diagnostic"),
+    ("kvpolicy", "PolicyError"),
+    ("kvpolicy", "ContextError"),
+    ("kvpolicy", "ResolutionError"),
+    ("kvpolicy", "DecisionLog"),
+    ("kvpolicy", "PolicyWatcher"),
+    ("kvpolicy.watch", "PolicyWatcher"),
+    ("kvpolicy.decisionlog", "DecisionLog"),
+    ("kvpolicy.lint", "lint_paths"),
+    ("kvpolicy.lint", "RULES"),
+    ("kvpolicy.lint", "LintConfig"),
+    ("kvpolicy.transports", "open_transceiver"),
+    ("kvpolicy.transports", "KVLayout"),
+    ("kvpolicy.transports", "BlockPool"),
+    ("kvpolicy.transports.discovery", "EtcdRegistry"),
+    ("kvpolicy.transports.discovery", "EtcdSecurity"),
+    ("kvpolicy.policies", None),
+]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in FOLDERS.items():
+        for path in sorted(folder.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            name = ".".join([package, *parts])
+            if package == "kvpolicy" and name.startswith("kvpolicy.transports"):
+                continue
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(module imported, names taken from it, line) for every import in a module, wherever it is."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names = [alias.name for alias in node.names]
+            # `from package import module` imports the module
+            for alias in names:
+                if f"{module}.{alias}" in MODULES:
+                    out.append((f"{module}.{alias}", [], node.lineno))
+            out.append((module, names, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                out.append((alias.name, [], node.lineno))
+    return [(m, n, line) for m, n, line in out if m in MODULES]
+
+
+@pytest.mark.parametrize(("module", "name"), DOCUMENTED, ids=lambda v: str(v))
+def test_every_documented_import_works(module, name):
+    imported = importlib.import_module(module)
+    if name is not None:
+        assert getattr(imported, name) is not None
+
+
+def test_no_module_imports_another_modules_private_names():
+    reaching = []
+    for name, path in MODULES.items():
+        for module, names, line in _imports(name, path):
+            if module == name:
+                continue
+            for taken in names:
+                if taken.startswith("_") and not taken.startswith("__"):
+                    reaching.append(f"{path.relative_to(ROOT)}:{line}: {module}.{taken}")
+    assert reaching == [], "make the helper public in the module that owns it"
+
+
+def test_no_import_circles_type_only_and_lazy_imports_included():
+    graph = {name: set() for name in MODULES}
+    for name, path in MODULES.items():
+        for module, _, _ in _imports(name, path):
+            if module != name and not name.startswith(module + ".") and module in graph:
+                # importing a package runs its __init__; a package's own __init__ importing its
+                # submodules is how packages work, and is not a circle
+                graph[name].add(module)
+    # Tarjan's strongly connected components
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert circles == [], "\n".join(" <-> ".join(c) for c in circles)
