@@ -38,11 +38,11 @@ from resolve import generated_policy  # noqa: E402  (bench/resolve.py)
 
 import kvpolicy  # noqa: E402
 from kvpolicy.cli.diff import render_text, to_json  # noqa: E402
-from kvpolicy.diff import diff_policies  # noqa: E402
-from kvpolicy.difftext import entries  # noqa: E402
-from kvpolicy.domain import domain_of  # noqa: E402
-from kvpolicy.loader import load_policy_file, shipped_root  # noqa: E402
-from kvpolicy.policyset import PolicySet  # noqa: E402
+from kvpolicy.analyse.diff import diff_policies  # noqa: E402
+from kvpolicy.analyse.difftext import entries  # noqa: E402
+from kvpolicy.evaluate.domain import domain_of  # noqa: E402
+from kvpolicy.read.loader import load_policy_file, shipped_root  # noqa: E402
+from kvpolicy.evaluate.policyset import PolicySet  # noqa: E402
 
 GPT_OSS_ROW = '{ architecture = "GptOssForCausalLM", value = "PYTHON"'
 

@@ -28,7 +28,7 @@ def main() -> int:
     with atheris.instrument_imports():
         import kvpolicy
         from kvpolicy.fuzzing import load_target, resolve_target
-        from kvpolicy.loader import shipped_root
+        from kvpolicy.read.loader import shipped_root
 
     corpus = Path(f".fuzz-corpus-{args.target}")
     corpus.mkdir(exist_ok=True)

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 import kvpolicy
-from kvpolicy.domain import domain_of
+from kvpolicy.evaluate.domain import domain_of
 from kvpolicy.lint.analysis import AnalysisLimit, analyse
 from kvpolicy.lint.runner import lint_files, lint_paths, load_policy_bytes
-from kvpolicy.loader import parse_policy, shipped_root
+from kvpolicy.read.loader import parse_policy, shipped_root
 
 ROWS = (100, 300, 1_000, 10_000, 99_000)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kvpolicy
-from kvpolicy.loader import parse_policy, shipped_root
-from kvpolicy.policyset import PolicySet
+from kvpolicy.read.loader import parse_policy, shipped_root
+from kvpolicy.evaluate.policyset import PolicySet
 
 SIZES = (10, 100, 1_000, 10_000)
 SHIPPED_CONTEXTS = [

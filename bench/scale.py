@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resolve import SHIPPED_CONTEXTS, compare_if_elif, generated_policy, latency  # noqa: E402  (bench/resolve.py)
 
 from kvpolicy.cli.diff import render_text  # noqa: E402
-from kvpolicy.diff import diff_policies  # noqa: E402
+from kvpolicy.analyse.diff import diff_policies  # noqa: E402
 from kvpolicy.lint.runner import lint_paths  # noqa: E402
-from kvpolicy.loader import load_policy_file  # noqa: E402
-from kvpolicy.policyset import PolicySet  # noqa: E402
+from kvpolicy.read.loader import load_policy_file  # noqa: E402
+from kvpolicy.evaluate.policyset import PolicySet  # noqa: E402
 
 DEFAULT_SIZES = (10, 1_000, 10_000)
 

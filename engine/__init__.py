@@ -9,8 +9,8 @@ The engine never imports torch or nixl; the transfer layer lives in :mod:`kvpoli
 """
 
 from .errors import ContextError, Location, PolicyError, PolicyProblem
-from .policyset import PolicySet, load, resolve
-from .resolution import Diagnostic, Resolution, ResolutionError, Trace, TraceStep
+from .evaluate.policyset import PolicySet, load, resolve
+from .evaluate.resolution import Diagnostic, Resolution, ResolutionError, Trace, TraceStep
 
 __all__ = [
     "ContextError",

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .resolution import Resolution
+from .evaluate.resolution import Resolution
 
 __all__ = ["DecisionLog"]
 

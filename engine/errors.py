@@ -1,7 +1,7 @@
 """The errors kvpolicy raises. Each says where the problem is and what to change.
 
 (:class:`kvpolicy.ResolutionError`, raised for a resolution that carries errors, lives with the
-resolution in :mod:`kvpolicy.resolution`.)"""
+resolution in :mod:`kvpolicy.evaluate.resolution`.)"""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ContextError, PolicyError
-from .loader import parse_policy
-from .policyset import PolicySet
-from .resolution import Resolution
+from .read.loader import parse_policy
+from .evaluate.policyset import PolicySet
+from .evaluate.resolution import Resolution
 
 __all__ = ["load_target", "resolve_target"]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PolicyError
-from .loader import policy_files
-from .policyset import PolicySet, load
+from .read.loader import policy_files
+from .evaluate.policyset import PolicySet, load
 
 __all__ = ["PolicyWatcher"]
 

@@ -146,3 +146,11 @@ def test_no_import_circles_type_only_and_lazy_imports_included():
         if node not in index:
             visit(node)
     assert circles == [], "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_tree_shows_the_phases():
+    engine = FOLDERS["kvpolicy"]
+    packages = sorted(p.parent.name for p in engine.glob("*/__init__.py"))
+    assert packages == ["analyse", "cli", "demo", "evaluate", "lint", "read", "report", "serving"]
+    top = sorted(p.stem for p in engine.glob("*.py"))
+    assert top == ["__init__", "__main__", "decisionlog", "errors", "fuzzing", "watch", "wording"]

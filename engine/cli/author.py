@@ -184,9 +184,9 @@ def _fresh_header(text: str, marks: dict[str, str]) -> str | None:
 def run_new(args: Any) -> int:
     """Scaffold VERSION.toml and VERSION.cases.toml from the newest version of the folder."""
     from ..errors import PolicyError
-    from ..loader import CASES_SUFFIX, load_policy_file, version_key
-    from ..policyfile import read_policy_bytes
-    from ..policyset import load
+    from ..read.loader import CASES_SUFFIX, load_policy_file, version_key
+    from ..read.policyfile import read_policy_bytes
+    from ..evaluate.policyset import load
 
     version = args.version
     if not _VERSION.match(version):

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 from ..errors import ContextError, PolicyError
-from ..policyroot import DEFAULT_FOLDER, PolicySource, policy_source
-from ..policyset import PolicySet, load
+from ..read.policyroot import DEFAULT_FOLDER, PolicySource, policy_source
+from ..evaluate.policyset import PolicySet, load
 
 __all__ = [
     "POLICIES_DEFAULT",
@@ -25,7 +25,7 @@ __all__ = [
     "with_policies",
 ]
 
-#: Where commands look for policies when none is named (kvpolicy.policyroot), for help texts.
+#: Where commands look for policies when none is named (kvpolicy.read.policyroot), for help texts.
 POLICIES_DEFAULT = "default: [tool.kvpolicy] policies in pyproject.toml, else ./policies, else the shipped policies"
 
 
@@ -67,7 +67,7 @@ def models_root_problem(option: str | None) -> str | None:
 def choose_policies(option: str | None = None, *, pyproject: str | None = None) -> PolicySource | int:
     """The policies a command uses: ``--policy``'s value, else the folder ``[tool.kvpolicy]
     policies`` names (in ``pyproject`` or the nearest pyproject.toml), else ./policies, else the
-    shipped history (:func:`kvpolicy.policyroot.policy_source`). Exit code 2 after reporting why
+    shipped history (:func:`kvpolicy.read.policyroot.policy_source`). Exit code 2 after reporting why
     the configured folder cannot be used."""
     try:
         return policy_source(option, pyproject=pyproject)

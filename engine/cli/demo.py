@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ..errors import ContextError, PolicyError
-from ..policyset import load
+from ..evaluate.policyset import load
 from .common import fail
 
 __all__ = ["register"]

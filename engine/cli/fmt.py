@@ -15,7 +15,7 @@ from .common import fail, own_policies
 
 __all__ = ["check_format", "register"]
 
-#: Cache entries (:mod:`kvpolicy.cache`) naming files found already canonical.
+#: Cache entries (:mod:`kvpolicy.read.cache`) naming files found already canonical.
 _CANONICAL = "fmt-canonical-1"
 
 
@@ -57,12 +57,12 @@ def check_format(paths: list[str], *, cache: bool = True) -> tuple[list[tuple[Pa
     """Format every file in memory: ([(path, shown, before, after) of files that would change],
     [errors], files read), or why the paths cannot be used. Files are read as every command reads
     policy files (regular files, size cap, structure bounds before parsing)."""
-    from ..cache import cached_entry, code_fingerprint, digest, remember_entry
+    from ..read.cache import cached_entry, code_fingerprint, digest, remember_entry
     from ..errors import PolicyError
     from ..lint.fmt import FormatError, format_text
-    from ..loader import display_path
-    from ..policyfile import read_policy_bytes
-    from ..scan import check_text
+    from ..read.loader import display_path
+    from ..read.policyfile import read_policy_bytes
+    from ..read.scan import check_text
 
     files = _files(paths)
     if isinstance(files, str):

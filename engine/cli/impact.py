@@ -7,9 +7,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..difftext import edit_lines
-from ..edit import PolicyEdit, edit_between
-from ..impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
+from ..analyse.difftext import edit_lines
+from ..analyse.edit import PolicyEdit, edit_between
+from ..analyse.impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
 from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
 from ..wording import plural
 from .policies import load_policy_argument

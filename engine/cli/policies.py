@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..errors import PolicyError
-from ..policyset import PolicySet, load
+from ..evaluate.policyset import PolicySet, load
 
 __all__ = ["load_policy_argument"]
 
@@ -16,15 +16,15 @@ def load_policy_argument(text: str, folder: Path | None = None) -> PolicySet | s
 
     A path that exists is a policy file or a folder (its newest version; ``FOLDER@VERSION`` picks
     one); a TensorRT-LLM release (``v1.3.0rc25``) stands for the policy version that reproduces it
-    (:mod:`kvpolicy.releases`); anything else is a version id. Versions are looked up in ``folder``,
-    the policies the command uses (:func:`kvpolicy.policyroot.policy_source`; None: the shipped ones)."""
+    (:mod:`kvpolicy.read.releases`); anything else is a version id. Versions are looked up in ``folder``,
+    the policies the command uses (:func:`kvpolicy.read.policyroot.policy_source`; None: the shipped ones)."""
     try:
         if os.path.lexists(text):  # lexists: a dangling or looping symlink is reported by the reader
             return load(text)
         named, sep, version = text.rpartition("@")
         if sep and Path(named).is_dir():
             return load(named, version=version)
-        from ..releases import ReleaseError, normalise_tag, policy_version_for
+        from ..read.releases import ReleaseError, normalise_tag, policy_version_for
 
         if normalise_tag(text) is not None:
             try:

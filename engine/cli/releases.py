@@ -1,7 +1,7 @@
 """Naming a TensorRT-LLM release on the command line (``--trtllm v1.3.0rc25``), the installed
 release as resolve's default, and ``kvpolicy releases``: which policy version reproduces which release.
 
-The mapping itself lives in :mod:`kvpolicy.releases`; this module only parses and formats.
+The mapping itself lives in :mod:`kvpolicy.read.releases`; this module only parses and formats.
 """
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 
 from ..errors import PolicyError
-from ..policyset import PolicySet, load
+from ..evaluate.policyset import PolicySet, load
 from .common import fail, load_from_args
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..policyroot import PolicySource
-    from ..releases import Release
+    from ..read.policyroot import PolicySource
+    from ..read.releases import Release
 
 __all__ = ["add_trtllm_argument", "load_for_release", "register", "release_lines", "run"]
 
@@ -43,7 +43,7 @@ def add_trtllm_argument(parser: Any, what: str) -> None:
 
 def run(args: Any) -> int:
     """Print the release table: tag, date, policy version, certainty (JSON: every field)."""
-    from ..releases import RELEASES_FILE, installed_trtllm, normalise_tag, releases
+    from ..read.releases import RELEASES_FILE, installed_trtllm, normalise_tag, releases
 
     try:
         rows = releases()
@@ -82,7 +82,7 @@ def load_for_release(args: Any, source: PolicySource) -> tuple[PolicySet, str | 
     the installed TensorRT-LLM's release, else the newest; with the line that says a release chose it
     and the same as JSON data (None when no release was involved). Exit code 2 after saying why
     ``--trtllm`` names no usable version (an explicit choice is never replaced by a guess)."""
-    from ..releases import ReleaseError, installed_trtllm, policy_version_for
+    from ..read.releases import ReleaseError, installed_trtllm, policy_version_for
 
     given = getattr(args, "trtllm", None)
     if given is not None:
@@ -144,7 +144,7 @@ def _load_version(source: PolicySource, version: str | None) -> PolicySet | str:
 def release_lines(*options: tuple[str, str | None]) -> list[str]:
     """For ``impact`` and ``report``: one line per option (``("--to", "v1.3.0rc25")``) whose value is
     a TensorRT-LLM release, saying which policy version it stands for and how surely."""
-    from ..releases import ReleaseError, normalise_tag, policy_version_for
+    from ..read.releases import ReleaseError, normalise_tag, policy_version_for
 
     lines = []
     for option, text in options:

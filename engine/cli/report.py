@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PolicyError
-from ..policyset import PolicySet, load
+from ..evaluate.policyset import PolicySet, load
 from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
 from ..wording import plural
 from .policies import load_policy_argument
@@ -57,7 +57,7 @@ def _siblings(policy_set: PolicySet) -> list[PolicySet] | str:
 
 def run(args: Any) -> int:
     """Load the versions, resolve, render, write."""
-    from ..report import ReportInput, render_report
+    from ..report.page import ReportInput, render_report
 
     problem = _unwritable(args.output)
     if problem:  # before minutes of work, not after
@@ -139,7 +139,7 @@ def _position(versions: list[PolicySet], new: PolicySet) -> int:
 
 
 def _impact(args: Any, old: PolicySet, new: PolicySet) -> list[Any] | int:
-    from ..impact import impact_of, load_architecture_map
+    from ..analyse.impact import impact_of, load_architecture_map
 
     arch_map = None
     if args.arch_map:

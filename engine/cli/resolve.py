@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 from ..errors import ContextError
-from ..resolution import Resolution
+from ..evaluate.resolution import Resolution
 from ..wording import plural
 from .common import add_policy_arguments, choose_policies, context_error, fail, models_root_problem
 from .releases import add_trtllm_argument, load_for_release
@@ -106,9 +106,9 @@ def context_from_args(args: Any) -> dict[str, Any]:
 
 
 def model_identity(path: Path) -> Any:
-    """The :class:`kvpolicy.identity.ModelIdentity` a ``--model`` config.json (or checkpoint folder)
-    names, read as every checkpoint is (:func:`kvpolicy.identity.read_checkpoint`); ValueError if unusable."""
-    from ..identity import ModelIdentity, read_checkpoint
+    """The :class:`kvpolicy.serving.identity.ModelIdentity` a ``--model`` config.json (or checkpoint folder)
+    names, read as every checkpoint is (:func:`kvpolicy.serving.identity.read_checkpoint`); ValueError if unusable."""
+    from ..serving.identity import ModelIdentity, read_checkpoint
 
     config = path / "config.json" if path.is_dir() else path
     read = read_checkpoint(config)
@@ -128,7 +128,7 @@ def _near_miss(name: str, policy_set: Any, what: str) -> str | None:
     """An error message when ``name`` looks like a typo of an architecture the policy names."""
     if name in policy_set.architectures:
         return None
-    from ..names import near_miss
+    from ..evaluate.names import near_miss
 
     close = near_miss(name, policy_set.architectures)
     if close is None:
@@ -207,9 +207,9 @@ def _verdict_json(verdict: Any, *, explain: bool = False) -> dict[str, Any]:
 def _run_config(args: Any, policy_set: Any) -> int:
     """``resolve --config``: every server the config starts, each with the model TensorRT-LLM would
     load, and one verdict for the whole config over every model it may be about
-    (:mod:`kvpolicy.servingcheck`)."""
-    from ..identity import ModelIdentity, load_architecture_map, models_root
-    from ..servingcheck import ServingConfigError, answer_config
+    (:mod:`kvpolicy.serving.check`)."""
+    from ..serving.identity import ModelIdentity, load_architecture_map, models_root
+    from ..serving.check import ServingConfigError, answer_config
 
     path = Path(args.config)
     explicit: ModelIdentity | None = None
@@ -317,7 +317,7 @@ def _identity_json(identity: Any) -> dict[str, Any]:
 
 
 def _summary_line(verdict: Any) -> str:
-    from ..verdict import CANNOT_START, DEPENDS, STARTS
+    from ..evaluate.verdict import CANNOT_START, DEPENDS, STARTS
 
     if verdict.known:
         if verdict.status == STARTS:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ..errors import PolicyError
-from ..policyset import load
+from ..evaluate.policyset import load
 from .common import POLICIES_DEFAULT, add_policy_arguments, choose_policies, fail, load_from_args
 
 __all__ = ["register"]
@@ -58,7 +58,7 @@ def run_versions(args: Any) -> int:
 
 def run_table(args: Any) -> int:
     """Resolve every named architecture (and one without a preference) on every backend."""
-    from ..matrix import columns_of, decision_matrix, rows_of
+    from ..analyse.matrix import columns_of, decision_matrix, rows_of
 
     source = choose_policies(args.policy)
     if isinstance(source, int):

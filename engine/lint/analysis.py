@@ -18,7 +18,7 @@ architectures apart. Each state keeps one
 The constraints stage, last, does not enumerate the inputs it reads together either: it tests each
 constraint over the few inputs it reads, and derives the rest (see "the constraints stage" below).
 
-The result is exact for the classes of contexts :mod:`kvpolicy.domain` defines; a test checks it
+The result is exact for the classes of contexts :mod:`kvpolicy.evaluate.domain` defines; a test checks it
 against the resolver on the full domain.
 """
 
@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from ..model import Condition, Decision, Policy, Row
-from ..resolver import RowIndex, compile_condition
+from ..read.model import Condition, Decision, Policy, Row
+from ..evaluate.resolver import RowIndex, compile_condition
 
 __all__ = ["Analysis", "AnalysisLimit", "Witnesses", "analyse", "context_of", "describe_context"]
 

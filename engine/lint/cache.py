@@ -1,11 +1,11 @@
 """Lint results stored by content, so a run over unchanged files parses and analyses nothing.
 
-Two kinds of entry, in the user's cache folder (:mod:`kvpolicy.cache`; ``KVPOLICY_CACHE_DIR=""``
+Two kinds of entry, in the user's cache folder (:mod:`kvpolicy.read.cache`; ``KVPOLICY_CACHE_DIR=""``
 turns it off, ``kvpolicy lint --no-cache`` skips it for one run):
 
 - **per file**: the findings of the loader and policy rules on one file (they read that file
   only), whether it loaded, and why its exact analysis was skipped; keyed by the file's bytes, the
-  name findings give it, the rules that run and :func:`kvpolicy.cache.code_fingerprint`;
+  name findings give it, the rules that run and :func:`kvpolicy.read.cache.code_fingerprint`;
 - **per set**: the findings of the set rules (versions across files, suppressions), keyed by the
   same rules and the per-file keys of every file of the run, in order. A run with ``--base`` reads
   git and never uses it.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cache import cached_entry, code_fingerprint, digest, remember_entry
+from ..read.cache import cached_entry, code_fingerprint, digest, remember_entry
 from ..errors import Location
 from .rules import Finding
 

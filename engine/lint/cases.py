@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ContextError, PolicyError, PolicyProblem
-from ..loader import CASES_SUFFIX, display_path, load_policy_file, policy_files
+from ..read.loader import CASES_SUFFIX, display_path, load_policy_file, policy_files
 from ..wording import suggest
-from ..model import Policy
-from ..policyset import PolicySet
-from ..policyfile import read_policy_bytes
-from ..source import Location, TomlSyntaxError, parse_document
+from ..read.model import Policy
+from ..evaluate.policyset import PolicySet
+from ..read.policyfile import read_policy_bytes
+from ..read.source import Location, TomlSyntaxError, parse_document
 
 __all__ = ["CaseResult", "CoverageItem", "TestRun", "run_tests"]
 
@@ -178,7 +178,7 @@ _RESULTS = "test-results-1"
 def _results_key(policy_path: Path, cases_path: Path | None) -> str | None:
     """The digest a pair's results are stored under (None when a file cannot be read: then the
     run reports why)."""
-    from ..cache import code_fingerprint, digest
+    from ..read.cache import code_fingerprint, digest
 
     parts: list[bytes | str] = ["kvpolicy-test-1", code_fingerprint()]
     for path in (policy_path, cases_path):
@@ -195,7 +195,7 @@ def _results_key(policy_path: Path, cases_path: Path | None) -> str | None:
 
 def _stored_results(run: TestRun, key: str) -> bool:
     """Add a pair's stored results to ``run``; False (adding nothing) when there are none."""
-    from ..cache import cached_entry
+    from ..read.cache import cached_entry
 
     entry = cached_entry(_RESULTS, key)
     try:
@@ -220,7 +220,7 @@ def _stored_results(run: TestRun, key: str) -> bool:
 
 
 def _store_results(key: str, pair: TestRun) -> None:
-    from ..cache import remember_entry
+    from ..read.cache import remember_entry
 
     def where(location: Location) -> list[Any]:
         return [location.path, location.line, location.column]

@@ -22,8 +22,8 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import PolicyProblem
-from ..model import DECISIONS, Condition, Matcher, Policy, Row, Rule
-from ..source import Location, SourceDocument
+from ..read.model import DECISIONS, Condition, Matcher, Policy, Row, Rule
+from ..read.source import Location, SourceDocument
 from .analysis import Analysis, AnalysisLimit, analyse, context_of, describe_context
 
 if sys.version_info >= (3, 11):
@@ -32,7 +32,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from ..policyset import PolicySet
+    from ..evaluate.policyset import PolicySet
 
 __all__ = ["ANALYSIS_RULES", "CATEGORIES", "RULES", "Finding", "LintRule", "PolicyFile", "catalogue"]
 
@@ -142,7 +142,7 @@ class PolicyFile:
 
     @cached_property
     def policy_set(self) -> PolicySet:
-        from ..policyset import PolicySet
+        from ..evaluate.policyset import PolicySet
 
         assert self.policy is not None
         return PolicySet(self.policy)
@@ -1254,7 +1254,7 @@ def _predecessors(files: list[PolicyFile]) -> Iterator[tuple[PolicyFile, PolicyF
     the run that has one. Files whose version another file repeats are KVP050's."""
     from pathlib import Path
 
-    from ..policyfile import version_key
+    from ..read.policyfile import version_key
 
     folders: dict[str, list[PolicyFile]] = {}
     for file in files:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PolicyError
-from ..loader import CASES_SUFFIX, display_path, parse_policy, policy_files
-from ..policyfile import read_policy_bytes
-from ..source import Location, SourceDocument, TomlSyntaxError, parse_document
+from ..read.loader import CASES_SUFFIX, display_path, parse_policy, policy_files
+from ..read.policyfile import read_policy_bytes
+from ..read.source import Location, SourceDocument, TomlSyntaxError, parse_document
 from .rules import ANALYSIS_RULES, RULES, Finding, PolicyFile
 
 if sys.version_info >= (3, 11):
@@ -75,7 +75,7 @@ def selected_codes(config: LintConfig) -> list[str]:
 
 def find_config(start: Path | None = None, explicit: str | None = None) -> LintConfig:
     """Read ``[tool.kvpolicy]`` from ``explicit`` or the nearest ``pyproject.toml`` upwards."""
-    from ..policyroot import find_pyproject, kvpolicy_table
+    from ..read.policyroot import find_pyproject, kvpolicy_table
 
     if explicit is not None:
         path: Path | None = Path(explicit)
@@ -98,7 +98,7 @@ def config_from_table(table: Any, source: str) -> LintConfig:
     """Check and turn a ``[tool.kvpolicy]`` table into a configuration."""
     if not isinstance(table, dict):
         raise LintUsageError(f"{source}: [tool.kvpolicy] must be a table")
-    # policies: the folder commands use (checked where it is used, kvpolicy.policyroot.policy_source)
+    # policies: the folder commands use (checked where it is used, kvpolicy.read.policyroot.policy_source)
     known = ("select", "ignore", "fail-level", "allow-symlinks", "analysis-limit", "policies")
     unknown = sorted(set(table) - set(known))
     if unknown:

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from kvpolicy.cli import main
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 from .conftest import REPO, check_golden
 
@@ -154,7 +154,7 @@ def test_json_grows_with_the_edit_not_with_the_contexts_it_touches(capsys, tmp_p
 
 
 def test_files_and_folders_are_accepted(capsys, tmp_path) -> None:
-    from kvpolicy.loader import shipped_root
+    from kvpolicy.read.loader import shipped_root
 
     old = shipped_root() / "2026.07.09.toml"
     folder = tmp_path / "policies"

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 import tomlkit
 
 import kvpolicy
-from kvpolicy.diff import Change, architectures_of, diff_policies, outcome_of, points
-from kvpolicy.diff import _resolution_key as resolution_key
-from kvpolicy.loader import parse_policy
+from kvpolicy.analyse.diff import Change, architectures_of, diff_policies, outcome_of, points
+from kvpolicy.analyse.diff import _resolution_key as resolution_key
+from kvpolicy.read.loader import parse_policy
 
 from tests.engine.strategies import MODEL_TYPES, RANDOM_ARCHITECTURES, policies
 
@@ -198,7 +198,7 @@ def test_diff_is_exact_when_only_preference_rows_change(data: Any) -> None:
 def test_rows_only_edit_evaluates_only_the_changed_models() -> None:
     """A flipped row of the shipped policy: the evaluated part holds that architecture only, and
     the rest of the domain is left for when something reads it."""
-    from kvpolicy.loader import shipped_root
+    from kvpolicy.read.loader import shipped_root
 
     old = kvpolicy.load(version="2026.09.10")
     text = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
@@ -258,7 +258,7 @@ def test_sections_of_shipped_versions_are_exact(old_version: str, new_version: s
 
 
 def test_a_value_only_one_version_accepts_is_reported_as_rejected() -> None:
-    from kvpolicy.loader import shipped_root
+    from kvpolicy.read.loader import shipped_root
 
     text = (shipped_root() / "2026.08.24.toml").read_text(encoding="utf-8")
     newer = text.replace('values = ["NIXL", "UCX", "MPI", "MOONCAKE"]', 'values = ["NIXL", "UCX", "MPI", "MOONCAKE", "LIBFABRIC"]')
@@ -273,7 +273,7 @@ def test_a_value_only_one_version_accepts_is_reported_as_rejected() -> None:
 
 
 def test_a_feature_only_the_new_version_declares_is_reported_as_rejected_before() -> None:
-    from kvpolicy.loader import shipped_root
+    from kvpolicy.read.loader import shipped_root
 
     text = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
     newer = text.replace(

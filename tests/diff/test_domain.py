@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvpolicy.domain import domain_of
-from kvpolicy.loader import parse_policy
+from kvpolicy.evaluate.domain import domain_of
+from kvpolicy.read.loader import parse_policy
 
 POLICY = """
 schema = 1

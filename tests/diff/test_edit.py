@@ -1,10 +1,10 @@
-"""``kvpolicy.edit``: what changed in the files, part by part, on shipped and edited versions."""
+"""``kvpolicy.analyse.edit``: what changed in the files, part by part, on shipped and edited versions."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from kvpolicy.edit import edit_between
+from kvpolicy.analyse.edit import edit_between
 
 
 def by_id(edit):
@@ -82,7 +82,7 @@ def test_ten_thousand_rows_with_one_percent_changed_give_one_change_per_row() ->
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from resolve import generated_policy
 
-    from kvpolicy.loader import parse_policy
+    from kvpolicy.read.loader import parse_policy
 
     old = parse_policy(generated_policy(10_000)[0], "old.toml")
     new = parse_policy(generated_policy(10_000, changed_every=100)[0], "new.toml")

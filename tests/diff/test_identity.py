@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from kvpolicy.identity import ModelReference, find_model, model_reference
+from kvpolicy.serving.identity import ModelReference, find_model, model_reference
 
 VERSION = "2026.09.10"
 

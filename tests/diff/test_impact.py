@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from kvpolicy.impact import impact_of, load_architecture_map
+from kvpolicy.analyse.impact import impact_of, load_architecture_map
 
 from .conftest import REPO, check_golden
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 UCX_CPP = """\
 model: some/model

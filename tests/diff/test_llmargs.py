@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from kvpolicy.configfile import read_config
-from kvpolicy.llmargs import KV_CACHE_FIELDS, check_sections, misspelling_of
-from kvpolicy.serving import CACHE_TRANSCEIVER_FIELDS, servers_of
+from kvpolicy.serving.configfile import read_config
+from kvpolicy.serving.llmargs import KV_CACHE_FIELDS, check_sections, misspelling_of
+from kvpolicy.serving.layouts import CACHE_TRANSCEIVER_FIELDS, servers_of
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures" / "serving"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from kvpolicy.diff import _model_classes, diff_policies, outcome_of
-from kvpolicy.domain import domain_of
-from kvpolicy.loader import parse_policy, shipped_root
-from kvpolicy.policyset import PolicySet
+from kvpolicy.analyse.diff import _model_classes, diff_policies, outcome_of
+from kvpolicy.evaluate.domain import domain_of
+from kvpolicy.read.loader import parse_policy, shipped_root
+from kvpolicy.evaluate.policyset import PolicySet
 
 
 def with_rows(rows: int, flipped: set[int]) -> PolicySet:

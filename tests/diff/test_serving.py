@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from kvpolicy.configfile import read_config
-from kvpolicy.impact import impact_of
-from kvpolicy.serving import servers_of
+from kvpolicy.serving.configfile import read_config
+from kvpolicy.analyse.impact import impact_of
+from kvpolicy.serving.layouts import servers_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "serving"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import kvpolicy
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 #: Every shipped version, oldest first.
 VERSIONS = tuple(kvpolicy.load().versions())

@@ -1,5 +1,5 @@
 """The source-position scanner kvpolicy used before the bounds pass recorded positions itself
-(``kvpolicy.source`` until issue 14): a character-by-character walk of a *valid* TOML document.
+(``kvpolicy.read.source`` until issue 14): a character-by-character walk of a *valid* TOML document.
 Kept here as the oracle the one-pass source map is compared against (tests/engine/test_source.py)."""
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ def random_contexts() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-from kvpolicy.loader import shipped_root  # noqa: E402
+from kvpolicy.read.loader import shipped_root  # noqa: E402
 
 CLEAN = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
 
@@ -246,7 +246,7 @@ CLEAN = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
 def hostile_structures(draw: Any) -> tuple[bytes, bool]:
     """(policy bytes, whether they exceed a pre-parse bound): deep arrays and inline tables, long
     dotted keys and headers, long integers, around and beyond each bound."""
-    from kvpolicy.policyfile import MAX_BARE_VALUE, MAX_KEY_PARTS, MAX_NESTING
+    from kvpolicy.read.policyfile import MAX_BARE_VALUE, MAX_KEY_PARTS, MAX_NESTING
 
     kind = draw(st.sampled_from(("array", "inline", "mixed", "dotted-key", "header", "integer")))
     if kind in ("array", "inline", "mixed"):

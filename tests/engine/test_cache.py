@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 import kvpolicy
-from kvpolicy import PolicyError, cache
-from kvpolicy.loader import shipped_root
+from kvpolicy import PolicyError
+from kvpolicy.read import cache
+from kvpolicy.read.loader import shipped_root
 
 PROBE = (
-    "import sys, kvpolicy, kvpolicy.loader as loader\n"
+    "import sys, kvpolicy, kvpolicy.read.loader as loader\n"
     "parsed = []\n"
     "parse = loader.parse_document\n"
     "loader.parse_document = lambda *a: parsed.append(1) or parse(*a)\n"
@@ -208,10 +209,10 @@ def heavy(modules: set[str]) -> set[str]:
 
 def test_a_cold_resolve_from_a_warm_cache_imports_neither_pydantic_nor_jsonschema(tmp_path):
     first, modules = cold_cli(tmp_path / "cache", *CLI)
-    assert "kvpolicy.loader" in modules and heavy(modules) == set()  # parsed, checked, compiled
+    assert "kvpolicy.read.loader" in modules and heavy(modules) == set()  # parsed, checked, compiled
     assert entries(tmp_path / "cache", INDEX)
     again, modules = cold_cli(tmp_path / "cache", *CLI)
-    assert heavy(modules) == set() and "kvpolicy.loader" not in modules  # from the compiled index alone
+    assert heavy(modules) == set() and "kvpolicy.read.loader" not in modules  # from the compiled index alone
     assert again == first  # the same resolution, diagnostics and notes
 
 
@@ -247,7 +248,7 @@ def test_a_cached_set_resolves_as_a_parsed_one(policy, tmp_path, monkeypatch):
 
 
 def test_the_index_is_plain_json_data(newest):
-    from kvpolicy.index import build_index, check_index
+    from kvpolicy.evaluate.index import build_index, check_index
 
     data = build_index(newest.policy)
     assert json.loads(json.dumps(data)) == data
@@ -319,7 +320,7 @@ def test_a_corrupt_or_forged_index_entry_is_a_miss(policy, tmp_path, corruption)
         _rewrite(entry, {"format-spec": _set_message, "wrong-type": _wrong_type, "other-file": _other_file, "not-a-rule": _code}[corruption])
     got, modules = cold_cli(folder, *CLI, policy=policy)
     assert got == want
-    assert "kvpolicy.loader" in modules  # not used: the policy was parsed and compiled again
+    assert "kvpolicy.read.loader" in modules  # not used: the policy was parsed and compiled again
 
 
 def test_the_index_key_depends_on_kvpolicy_version_and_bytes(monkeypatch):
@@ -332,7 +333,7 @@ def test_the_index_key_depends_on_kvpolicy_version_and_bytes(monkeypatch):
 
 
 def test_check_index_refuses_what_build_index_never_gives(newest):
-    from kvpolicy.index import build_index, check_index
+    from kvpolicy.evaluate.index import build_index, check_index
 
     for change in (_set_message, _wrong_type, _code, lambda d: {**d, "format": 0}, lambda d: {**d, "decisions": []}):
         data = json.loads(json.dumps(build_index(newest.policy)))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import kvpolicy
 from kvpolicy import ContextError, PolicyError
 from kvpolicy.fuzzing import load_target, resolve_target
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 SHIPPED = [p.read_bytes() for p in sorted(shipped_root().glob("2026.*.toml")) if not p.name.endswith(".cases.toml")]
 NEWEST = kvpolicy.load()
@@ -102,7 +102,7 @@ from tests.engine.strategies import hostile_structures  # noqa: E402
 def test_loader_bounds_structure_before_parsing(case):
     raw, beyond = case
     try:
-        kvpolicy.loader.parse_policy(raw, "fuzz.toml")
+        kvpolicy.read.loader.parse_policy(raw, "fuzz.toml")
     except PolicyError as exc:
         checks = {p.check for p in exc.problems}
         assert not beyond or checks == {"size"}, exc
@@ -116,7 +116,7 @@ def test_loader_bounds_structure_before_parsing(case):
 @given(size=st.integers(0, 64), limit=st.integers(1, 48))
 def test_reader_size_edges(tmp_path_factory, size, limit):
     """A file of exactly the cap is read; one byte more is refused by stat, before reading."""
-    from kvpolicy.policyfile import read_policy_bytes
+    from kvpolicy.read.policyfile import read_policy_bytes
 
     folder = tmp_path_factory.mktemp("edges")
     path = folder / "p.toml"
@@ -135,7 +135,7 @@ def test_reader_size_edges(tmp_path_factory, size, limit):
 def test_reader_refuses_special_files(tmp_path):
     import os
 
-    from kvpolicy.policyfile import read_policy_bytes
+    from kvpolicy.read.policyfile import read_policy_bytes
 
     specials = {"folder.toml": lambda p: p.mkdir(), "loop.toml": lambda p: os.symlink(p.name, p)}
     if hasattr(os, "mkfifo"):
@@ -156,7 +156,7 @@ def test_reader_refuses_special_files(tmp_path):
 @st.composite
 def hostile_configs(draw: Any) -> tuple[str, str, bool]:
     """(suffix, text, whether it exceeds a bound or repeats a key) for the config reader."""
-    from kvpolicy.configfile import MAX_DEPTH
+    from kvpolicy.serving.configfile import MAX_DEPTH
 
     kind = draw(st.sampled_from(("flow", "block", "aliases", "duplicate", "json-deep", "json-duplicate", "text")))
     if kind in ("flow", "json-deep"):
@@ -172,7 +172,7 @@ def hostile_configs(draw: Any) -> tuple[str, str, bool]:
         for level in range(1, levels + 1):
             lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * fan) + "]")
         # The reader's budget: a node counts its expanded children; every alias adds what it expands to.
-        from kvpolicy.configfile import MAX_EXPANDED_NODES
+        from kvpolicy.serving.configfile import MAX_EXPANDED_NODES
 
         sizes, spent = [2], 0
         for _ in range(levels):
@@ -190,7 +190,7 @@ def hostile_configs(draw: Any) -> tuple[str, str, bool]:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(hostile_configs())
 def test_config_reader_bounds_and_locates(tmp_path_factory, case):
-    from kvpolicy.configfile import ConfigFileError, read_config
+    from kvpolicy.serving.configfile import ConfigFileError, read_config
 
     suffix, text, refused = case
     path = tmp_path_factory.mktemp("configs") / f"c{suffix}"

@@ -52,7 +52,7 @@ def _dotted_key(folder: Path) -> str:
 
 def _oversize(folder: Path) -> str:
     with open(folder / "p.toml", "wb") as handle:  # sparse: refused by stat before a byte is read
-        handle.truncate(kvpolicy.policyfile.MAX_POLICY_BYTES + 1)
+        handle.truncate(kvpolicy.read.policyfile.MAX_POLICY_BYTES + 1)
     return "policy files are limited to 33,554,432 bytes"
 
 

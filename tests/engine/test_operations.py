@@ -10,7 +10,7 @@ import pytest
 
 import kvpolicy
 from kvpolicy import DecisionLog, PolicyError, PolicyWatcher
-from kvpolicy.loader import MAX_POLICY_BYTES
+from kvpolicy.read.loader import MAX_POLICY_BYTES
 
 from .conftest import write
 

@@ -1,4 +1,4 @@
-"""Which policies a command uses (kvpolicy.policyroot): --policy, else [tool.kvpolicy] policies,
+"""Which policies a command uses (kvpolicy.read.policyroot): --policy, else [tool.kvpolicy] policies,
 else ./policies, else the shipped history; every command agrees and says which on its first line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import kvpolicy
 from kvpolicy.cli import main
 from kvpolicy.errors import PolicyError
 from kvpolicy.lint.runner import LintUsageError, find_config
-from kvpolicy.policyroot import PolicySource, policy_source
+from kvpolicy.read.policyroot import PolicySource, policy_source
 
 SHIPPED = Path(__file__).resolve().parents[2] / "policies"
 OLDER, NEWER = "2026.09.02", "2026.09.10"

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 import kvpolicy
-from kvpolicy.loader import parse_policy
-from kvpolicy.policyset import PolicySet
+from kvpolicy.read.loader import parse_policy
+from kvpolicy.evaluate.policyset import PolicySet
 
 from .conftest import VERSIONS
 from .strategies import ARCHITECTURES, BACKEND_ENV, QUALIFIED, contexts, policies, random_contexts

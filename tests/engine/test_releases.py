@@ -13,8 +13,8 @@ import pytest
 from kvpolicy.cli import main
 from kvpolicy.cli.policies import load_policy_argument
 from kvpolicy.errors import PolicyError
-from kvpolicy.policyfile import policy_files, shipped_root
-from kvpolicy.releases import (
+from kvpolicy.read.policyfile import policy_files, shipped_root
+from kvpolicy.read.releases import (
     CERTAINTIES,
     RELEASES_FILE,
     ReleaseError,
@@ -93,7 +93,7 @@ def test_a_release_holds_only_merges_before_its_date():
 
 
 def test_the_table_ships_with_the_package_not_among_the_policies():
-    assert RELEASES_FILE.parent == Path(sys.modules["kvpolicy"].__file__).parent
+    assert RELEASES_FILE.parent == Path(sys.modules["kvpolicy.read"].__file__).parent  # beside its reader
     # Not in the policy folder: load, lint, fmt and test read every *.toml there as a policy.
     assert RELEASES_FILE.parent != shipped_root()
     assert all(path.name != "releases.toml" for path in policy_files(shipped_root()))
@@ -102,7 +102,7 @@ def test_the_table_ships_with_the_package_not_among_the_policies():
     except ImportError:  # Python 3.10
         import tomli as tomllib
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert "*.toml" in data["tool"]["setuptools"]["package-data"]["kvpolicy"]
+    assert "*.toml" in data["tool"]["setuptools"]["package-data"]["kvpolicy.read"]
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.loader import _schema_problems, compiled_row_validator, schema, shipped_root
-from kvpolicy.source import parse_document
+from kvpolicy.read.loader import _schema_problems, compiled_row_validator, schema, shipped_root
+from kvpolicy.read.source import parse_document
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -95,7 +95,7 @@ def test_too_many_rows_are_reported_by_the_schema():
 
 # -- the whole document ------------------------------------------------------------------------------
 
-from kvpolicy.loader import _validator, compiled_document_validator  # noqa: E402
+from kvpolicy.read.loader import _validator, compiled_document_validator  # noqa: E402
 
 SHIPPED_DATA = [
     parse_document(path.read_bytes(), path.name).data

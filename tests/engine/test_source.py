@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpolicy.source import TomlSyntaxError, parse_document
+from kvpolicy.read.source import TomlSyntaxError, parse_document
 
 TEXT = """\
 # comment
@@ -92,9 +92,9 @@ from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from kvpolicy.errors import PolicyError  # noqa: E402
-from kvpolicy.loader import shipped_root  # noqa: E402
-from kvpolicy.scan import check_text  # noqa: E402
-from kvpolicy.scan import SourceMap  # noqa: E402
+from kvpolicy.read.loader import shipped_root  # noqa: E402
+from kvpolicy.read.scan import check_text  # noqa: E402
+from kvpolicy.read.scan import SourceMap  # noqa: E402
 from tests.engine import reference_scanner  # noqa: E402
 
 if sys.version_info >= (3, 11):

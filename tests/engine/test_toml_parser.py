@@ -1,4 +1,4 @@
-"""The policy parser (``kvpolicy.source.toml_parser``) accepts and refuses exactly what the standard
+"""The policy parser (``kvpolicy.read.source.toml_parser``) accepts and refuses exactly what the standard
 library's ``tomllib`` does, with the same data and the same located messages.
 
 kvpolicy parses with tomli's compiled build when it is installed at a TOML 1.0 version (< 2.4), for
@@ -17,8 +17,8 @@ import tomlkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.loader import shipped_root
-from kvpolicy.source import parse_document, toml_parser
+from kvpolicy.read.loader import shipped_root
+from kvpolicy.read.source import parse_document, toml_parser
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is the reference (Python >= 3.11)")
 
@@ -159,7 +159,7 @@ def test_a_toml_1_1_tomli_is_not_used(monkeypatch):
 def test_a_policy_error_names_the_same_place_either_way():
     text = shipped_root().joinpath("2026.09.10.toml").read_text(encoding="utf-8").replace('summary = "', 'summary = "\\e', 1)
     line = next(i for i, l in enumerate(text.splitlines(), start=1) if "\\e" in l)
-    from kvpolicy.source import TomlSyntaxError
+    from kvpolicy.read.source import TomlSyntaxError
 
     with pytest.raises(TomlSyntaxError) as caught:
         parse_document(text.encode(), "p.toml")

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from kvpolicy import Location, PolicyProblem
-from kvpolicy.model import Condition, Matcher, Row
+from kvpolicy.read.model import Condition, Matcher, Row
 
 
 def test_location_is_a_value():

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import kvpolicy
 from kvpolicy.cli import main
-from kvpolicy.verdict import CANNOT_START, DEPENDS, STARTS
+from kvpolicy.evaluate.verdict import CANNOT_START, DEPENDS, STARTS
 
 from . import upstream
 
@@ -112,7 +112,7 @@ def test_the_cli_json_verdict_of_an_unknown_architecture(capsys):
 
 def test_the_classes_of_models_are_the_diffs_partition():
     # The verdict enumerates what the diff's domain enumerates: one machinery, not two.
-    from kvpolicy.domain import domain_of
+    from kvpolicy.evaluate.domain import domain_of
 
     for version in VERSIONS:
         policy_set = kvpolicy.load(version=version)

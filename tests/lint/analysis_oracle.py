@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpolicy.model import Condition, Decision, Policy, Row
-from kvpolicy.resolver import RowIndex, compile_condition
+from kvpolicy.read.model import Condition, Decision, Policy, Row
+from kvpolicy.evaluate.resolver import RowIndex, compile_condition
 
 __all__ = ["oracle_analyse"]
 

@@ -9,10 +9,10 @@ import itertools
 import kvpolicy
 import pytest
 from hypothesis import HealthCheck, given, settings
-from kvpolicy.domain import domain_of
+from kvpolicy.evaluate.domain import domain_of
 from kvpolicy.lint.analysis import analyse
-from kvpolicy.loader import parse_policy
-from kvpolicy.resolver import compile_condition
+from kvpolicy.read.loader import parse_policy
+from kvpolicy.evaluate.resolver import compile_condition
 
 from tests.engine.strategies import policies
 

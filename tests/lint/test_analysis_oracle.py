@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kvpolicy.errors import PolicyError
 from kvpolicy.lint import analysis
-from kvpolicy.loader import parse_policy, shipped_root
+from kvpolicy.read.loader import parse_policy, shipped_root
 
 from tests.engine.strategies import policies
 from tests.lint import analysis_oracle

@@ -8,7 +8,7 @@ import shutil
 import kvpolicy
 
 from kvpolicy.lint import lint_paths
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 from .conftest import FIXTURES
 

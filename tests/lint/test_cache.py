@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kvpolicy import cache as kvcache
+from kvpolicy.read import cache as kvcache
 from kvpolicy.cli.fmt import check_format
 from kvpolicy.lint import cases as lint_cases
 from kvpolicy.lint import rules as lint_rules
 from kvpolicy.lint import runner
 from kvpolicy.lint.report import render
 from kvpolicy.lint.runner import LintConfig, lint_paths
-from kvpolicy.policyfile import shipped_root
+from kvpolicy.read.policyfile import shipped_root
 
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Files with findings of every kind a cache entry must carry back: related locations, counterexample

@@ -6,7 +6,7 @@ import shutil
 
 import kvpolicy
 from kvpolicy.lint.cases import run_tests
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 from .conftest import FIXTURES, check_golden
 

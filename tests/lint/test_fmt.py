@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from kvpolicy.lint.fmt import FormatError, format_text
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 from tests.engine.strategies import policies
 

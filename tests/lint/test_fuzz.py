@@ -18,7 +18,7 @@ from kvpolicy.lint import RULES
 from kvpolicy.lint.cases import run_tests
 from kvpolicy.lint.report import FORMATS, render
 from kvpolicy.lint.runner import lint_files, load_policy_bytes
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 from tomlkit.exceptions import TOMLKitError
 
 if sys.version_info >= (3, 11):
@@ -194,7 +194,7 @@ def test_lint_verdict_equals_load_on_hostile_structures(case):
     """Deep nesting, long keys and long integers: lint's loader rules fail exactly when load
     refuses (both ways); other rules may find more in a file load accepts (KVP030), never less."""
     from kvpolicy.errors import PolicyError
-    from kvpolicy.loader import parse_policy
+    from kvpolicy.read.loader import parse_policy
 
     raw, _ = case
     try:

@@ -9,7 +9,7 @@ import random
 import pytest
 from kvpolicy.lint import analysis, rules
 from kvpolicy.lint.runner import lint_files, load_policy_bytes
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 NEWEST = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
 ANCHOR = "[decisions.transceiver_runtime.preference]"

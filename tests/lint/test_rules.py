@@ -10,7 +10,7 @@ import pytest
 import kvpolicy
 from kvpolicy.lint import RULES, lint_paths
 from kvpolicy.lint.rules import CATEGORIES, catalogue
-from kvpolicy.loader import shipped_root
+from kvpolicy.read.loader import shipped_root
 
 from .conftest import FIXTURES, check_golden
 

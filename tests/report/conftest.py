@@ -32,8 +32,8 @@ def _diff_once_per_pair():
     content: a fixture folder that reuses a version name is a different key.
     """
     import kvpolicy.cli.diff
-    import kvpolicy.report
-    from kvpolicy.diff import diff_policies
+    import kvpolicy.report.page
+    from kvpolicy.analyse.diff import diff_policies
 
     results = {}
 
@@ -48,7 +48,7 @@ def _diff_once_per_pair():
         return results[key]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kvpolicy.report, "diff_policies", once)
+        patch.setattr(kvpolicy.report.page, "diff_policies", once)
         patch.setattr(kvpolicy.cli.diff, "diff_policies", once)
         yield
 

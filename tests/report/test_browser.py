@@ -239,8 +239,8 @@ def test_a_longer_history_scrolls_inside_its_own_box(tmp_path):
     # Twice the shipped history: more than a 1,000 px window holds. The timeline box scrolls; the
     # page does not, and the last version is reached by scrolling the box.
     import kvpolicy
-    from kvpolicy.report import _timeline
-    from kvpolicy.report_assets import stylesheet
+    from kvpolicy.report.page import _timeline
+    from kvpolicy.report.assets import stylesheet
 
     sets = [kvpolicy.load(version=v) for v in kvpolicy.load().versions()] * 2
     page = tmp_path / "timeline.html"

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import kvpolicy
-from kvpolicy.matrix import columns_of, decision_matrix, rows_of
-from kvpolicy.report import _STATUSES
+from kvpolicy.analyse.matrix import columns_of, decision_matrix, rows_of
+from kvpolicy.report.page import _STATUSES
 from tests.report.conftest import FLIP_ABSOLUTE, REPO
 
 VERSIONS = kvpolicy.load().versions()
@@ -270,7 +270,7 @@ def test_paths_show_relative_to_the_working_directory_with_the_full_path_on_hove
 
 
 def test_paths_outside_the_root_stay_whole():
-    from kvpolicy.report import _relative, _shorten
+    from kvpolicy.report.page import _relative, _shorten
 
     assert _relative("/repo/deploy/a.yaml", "/repo") == "deploy/a.yaml"
     assert _relative("/elsewhere/a.yaml", "/repo") == "/elsewhere/a.yaml"  # never ../../elsewhere
@@ -282,7 +282,7 @@ def test_paths_outside_the_root_stay_whole():
 
 
 def test_upstream_urls_in_sources_become_links():
-    from kvpolicy.report import _source
+    from kvpolicy.report.page import _source
 
     html = _source("TensorRT-LLM PR https://github.com/NVIDIA/TensorRT-LLM/pull/1234, merged <2026-08-24>.")
     assert '<a href="https://github.com/NVIDIA/TensorRT-LLM/pull/1234" rel="noreferrer">' in html
@@ -409,7 +409,7 @@ def test_every_deciding_rule_has_its_upstream_source(version):
 
 
 def test_over_budget_the_versions_not_compared_are_shown_compact():
-    from kvpolicy.report import ReportInput, render_report
+    from kvpolicy.report.page import ReportInput, render_report
     from tests.report.page import parse
 
     sets = [kvpolicy.load(version=v) for v in VERSIONS]
