@@ -11,6 +11,7 @@ lists them. Rules come in three kinds:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import re
@@ -868,7 +869,7 @@ def _anchor_keys(when: Condition) -> list[tuple[Any, ...]] | None:
 
 def _implies(narrow: Condition, broad: Condition) -> bool:
     """Whether ``narrow`` holding makes ``broad`` hold, judged field by field (sound, not complete)."""
-    for name in type(broad).model_fields:
+    for name in (f.name for f in dataclasses.fields(broad)):
         want = getattr(broad, name)
         have = getattr(narrow, name)
         if not want:
@@ -1274,9 +1275,9 @@ _IDENTITY_FIELDS = frozenset({"version", "summary", "source", "path", "digest"})
 
 def _content(value: Any) -> Any:
     """What a loaded policy (or a part of it) holds, without where it stands in its file."""
-    fields = getattr(type(value), "model_fields", None)
-    if fields is not None:
-        return {name: _content(getattr(value, name)) for name in fields if not isinstance(getattr(value, name), Location)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        named = (f.name for f in dataclasses.fields(value))
+        return {name: _content(getattr(value, name)) for name in named if not isinstance(getattr(value, name), Location)}
     if isinstance(value, dict):
         return {key: _content(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -1285,7 +1286,7 @@ def _content(value: Any) -> Any:
 
 
 def _policy_content(policy: Policy) -> dict[str, Any]:
-    return {name: _content(getattr(policy, name)) for name in type(policy).model_fields if name not in _IDENTITY_FIELDS}
+    return {f.name: _content(getattr(policy, f.name)) for f in dataclasses.fields(policy) if f.name not in _IDENTITY_FIELDS}
 
 
 @_rule("KVP052", "identical-version", "versioning", "warning", "A version with the same content as the version before it", "set")

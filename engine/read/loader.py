@@ -487,7 +487,7 @@ class _Builder:
         data = self.data
         self._check_version(data["version"])
         features = {
-            name: Feature.model_construct(
+            name: Feature(
                 name=name,
                 description=spec.get("description", ""),
                 env=spec.get("env"),
@@ -517,7 +517,7 @@ class _Builder:
         checkpoint_rules = tuple(
             self._checkpoint_rule(index, spec) for index, spec in enumerate(data.get("checkpoint_rules", []))
         )
-        return Policy.model_construct(
+        return Policy(
             schema_version=data["schema"],
             version=data["version"],
             summary=data["summary"],
@@ -593,7 +593,7 @@ class _Builder:
         preference = None
         if "preference" in spec:
             preference = self._preference(name, spec["preference"], values, scope)
-        return Decision.model_construct(
+        return Decision(
             name=name,
             description=spec.get("description", ""),
             values=values,
@@ -622,7 +622,7 @@ class _Builder:
         self._claim(spec["id"], path + ("id",))
         self._check_value(spec["value"], values, path + ("value",), decision)
         when = self._condition(spec.get("when", {}), path + ("when",), scope)
-        return Rule.model_construct(
+        return Rule(
             id=spec["id"],
             decision=decision,
             stage=stage,  # type: ignore[arg-type]
@@ -672,7 +672,7 @@ class _Builder:
                 )
             seen.setdefault(key, row)
             rows.append(row)
-        return Preference.model_construct(
+        return Preference(
             id=spec["id"],
             decision=decision,
             adopt_when=self._condition(spec.get("adopt_when", {}), path + ("adopt_when",), scope),
@@ -695,7 +695,7 @@ class _Builder:
             )
         for key in ("message", "fix"):
             self._check_placeholders(spec[key], path + (key,))
-        return Constraint.model_construct(
+        return Constraint(
             id=spec["id"],
             decision=decision,
             severity=spec["severity"],
@@ -711,7 +711,7 @@ class _Builder:
     def _checkpoint_rule(self, index: int, spec: dict[str, Any]) -> CheckpointRule:
         path = ("checkpoint_rules", index)
         self._claim(spec["id"], path + ("id",))
-        return CheckpointRule.model_construct(
+        return CheckpointRule(
             id=spec["id"],
             model_type=tuple(spec["model_type"]),
             multimodal=spec.get("multimodal"),
@@ -725,7 +725,7 @@ class _Builder:
         if spec is None:
             return None
         self._check_placeholders(spec["message"], path + ("message",))
-        return Notice.model_construct(
+        return Notice(
             id=spec.get("id", rule_id),
             severity=spec["severity"],
             message=spec["message"],
@@ -771,7 +771,7 @@ class _Builder:
                     "unknown-name",
                     f"feature {feature!r} is not declared in [features]{suggest(feature, self.features)}",
                 )
-        return Condition.model_construct(
+        return Condition(
             subjects=subjects,
             timeout=spec.get("kv_transfer_timeout_ms"),
             features=dict(spec.get("features", {})),
@@ -841,5 +841,5 @@ class _Builder:
 def _matcher(raw: Any) -> Matcher:
     if isinstance(raw, dict):
         inner = raw["not"]
-        return Matcher.model_construct(values=frozenset([inner] if isinstance(inner, str) else inner), negate=True)
-    return Matcher.model_construct(values=frozenset([raw] if isinstance(raw, str) else raw))
+        return Matcher(values=frozenset([inner] if isinstance(inner, str) else inner), negate=True)
+    return Matcher(values=frozenset([raw] if isinstance(raw, str) else raw))

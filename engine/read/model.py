@@ -2,18 +2,18 @@
 
 Built by :mod:`kvpolicy.read.loader` after the JSON Schema accepted the document, so the models here
 assume well-formed input; the loader's semantic checks (names, cycles, duplicate ids) run on them.
-All models are frozen dataclasses (keyword-only fields). They were pydantic models built with
-``model_construct`` (no validation: the schema and the loader's checks are the validation), and
-importing pydantic alone cost ~3x a bare interpreter start on every load that does not come from
-the compiled-policy cache; ``model_construct``, ``model_fields``, ``model_dump`` and
-``model_dump_json`` remain, so code written against those names keeps working.
+All models are plain frozen dataclasses (keyword-only fields, slots), built by the loader from
+values the JSON Schema and its checks already validated: nothing here validates again. (pydantic
+is used where kvpolicy validates what upstream validates, the serving-config sections of
+:mod:`kvpolicy.serving.llmargs`; here it only cost ~3x a bare interpreter start on every load.)
+:func:`as_data` and :func:`as_json` give a model as plain data.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from ..errors import Location
 
@@ -31,6 +31,8 @@ __all__ = [
     "Preference",
     "Row",
     "Rule",
+    "as_data",
+    "as_json",
 ]
 
 #: The decisions kvpolicy knows, each named after the serving-config field that holds the user's value.
@@ -53,29 +55,20 @@ NULL_REQUEST = "null"
 _model = dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 
 
-class _Frozen:
-    """What the models share: the construction and dump names of the pydantic models they were."""
+def as_data(model: Any) -> dict[str, Any]:
+    """A model as plain data: fields in declaration order, nested models as dicts, frozensets as
+    sorted lists, locations as ``file:line:col``."""
+    return {f.name: _plain(getattr(model, f.name)) for f in dataclasses.fields(model)}
 
-    __slots__ = ()
-    model_fields: ClassVar[dict[str, Any]]
 
-    @classmethod
-    def model_construct(cls, **fields: Any) -> Any:
-        """Build a model from already checked values (the loader's way)."""
-        return cls(**fields)
-
-    def model_dump(self) -> dict[str, Any]:
-        """The model as plain data (frozensets as sorted lists, locations as ``file:line:col``)."""
-        return {f: _plain(getattr(self, f)) for f in type(self).model_fields}
-
-    def model_dump_json(self) -> str:
-        """:meth:`model_dump` as JSON."""
-        return json.dumps(self.model_dump(), sort_keys=True)
+def as_json(model: Any) -> str:
+    """:func:`as_data` as JSON (keys sorted)."""
+    return json.dumps(as_data(model), sort_keys=True)
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, _Frozen):
-        return value.model_dump()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return as_data(value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -87,14 +80,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _fields_of(cls: Any) -> Any:
-    cls.model_fields = {f.name: f for f in dataclasses.fields(cls)}
-    return cls
-
-
-@_fields_of
 @_model
-class Matcher(_Frozen):
+class Matcher:
     """Values a subject may take (``negate``: any value but these)."""
 
     values: frozenset[str]
@@ -110,9 +97,8 @@ class Matcher(_Frozen):
         return f"not {listed}" if self.negate else listed
 
 
-@_fields_of
 @_model
-class Condition(_Frozen):
+class Condition:
     """A conjunction of tests on the context and on decided values. Empty: always holds."""
 
     subjects: dict[str, Matcher] = dataclasses.field(default_factory=dict)
@@ -138,9 +124,8 @@ class Condition(_Frozen):
         return " and ".join(parts) if parts else "always"
 
 
-@_fields_of
 @_model
-class Notice(_Frozen):
+class Notice:
     """A diagnostic a rule adds when it decides (or a preference when it is not adopted)."""
 
     id: str
@@ -149,15 +134,14 @@ class Notice(_Frozen):
     location: Location
 
 
-@_fields_of
 @_model
-class Rule(_Frozen):
+class Rule:
     """A requirement, conditional default, default or adjustment of one decision."""
 
     id: str
     decision: str
     stage: Literal["requirement", "conditional", "default", "adjustment"]
-    when: Condition = Condition.model_construct()
+    when: Condition = Condition()
     value: str
     notice: Notice | None = None
     reason: str | None = None
@@ -167,9 +151,8 @@ class Rule(_Frozen):
     order: int = 0
 
 
-@_fields_of
 @_model
-class Row(_Frozen):
+class Row:
     """One architecture's preferred value in a preference table."""
 
     id: str
@@ -182,14 +165,13 @@ class Row(_Frozen):
     path: tuple[str | int, ...]
 
 
-@_fields_of
 @_model
-class Preference(_Frozen):
+class Preference:
     """A decision's per-architecture table and when its rows are adopted."""
 
     id: str
     decision: str
-    adopt_when: Condition = Condition.model_construct()
+    adopt_when: Condition = Condition()
     on_not_adopted: Notice | None = None
     rows: tuple[Row, ...] = ()
     reason: str | None = None
@@ -197,9 +179,8 @@ class Preference(_Frozen):
     location: Location
 
 
-@_fields_of
 @_model
-class Decision(_Frozen):
+class Decision:
     """One decision: its values, the user value meaning "decide for me", its inputs and rules."""
 
     name: str
@@ -231,9 +212,8 @@ class Decision(_Frozen):
         return (self.auto, *((NULL_REQUEST,) if self.null_decides else ()), *self.values)
 
 
-@_fields_of
 @_model
-class Constraint(_Frozen):
+class Constraint:
     """A check of the final values that adds an error or a warning."""
 
     id: str
@@ -248,9 +228,8 @@ class Constraint(_Frozen):
     path: tuple[str | int, ...]
 
 
-@_fields_of
 @_model
-class Feature(_Frozen):
+class Feature:
     """A feature flag a context may carry, and what else turns it on."""
 
     name: str
@@ -260,9 +239,8 @@ class Feature(_Frozen):
     location: Location
 
 
-@_fields_of
 @_model
-class CheckpointRule(_Frozen):
+class CheckpointRule:
     """How TensorRT-LLM reads a checkpoint whose ``model_type`` it rewrites at load
     (``load_pretrained_config``): the architecture it then runs, whatever ``architectures[0]`` says.
     The first rule that matches wins, in file order, as upstream's branches do."""
@@ -278,9 +256,8 @@ class CheckpointRule(_Frozen):
     location: Location
 
 
-@_fields_of
 @_model
-class Policy(_Frozen):
+class Policy:
     """One version of the policy, as written in one file."""
 
     schema_version: int

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
+from kvpolicy.read.model import as_json
 from tests.report.page import Node, parse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def _diff_once_per_pair():
 
     def content(policy_set) -> str:
         policy = getattr(policy_set, "policy", policy_set)
-        return policy.model_dump_json()
+        return as_json(policy)
 
     def once(old, new):
         key = (content(old), content(new))

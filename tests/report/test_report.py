@@ -11,6 +11,7 @@ import pytest
 
 import kvpolicy
 from kvpolicy.analyse.matrix import columns_of, decision_matrix, rows_of
+from kvpolicy.read.model import as_json
 from kvpolicy.report.page import _STATUSES
 from tests.report.conftest import FLIP_ABSOLUTE, REPO
 
@@ -170,7 +171,7 @@ def test_issue_command_writes_one_offline_page_under_2_mb(tmp_path):
     # Self-contained: nothing is fetched, no framework.
     assert not root.find_all("link") and not [n for n in root.iter() if "src" in n.attrs]
     # Links out of the page (never loaded) only where a policy's upstream source names a URL.
-    sources = " ".join(str(kvpolicy.load(version=v).policy.model_dump_json()) for v in VERSIONS)
+    sources = " ".join(as_json(kvpolicy.load(version=v).policy) for v in VERSIONS)
     hrefs = [n.attrs["href"] for n in root.iter() if "href" in n.attrs]
     assert all(h in sources for h in hrefs if re.match(r"[a-z]+://", h))
     assert "url(" not in root.find("style").text() and "@import" not in root.find("style").text()
