@@ -12,7 +12,6 @@ if TYPE_CHECKING:
 
 from ..errors import Location, PolicyError, PolicyProblem
 from ..read.policyfile import CASES_SUFFIX, display_path, policy_files, read_policy_bytes, shipped_root, version_key
-from ..read.scan import check_text
 from .resolution import Resolution
 
 if TYPE_CHECKING:
@@ -207,6 +206,8 @@ def _versions_in(folder: Path) -> dict[str, Path]:
                 version = match.group(1)
             else:
                 import tomllib
+
+                from ..read.scan import check_text  # (the scan's patterns: not on a cold start's path)
 
                 check_text(raw, str(path))
                 version = tomllib.loads(text).get("version")
