@@ -12,19 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .diff import (
-    ARCHITECTURE_SLOT,
-    UNKNOWN_VALUE,
-    Diff,
-    Group,
-    Section,
-    architectures_of,
-    concrete_rule,
-    describe_clauses,
-    describe_cube,
-    describe_group,
-    describe_resolved,
-)
+from .describe import architectures_of, describe_clauses, describe_cube, describe_group, describe_resolved
+from .diff import Diff
+from .outcomes import ARCHITECTURE_SLOT, UNKNOWN_VALUE, Group, Section, concrete_rule
 from .edit import UNKNOWN_VALUE_OF, PolicyEdit
 from ..wording import plural
 
@@ -262,7 +252,7 @@ def _entries(result: Diff) -> list[Entry]:
             lines.append(_from_line(edits, edit))
         if section.by_values is not None:
             where = describe_cube(section.by_values.restriction, result.dimensions)
-            resolved = describe_resolved(section.by_values, result)
+            resolved = describe_resolved(section.by_values, result.resolutions_seen(section.by_values.with_rules))
             who = "both versions resolve" if section.by_values.both else f"{result.old.version} resolves"
             lines.append(f"  when {where}")
             lines.append(f"   and {who} {resolved[0]}")

@@ -7,7 +7,8 @@ import itertools
 import json
 from typing import Any
 
-from ..analyse.diff import Diff, describe_group, diff_policies
+from ..analyse.describe import describe_group
+from ..analyse.diff import Diff, diff_policies
 from ..analyse.difftext import CONTEXT_NOTE, Entry, change_lines, decision_lines, edit_lines, entries, entry_of_group, headline
 from ..wording import plural
 from .common import POLICIES_DEFAULT, choose_policies, fail

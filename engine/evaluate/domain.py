@@ -91,7 +91,7 @@ class Domain:
 
     def dimensions(self) -> tuple[Dimension, ...]:
         """The domain as a full product of independent dimensions (for symbolic analyses such as
-        :mod:`kvpolicy.analyse.diff`): every dimension is listed whether or not a decision is auto; where a
+        :mod:`kvpolicy.analyse.evaluators`): every dimension is listed whether or not a decision is auto; where a
         dimension cannot matter, all of its values behave alike."""
         dims = [Dimension("model", self.models)]
         dims += [Dimension(name, values) for name, values in self.requests.items()]

@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..analyse.diff import ARCHITECTURE_SLOT, Change, Diff, diff_policies, outcome_of
+from ..analyse.diff import Diff, diff_policies
+from ..analyse.evaluators import outcome_of
+from ..analyse.outcomes import ARCHITECTURE_SLOT, Change
 from ..analyse.difftext import CONTEXT_NOTE, Entry, edit_lines, entries, entry_of_group, headline
 from ..analyse.matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
 from ..evaluate.policyset import PolicySet

@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 import tomlkit
 
 import kvpolicy
-from kvpolicy.analyse.diff import Change, architectures_of, diff_policies, outcome_of, points
-from kvpolicy.analyse.diff import _resolution_key as resolution_key
+from kvpolicy.analyse.cubes import points
+from kvpolicy.analyse.describe import architectures_of
+from kvpolicy.analyse.diff import diff_policies
+from kvpolicy.analyse.evaluators import outcome_of
+from kvpolicy.analyse.outcomes import Change, resolution_key
 from kvpolicy.read.loader import parse_policy
 
 from tests.engine.strategies import MODEL_TYPES, RANDOM_ARCHITECTURES, policies

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import random
 
-from kvpolicy.analyse.diff import _model_classes, diff_policies, outcome_of
+from kvpolicy.analyse.diff import diff_policies
+from kvpolicy.analyse.evaluators import outcome_of
+from kvpolicy.analyse.partition import model_classes
 from kvpolicy.evaluate.domain import domain_of
 from kvpolicy.read.loader import parse_policy, shipped_root
 from kvpolicy.evaluate.policyset import PolicySet
@@ -28,7 +30,7 @@ def test_model_classes_do_not_grow_with_rows():
     for rows in (20, 2_000):
         old, new = with_rows(rows, set()), with_rows(rows, {0, 10})
         dimensions = domain_of(old.policy, new.policy).dimensions()
-        members, reduced = _model_classes((old.policy, new.policy), dimensions)
+        members, reduced = model_classes((old.policy, new.policy), dimensions)
         counts.append(len(reduced[0].values))
         # The classes partition the model dimension.
         every = [m for group in members.values() for m in group]
