@@ -72,11 +72,13 @@ def fake_sender():
     fake.close()
 
 
-def eventually(check, timeout_s: float = 10.0) -> None:
-    """Frames on different connections have no common order: wait for the counters to catch up."""
+def eventually(check, timeout_s: float = 30.0, seen=None) -> None:
+    """Frames on different connections have no common order: wait for the counters to catch up
+    (30 s: on a loaded 2-core machine a worker may not run for seconds). ``seen``: what to show
+    when the condition is never reached (e.g. the counters)."""
     deadline = time.monotonic() + timeout_s
     while not check():
-        assert time.monotonic() < deadline, "condition not reached"
+        assert time.monotonic() < deadline, f"condition not reached; saw {seen() if seen else '?'}"
         time.sleep(0.02)
 
 
@@ -160,8 +162,9 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
         serve_ok(prefill, decode, "served", [1, 2], [1, 2])
     finally:
         foreign.close(0)
-    eventually(lambda: prefill.call("stats")["dropped_malformed"] == 4)
-    eventually(lambda: prefill.call("stats")["dropped_unknown_peer"] == 2)
+    counters = lambda: {k: v for k, v in prefill.call("stats").items() if k.startswith("dropped")}  # noqa: E731
+    eventually(lambda: prefill.call("stats")["dropped_malformed"] == 4, seen=counters)
+    eventually(lambda: prefill.call("stats")["dropped_unknown_peer"] == 2, seen=counters)
 
     # Toward the receiver: a result for a request it never made, garbage, a wrong-kind frame.
     fake_sender.accept(decode)
