@@ -16,6 +16,7 @@ in a new process with an empty cache, with nothing changed, and with one file ed
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import resource
@@ -106,7 +107,7 @@ def gate(repeat: int) -> None:
     kvpolicy_ = [sys.executable, "-m", "kvpolicy"]
     for command in ("lint", "check"):
         subprocess.run([*kvpolicy_, command, str(folder)], capture_output=True, check=False, env=warm)
-    edits = iter(range(10**6))
+    edits = itertools.count()
 
     def edited(command: str):
         def run(env: dict[str, str]) -> list[str]:

@@ -18,12 +18,13 @@ uses them to attach each way contexts change to the parts of the edit that cause
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..read.model import CheckpointRule, Condition, Constraint, Decision, Notice, Policy, Row, Rule
+from ..read.policyfile import display_path
 from ..wording import plural
 
 __all__ = ["EditChange", "PolicyEdit", "UNKNOWN_VALUE_OF", "edit_between"]
@@ -414,11 +415,4 @@ def _where(location: Any) -> str | None:
     """``file:line``, the file relative to the working directory when it lies under it."""
     if location is None:
         return None
-    path = location.path
-    try:
-        relative = os.path.relpath(path)
-        if not relative.startswith(".."):
-            path = relative
-    except ValueError:  # another drive
-        pass
-    return f"{path}:{location.line}"
+    return f"{display_path(Path(location.path))}:{location.line}"

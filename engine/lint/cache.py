@@ -22,7 +22,7 @@ from typing import Any
 
 from ..read.cache import cached_entry, code_fingerprint, digest, remember_entry
 from ..errors import Location
-from .rules import Finding
+from .rules import RULES, Finding
 
 __all__ = ["FileResult", "file_key", "load_file", "load_set", "rules_key", "set_key", "store_file", "store_set"]
 
@@ -120,8 +120,6 @@ def _place(value: Any) -> Location:
 
 def _findings(values: Any) -> list[Finding]:
     """Findings from their stored form (ValueError/TypeError/KeyError when the shape is wrong)."""
-    from .rules import RULES
-
     found = []
     for code, message, where, severity, related, context in values:
         if code not in RULES or not isinstance(message, str) or severity not in _SEVERITIES:

@@ -123,7 +123,8 @@ def test_a_one_row_edit_names_the_row_and_its_values_first_in_a_handful_of_group
     assert lines[4].strip() == "reason: GPT-OSS prefers the Python transceiver."
     assert lines[5].strip().startswith("source: NVIDIA/TensorRT-LLM #16479")
     ways = [line for line in lines if re.match(r"\[\d+\] ", line)]
-    assert 1 <= len(ways) <= 6, ways
+    declared = int(re.search(r"in (\d+) ways?$", lines[1]).group(1))
+    assert len(ways) == declared and 1 <= declared <= 6, (declared, ways)
     # Every way names the row as its cause; none says a rule was replaced by itself.
     assert out.count("  from E1 (row runtime-preference[GptOssForCausalLM])") == len(ways)
     assert not re.search(r"decided by (\S+) instead of \1(\W|$)", out), out
