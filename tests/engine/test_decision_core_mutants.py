@@ -1,0 +1,279 @@
+"""Behaviours of the decision core that mutation testing (``make mutate``) found unchecked.
+
+Each test kills mutants that survived the module's tests (tests/mutation/survivors.md lists what is
+left): a cached index of the wrong shape was trusted; diagnostics could sort out of their order;
+``outcome()`` (the lean evaluator) could report other severities or messages than ``resolve()``; an
+error could list a null the decision does not take, or leave it out; the model classes could miss a
+model_type a condition reads; a message could fill a placeholder with the wrong value; explain could
+name another row than the one that decided.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kvpolicy
+from kvpolicy import ContextError
+from kvpolicy.evaluate.index import build_index, check_index
+
+from .conftest import VERSIONS, write
+
+# -- the compiled-policy cache trusts nothing it reads back ----------------------------------------
+
+
+def _fresh(version: str) -> dict:
+    return json.loads(json.dumps(build_index(kvpolicy.load(version=version).policy)))
+
+
+def _paths(value, path=()):
+    """Every position in index data: (path, value), containers and leaves alike."""
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*path, key))
+    elif isinstance(value, list):
+        for number, item in enumerate(value):
+            yield from _paths(item, (*path, number))
+
+
+def _wrong_type(value):
+    """A JSON value of a type ``value`` never has where it stands."""
+    if isinstance(value, bool):
+        return "yes"
+    if isinstance(value, str):
+        return 7
+    if isinstance(value, int):
+        return "7"
+    if isinstance(value, list):
+        return {}
+    if isinstance(value, dict):
+        return []
+    return 7  # in place of None: no optional position takes a number
+
+
+def _replaced(data: dict, path: tuple, value) -> dict:
+    copy = json.loads(json.dumps(data))
+    parent = copy
+    for step in path[:-1]:
+        parent = parent[step]
+    if value is _DROP:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return copy
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_shipped_versions_index_passes_the_check_its_cache_entry_gets(version):
+    # A check stricter than build_index would make every load of that version a cache miss.
+    check_index(_fresh(version))
+
+
+@pytest.mark.parametrize("version", [VERSIONS[0], "2026.07.23", VERSIONS[-1]])
+def test_a_cached_index_with_any_value_of_the_wrong_type_is_refused(version):
+    data = _fresh(version)
+    trusted = [path for path, value in _paths(data) if path and _try(_replaced(data, path, _wrong_type(value)))]
+    assert trusted == []
+
+
+@pytest.mark.parametrize("version", [VERSIONS[0], "2026.07.23", VERSIONS[-1]])
+def test_a_cached_index_missing_any_field_is_refused(version):
+    data = _fresh(version)
+    fields = [path for path, _ in _paths(data) if path and isinstance(path[-1], str) and "plain" not in path]
+    assert fields, "the index has fields"
+    assert [path for path in fields if _try(_replaced(data, path, _DROP))] == []
+
+
+def _try(data: dict) -> bool:
+    """Whether ``check_index`` accepts ``data``."""
+    try:
+        check_index(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _first(data: dict, name: str) -> dict:
+    return next(d for d in data["decisions"] if d["name"] == name)
+
+
+def _with_rows(data: dict) -> dict:
+    return next(d for d in data["decisions"] if d["rows"] and d["rows"]["qualified"])
+
+
+OUT_OF_DOMAIN = {
+    "an unknown subject": lambda d: _first(d, "backend")["default"]["when"]["subjects"].append(["gpu", ["H200"], False]),
+    "a condition with a test of another kind": lambda d: _first(d, "backend")["default"]["when"].update(gpu=[]),
+    "a subject matching no value": lambda d: _first(d, "backend")["default"]["when"]["subjects"].append(["backend", [], False]),
+    "a timeout test of another kind": lambda d: _first(d, "backend")["default"]["when"].update(timeout="soon"),
+    "a constraint of another severity": lambda d: d["constraints"][0].update(severity="fatal"),
+    "a constraint on no decision the index has": lambda d: d["constraints"][0].update(decision="scheduler"),
+    "a decision of another name": lambda d: _first(d, "kv_cache_manager").update(name="scheduler"),
+    "the same decision twice": lambda d: d["decisions"].append(d["decisions"][0]),
+    "no decision at all": lambda d: d.update(decisions=[]),
+    "a notice of another severity": lambda d: _first(d, "transceiver_runtime")["default"].update(notice=["n", "loud", "x", "text"]),
+    "a message reading an attribute": lambda d: d["constraints"][0].update(message="{backend.__class__}"),
+    "a message with a format spec": lambda d: d["constraints"][0].update(fix="{backend:>999999999}"),
+    "a message naming an unknown placeholder": lambda d: d["constraints"][0].update(message="{os}"),
+    "a qualified row of three fields": lambda d: _with_rows(d)["rows"]["qualified"].append(["A", "b", "C"]),
+    "a plain row of three fields": lambda d: _with_rows(d)["rows"]["plain"].update(A=["CPP", "rule", "x"]),
+    "a checkpoint rule of four fields": lambda d: d["checkpoint_rules"].append(["LlamaForCausalLM", ["llama"], None, "x"]),
+    "another format": lambda d: d.update(format=d["format"] + 1),
+}
+
+
+@pytest.mark.parametrize("change", OUT_OF_DOMAIN, ids=list(OUT_OF_DOMAIN))
+def test_a_cached_index_with_a_value_outside_its_domain_is_refused(change):
+    data = _fresh("2026.07.23")  # a version with model_type (qualified) rows
+    OUT_OF_DOMAIN[change](data)
+    assert not _try(data)
+
+
+# -- diagnostics: order, and the lean evaluator agrees with resolve() ------------------------------
+
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+
+CONTEXTS = [
+    dict(architecture=architecture, backend=backend, transceiver_runtime=runtime, env=env, features=features)
+    for architecture in ("LlamaForCausalLM", "MistralForCausalLM", None)
+    for backend in ("DEFAULT", "NIXL", "UCX", "MPI")
+    for runtime in ("auto", "CPP", "PYTHON")
+    for env in ({}, {"TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL": "1"}, {"TRTLLM_USE_MPI_KVCACHE": "1"})
+    for features in ((), ("serialized_state",), ("serialized_state", "sync_timing_output"), ("pipelined_transfer",))
+]
+
+
+def test_diagnostics_come_errors_first_then_warnings_then_notes_then_by_decision_then_by_id():
+    mixed = ties = 0
+    for version in VERSIONS:
+        policy = kvpolicy.load(version=version)
+        order = {name: number for number, name in enumerate(policy.decisions)}
+        for fields in CONTEXTS:
+            keys = [(SEVERITY_RANK[d.severity], order.get(d.decision, 99), d.id) for d in policy.resolve(**fields).diagnostics]
+            assert keys == sorted(keys), (version, fields)
+            mixed += len({k[0] for k in keys}) > 1
+            ties += len({k[:2] for k in keys}) < len(keys)
+    assert mixed and ties, "some context has diagnostics of two severities, and some two of one severity and decision"
+
+
+def test_the_lean_outcome_reports_the_diagnostics_resolve_reports_without_their_messages():
+    for version in VERSIONS:
+        policy = kvpolicy.load(version=version)
+        for fields in CONTEXTS:
+            resolution = policy.resolve(**fields)
+            values, decided_by, lean = policy.outcome(policy.normalise(**fields))
+            assert (values, decided_by) == (dict(resolution.values), dict(resolution.decided_by)), (version, fields)
+            assert sorted((d.id, d.severity, d.decision) for d in lean) == sorted(
+                (d.id, d.severity, d.decision) for d in resolution.diagnostics
+            ), (version, fields)
+            assert all(d.message == "" for d in lean)
+
+
+# -- context errors name exactly the values a decision takes ---------------------------------------
+
+
+@pytest.mark.parametrize("architectures", [7, {"LlamaForCausalLM": 1}, "LlamaForCausalLM"])
+def test_a_checkpoint_whose_architectures_are_not_a_list_of_names_is_a_context_error(architectures):
+    with pytest.raises(ContextError, match="architectures must be a list of names"):
+        kvpolicy.resolve(pretrained_config={"architectures": architectures}, backend="NIXL")
+
+
+
+def test_a_value_no_decision_takes_is_refused_with_the_accepted_values_and_no_null_when_there_is_none():
+    with pytest.raises(ContextError) as raised:
+        kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXLL")
+    assert str(raised.value).endswith("(one of DEFAULT, NIXL, UCX, MPI, MOONCAKE)")
+    assert "null" not in str(raised.value)
+
+
+CLEAN = Path(__file__).parents[1] / "lint" / "fixtures" / "clean.toml"  # a small policy with null = "CPP"
+
+
+def test_a_value_a_decision_does_not_take_is_refused_with_its_null_when_it_has_one(tmp_path):
+    policy = kvpolicy.load(write(tmp_path, CLEAN.read_text(encoding="utf-8")))
+    with pytest.raises(ContextError) as raised:
+        policy.resolve(architecture="LlamaForCausalLM", transceiver_runtime="CPPP")
+    assert str(raised.value).endswith("(one of auto, CPP, PYTHON, or null for CPP)")
+
+
+# -- the model classes a policy tells apart ----------------------------------------------------------
+
+
+def test_a_model_type_a_condition_reads_is_a_class_of_its_own_for_every_architecture(tmp_path):
+    text = CLEAN.read_text(encoding="utf-8") + (
+        '\n[[constraints]]\nid = "glm-warns"\ndecision = "backend"\nseverity = "warning"\n'
+        'when = { model_type = "glm_moe_dsa" }\nmessage = "GLM checkpoints are new."\nfix = "check the transfer"\n'
+        'reason = "A fixture."\nsource = "fixture"\n'
+    )
+    policy = kvpolicy.load(write(tmp_path, text))
+    assert set(policy.models()) == {
+        ("GptOssForCausalLM", None), ("GptOssForCausalLM", "glm_moe_dsa"), (None, None), (None, "glm_moe_dsa")
+    }
+    assert [d.id for d in policy.resolve(pretrained_config={"architectures": ["GptOssForCausalLM"], "model_type": "glm_moe_dsa"}).diagnostics] == ["glm-warns"]
+
+
+# -- messages name what the context holds ------------------------------------------------------------
+
+
+def test_a_preference_not_adopted_names_the_architecture_and_the_backend():
+    resolution = kvpolicy.load(version="2026.08.11").resolve(architecture="LlamaForCausalLM", backend="UCX")
+    assert [d.message for d in resolution.diagnostics] == [
+        "LlamaForCausalLM prefers the Python transceiver, but backend UCX does not support it; falling back to the C++ transceiver."
+    ]
+
+
+def test_every_placeholder_of_a_message_is_filled_from_the_context(tmp_path):
+    text = CLEAN.read_text(encoding="utf-8") + (
+        '\n[[constraints]]\nid = "ucx-says-everything"\ndecision = "backend"\nseverity = "warning"\n'
+        'when = { backend = "UCX" }\n'
+        'message = "{architecture}|{model_type}|{kv_transfer_timeout_ms}|{backend}|{transceiver_runtime}|{kv_cache_manager}"\n'
+        'fix = "{backend}"\nreason = "A fixture."\nsource = "fixture"\n'
+    )
+    policy = kvpolicy.load(write(tmp_path, text))
+    env = {"TRTLLM_USE_UCX_KVCACHE": "1"}
+    named = policy.resolve(pretrained_config={"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, env=env, kv_transfer_timeout_ms=5000)
+    anonymous = policy.resolve(env=env, kv_transfer_timeout_ms=None)
+    assert [d.message for d in named.diagnostics] == ["LlamaForCausalLM|llama|5000|UCX|CPP|V1 To fix: UCX."]
+    assert [d.message for d in anonymous.diagnostics] == ["this architecture|none|null|UCX|CPP|V1 To fix: UCX."]
+    for resolution in (named, anonymous):  # explain formats the message again, with the interpreter's formatter
+        (step,) = [s for s in resolution.trace if s.rule == "ucx-says-everything"]
+        assert f"{step.detail} To fix: UCX." == resolution.diagnostics[0].message
+
+
+def test_a_constant_message_with_a_fix_that_names_a_value_gets_that_value(tmp_path):
+    text = CLEAN.read_text(encoding="utf-8") + (
+        '\n[[constraints]]\nid = "ucx-is-slow"\ndecision = "backend"\nseverity = "warning"\n'
+        'when = { backend = "UCX" }\nmessage = "UCX is slow here."\nfix = "keep {backend} only for tests"\n'
+        'reason = "A fixture."\nsource = "fixture"\n'
+    )
+    policy = kvpolicy.load(write(tmp_path, text))
+    (diagnostic,) = policy.resolve(env={"TRTLLM_USE_UCX_KVCACHE": "1"}).diagnostics
+    assert (diagnostic.message, diagnostic.fix) == ("UCX is slow here. To fix: keep UCX only for tests.", "keep UCX only for tests")
+
+
+def test_a_preference_not_adopted_can_name_the_value_it_preferred(tmp_path):
+    text = CLEAN.read_text(encoding="utf-8").replace(
+        'adopt_when = { backend = "NIXL" }\n',
+        'adopt_when = { backend = "NIXL" }\n'
+        'on_not_adopted = { severity = "info", message = "{architecture} prefers {preferred}, not on {backend}." }\n',
+    )
+    policy = kvpolicy.load(write(tmp_path, text))
+    resolution = policy.resolve(architecture="GptOssForCausalLM", env={"TRTLLM_USE_UCX_KVCACHE": "1"})
+    assert [d.message for d in resolution.diagnostics] == ["GptOssForCausalLM prefers PYTHON, not on UCX."]
+
+
+# -- explain (the interpreter's trace) agrees with the decision ---------------------------------------
+
+
+def test_explain_names_the_model_type_row_that_decided():
+    glm = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "glm_moe_dsa"}
+    resolution = kvpolicy.load(version="2026.07.23").resolve(pretrained_config=glm, backend="NIXL")
+    decided = [s for s in resolution.trace if s.decision == "transceiver_runtime" and s.outcome == "decided"]
+    assert [(s.stage, s.rule) for s in decided] == [("preference", resolution.decided_by["transceiver_runtime"])]
+    assert resolution.decided_by["transceiver_runtime"] == "runtime-preference[DeepseekV3ForCausalLM,model_type=glm_moe_dsa]"
