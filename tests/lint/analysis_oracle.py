@@ -198,9 +198,11 @@ def _architecture_levels(
 
 
 def level_inputs(policy: Policy, decisions: list[str], tables_of: dict[str, Any]) -> tuple[list[Condition], list[Any]]:
-    """What the constraints and ``decisions`` read of an architecture: their conditions, and the
-    preference tables (from ``tables_of``, :func:`preference_table` by decision name)."""
+    """What the constraints, the adjustments and ``decisions`` read of an architecture: their
+    conditions, and the preference tables (from ``tables_of``, :func:`preference_table` by decision
+    name). Adjustments run after every decision, beside the constraints: every level reads them."""
     conditions = [c.when for c in policy.constraints]
+    conditions += [r.when for d in policy.decisions.values() for r in d.adjustments]
     tables = []
     for name in decisions:
         decision = policy.decisions[name]

@@ -136,8 +136,6 @@ value = "V2"
 """
 
 
-@pytest.mark.xfail(strict=True, reason="follow-up (issue 29): the analysis's constraints stage does not split on an "
-                   "architecture only an adjustment reads, so it never sees that adjustment decide")
 def test_an_adjustment_that_alone_reads_the_architecture_is_seen_to_decide():
     policy = parse_policy(ADJUSTED_BY_MODEL_ONLY.encode(), "adjusted.toml")
     assert kvpolicy.PolicySet(policy).resolve(architecture="ArchA", backend="NIXL").decided_by["kv_cache_manager"] == "arch-a-v2"
