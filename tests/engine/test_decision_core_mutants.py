@@ -277,3 +277,170 @@ def test_explain_names_the_model_type_row_that_decided():
     decided = [s for s in resolution.trace if s.decision == "transceiver_runtime" and s.outcome == "decided"]
     assert [(s.stage, s.rule) for s in decided] == [("preference", resolution.decided_by["transceiver_runtime"])]
     assert resolution.decided_by["transceiver_runtime"] == "runtime-preference[DeepseekV3ForCausalLM,model_type=glm_moe_dsa]"
+
+
+# -- unknown features --------------------------------------------------------------------------------
+
+
+def test_an_unknown_feature_is_refused_naming_the_first_unknown_one_in_sorted_order():
+    with pytest.raises(ContextError) as raised:
+        kvpolicy.load(version=VERSIONS[-1]).resolve(backend="NIXL", features={"zz_unknown", "aa_unknown"})
+    assert "unknown feature 'aa_unknown'" in str(raised.value)
+    assert "zz_unknown" not in str(raised.value)
+
+
+# -- diagnostics of a policy with a warning and a note of an earlier decision, and a notice and a --------
+# -- constraint of one decision and severity whose ids sort against the order they are made in ---------
+
+ORDERED = CLEAN.read_text(encoding="utf-8").replace(
+    'value = "UCX"\nreason = "The UCX variable picks UCX."\n',
+    'value = "UCX"\nnotice = { severity = "info", message = "the environment picked {backend}." }\nreason = "The UCX variable picks UCX."\n',
+).replace(
+    'value = "CPP", reason = "CPP works everywhere."',
+    'value = "CPP", notice = { severity = "warning", message = "transceiver_runtime fell back to {transceiver_runtime}." }, '
+    'reason = "CPP works everywhere."',
+) + (
+    '\n[[constraints]]\nid = "a-slow-on-ucx"\ndecision = "transceiver_runtime"\nseverity = "warning"\n'
+    'when = { backend = "UCX" }\nmessage = "the transceiver is slow on {backend}."\nfix = "use NIXL"\n'
+    'reason = "A fixture."\nsource = "fixture"\n'
+)
+UCX_ENV = {"TRTLLM_USE_UCX_KVCACHE": "1"}
+
+
+def test_warnings_sort_before_a_note_of_an_earlier_decision_and_by_id_within_one_decision(tmp_path):
+    policy = kvpolicy.load(write(tmp_path, ORDERED))
+    resolution = policy.resolve(env=UCX_ENV)
+    assert [(d.id, d.severity, d.decision) for d in resolution.diagnostics] == [
+        ("a-slow-on-ucx", "warning", "transceiver_runtime"),  # a constraint: made after the notice below
+        ("runtime-default-cpp", "warning", "transceiver_runtime"),
+        ("backend-env-ucx", "info", "backend"),
+    ]
+    assert [d.message for d in resolution.diagnostics[1:]] == ["transceiver_runtime fell back to CPP.", "the environment picked UCX."]
+
+
+def _interpreted(policy, **fields):
+    """What the reference interpreter (the code that writes explain's trace) answers for a context: its
+    diagnostics are reachable only here (``trace`` keeps its steps), as in test_properties."""
+    return policy._program.interpret(policy.normalise(**fields), None)
+
+
+def test_the_reference_interpreter_orders_and_words_diagnostics_as_resolve_does(tmp_path):
+    policy = kvpolicy.load(write(tmp_path, ORDERED))
+    for fields in (dict(env=UCX_ENV), dict(env=UCX_ENV, transceiver_runtime="PYTHON"), dict(backend="NIXL")):
+        resolution = policy.resolve(**fields)
+        assert _interpreted(policy, **fields) == (dict(resolution.values), dict(resolution.decided_by), resolution.diagnostics), fields
+    assert [d.id for d in _interpreted(policy, env=UCX_ENV)[2]] == ["a-slow-on-ucx", "runtime-default-cpp", "backend-env-ucx"]
+
+
+# -- requirements: conflicts, agreement, explicit values against them, and their notices --------------
+
+REQUIRING = CLEAN.read_text(encoding="utf-8").replace(
+    "[decisions.backend]", '[features.serialized_state]\ndescription = "Serialized state."\n\n[decisions.backend]', 1
+) + (
+    '\n[[decisions.transceiver_runtime.requirement]]\nid = "serialized-state-requires-cpp"\n'
+    "when = { features.serialized_state = true }\nvalue = \"CPP\"\n"
+    'notice = { severity = "info", message = "transceiver_runtime is {transceiver_runtime} for the serialized state." }\n'
+    'reason = "The serialized state needs CPP."\n'
+    '\n[[decisions.transceiver_runtime.requirement]]\nid = "ucx-requires-cpp"\n'
+    'when = { backend = "UCX" }\nvalue = "CPP"\n'  # no reason
+)
+
+
+def _line(text: str, start: str) -> int:
+    """The line (1-based) of ``text`` that starts with ``start``; exactly one does."""
+    (number,) = [number for number, line in enumerate(text.splitlines(), 1) if line.startswith(start)]
+    return number
+
+
+def test_a_requirements_conflict_names_each_requirement_with_its_value_and_points_at_the_first(tmp_path):
+    path = write(tmp_path, REQUIRING)
+    resolution = kvpolicy.load(path).resolve(features={"serialized_state", "pipelined_transfer"})
+    (conflict,) = resolution.errors
+    assert conflict.id == "requirements-conflict" and conflict.decision == "transceiver_runtime"
+    assert conflict.message == (
+        "transceiver_runtime cannot satisfy every requirement: "
+        "pipelined-transfer-requires-python requires PYTHON (feature pipelined_transfer is on); "
+        "serialized-state-requires-cpp requires CPP (feature serialized_state is on). "
+        "To fix: turn off one of the features or settings that these rules name."
+    )
+    first = _line(REQUIRING, 'id = "pipelined-transfer-requires-python"') - 1  # its [[...requirement]] header
+    assert conflict.location == f"{path}:{first}:1"
+
+
+def test_agreeing_requirements_decide_together_and_a_notice_among_them_names_the_value_they_decided(tmp_path):
+    resolution = kvpolicy.load(write(tmp_path, REQUIRING)).resolve(features={"serialized_state"}, env=UCX_ENV)
+    assert resolution.values["transceiver_runtime"] == "CPP"
+    assert resolution.decided_by["transceiver_runtime"] == "serialized-state-requires-cpp+ucx-requires-cpp"
+    assert [(d.id, d.message) for d in resolution.diagnostics] == [
+        ("serialized-state-requires-cpp", "transceiver_runtime is CPP for the serialized state.")
+    ]
+
+
+REQUIRING_CONTEXTS = [
+    dict(features=features, env=env, transceiver_runtime=runtime)
+    for features in ((), ("serialized_state",), ("pipelined_transfer",), ("serialized_state", "pipelined_transfer"))
+    for env in ({}, UCX_ENV)
+    for runtime in ("auto", "CPP", "PYTHON", None)
+]
+
+
+def test_the_lean_outcome_reports_what_resolve_reports_on_requirements_without_messages(tmp_path):
+    policy = kvpolicy.load(write(tmp_path, REQUIRING))
+    kinds = set()
+    for fields in REQUIRING_CONTEXTS:
+        resolution = policy.resolve(**fields)
+        values, decided_by, lean = policy.outcome(policy.normalise(**fields))
+        assert (values, decided_by) == (dict(resolution.values), dict(resolution.decided_by)), fields
+        assert sorted((d.id, d.severity, d.decision) for d in lean) == sorted(
+            (d.id, d.severity, d.decision) for d in resolution.diagnostics
+        ), fields
+        assert all(d.message == "" for d in lean), fields
+        kinds.update(d.id for d in resolution.diagnostics)
+    # an explicit value a requirement forbids, a conflict, and an agreeing requirement's notice
+    assert {"ucx-requires-cpp", "requirements-conflict", "serialized-state-requires-cpp"} <= kinds
+
+
+def test_the_reference_interpreter_reports_what_resolve_reports_on_requirements(tmp_path):
+    policy = kvpolicy.load(write(tmp_path, REQUIRING))
+    for fields in REQUIRING_CONTEXTS:
+        resolution = policy.resolve(**fields)
+        assert _interpreted(policy, **fields) == (dict(resolution.values), dict(resolution.decided_by), resolution.diagnostics), fields
+    (reasoned,) = policy.resolve(features={"serialized_state"}, transceiver_runtime="PYTHON").errors
+    assert reasoned.message.endswith("when feature serialized_state is on (The serialized state needs CPP). To fix: set transceiver_runtime to CPP or auto.")
+    (bare,) = [d for d in policy.resolve(env=UCX_ENV, transceiver_runtime="PYTHON").errors if d.id == "ucx-requires-cpp"]
+    assert "requires CPP when backend is UCX. To fix:" in bare.message
+
+
+def test_the_reference_interpreter_names_the_preferred_value_in_a_notice(tmp_path):
+    text = CLEAN.read_text(encoding="utf-8").replace(
+        'adopt_when = { backend = "NIXL" }\n',
+        'adopt_when = { backend = "NIXL" }\n'
+        'on_not_adopted = { severity = "info", message = "{architecture} prefers {preferred}, not on {backend}." }\n',
+    )
+    policy = kvpolicy.load(write(tmp_path, text))
+    fields = dict(architecture="GptOssForCausalLM", env=UCX_ENV)
+    (notice,) = _interpreted(policy, **fields)[2]
+    assert notice.message == "GptOssForCausalLM prefers PYTHON, not on UCX."
+    assert _interpreted(policy, **fields)[2] == policy.resolve(**fields).diagnostics
+
+
+# -- explain: adjustments ------------------------------------------------------------------------------
+
+ADJUSTING = CLEAN.read_text(encoding="utf-8") + (
+    '\n[[decisions.kv_cache_manager.adjustment]]\nid = "pipelined-selects-v2"\n'
+    'when = { features.pipelined_transfer = true }\nvalue = "V2"\n'
+    '\n[[decisions.kv_cache_manager.adjustment]]\nid = "env-selects-v2"\n'
+    'when = { env.KV_V2 = "1" }\nvalue = "V2"\n'
+    '\n[[decisions.kv_cache_manager.adjustment]]\nid = "cpp-selects-v1"\n'
+    'when = { transceiver_runtime = "CPP" }\nvalue = "V1"\n'
+)
+
+
+def test_explain_shows_the_first_adjustment_that_holds_deciding_and_those_after_it_losing(tmp_path):
+    resolution = kvpolicy.load(write(tmp_path, ADJUSTING)).resolve(env={"KV_V2": "1"})
+    assert (resolution.values["kv_cache_manager"], resolution.decided_by["kv_cache_manager"]) == ("V2", "env-selects-v2")
+    assert [(s.rule, s.outcome, s.detail) for s in resolution.trace if s.stage == "adjustment"] == [
+        ("pipelined-selects-v2", "skipped", "not (feature pipelined_transfer is on)"),
+        ("env-selects-v2", "decided", "env KV_V2 is 1: V1 -> V2"),
+        ("cpp-selects-v1", "lost", "transceiver_runtime is CPP: V1"),  # it holds too: the first one wins
+    ]
