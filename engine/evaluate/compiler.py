@@ -135,7 +135,7 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
     namespace: dict[str, Any] = dict(src.constants)
     namespace.update(
         constraint_diagnostic=_lean_constraint if lean else index.constraint_diagnostic,
-        notice_diagnostic=_lean_notice if lean else index.notice_diagnostic,
+        notice_diagnostic=index.notice_diagnostic,  # lean code appends notices as constants
         settle=partial(index.settle, lean=True) if lean else index.settle,
         explicit_conflict=_lean_explicit if lean else index.explicit_conflict,
         diagnostic_order=index._order_key,
@@ -224,10 +224,6 @@ def _locals_from(src: _Source, depth: int, index: DecisionIndex) -> None:
 
 def _lean_constraint(constraint: Any, ctx: Any, values: Any) -> Diagnostic:
     return Diagnostic(constraint["id"], constraint["severity"], "", constraint["decision"], "")
-
-
-def _lean_notice(notice: Any, decision: str, ctx: Any, values: Any, value: Any, preferred: Any) -> Diagnostic:
-    return Diagnostic(notice[0], notice[1], "", decision, "")
 
 
 def _lean_explicit(name: str, rule: Any, value: str) -> Diagnostic:

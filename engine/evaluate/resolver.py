@@ -417,37 +417,25 @@ class Program:
         diagnostics: list[Diagnostic],
         explicit: str | None,
         held: tuple[_CompiledRule, ...] | None = None,
-        lean: bool = False,
     ) -> tuple[str | None, str]:
         """Apply the requirements that hold: against an explicit value, report each one it breaks;
-        under auto, decide when they agree and report a conflict (naming each) when they do not.
-        ``lean``: diagnostics without messages (see :meth:`outcome`)."""
+        under auto, decide when they agree and report a conflict (naming each) when they do not."""
         if held is None:
             held = tuple(r for r in decision.requirements if r.test(ctx, values))
         name = decision.name
         if explicit is not None:
             for r in held:
                 if r.value != explicit:
-                    diagnostics.append(
-                        Diagnostic(r.id, "error", "", name, "") if lean else self._explicit_conflict(decision, r, explicit)
-                    )
+                    diagnostics.append(self._explicit_conflict(decision, r, explicit))
             return explicit, "explicit"
         if len({r.value for r in held}) > 1:
-            diagnostics.append(
-                Diagnostic("requirements-conflict", "error", "", name, "")
-                if lean
-                else self._requirement_conflict(decision, list(held))
-            )
+            diagnostics.append(self._requirement_conflict(decision, list(held)))
             return None, ""
         winner = held[0]
         for agreeing in held:  # agreeing requirements: each one's notice, none dropped
             notice = agreeing.notice
             if notice is not None:
-                diagnostics.append(
-                    Diagnostic(notice.id, notice.severity, "", name, "")
-                    if lean
-                    else self.notice_diagnostic(notice, name, ctx, values, winner.value, None)
-                )
+                diagnostics.append(self.notice_diagnostic(notice, name, ctx, values, winner.value, None))
         # Agreeing requirements decide together: naming only one would make decided_by depend on
         # which id sorts first (a rename would change it) and hide the others.
         return winner.value, winner.id if len(held) == 1 else "+".join(r.id for r in held)
