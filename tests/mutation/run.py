@@ -15,9 +15,11 @@ file in place and runs a command, so any layout works. Never run it in a tree so
 Usage (``make mutate`` runs every module)::
 
     python -m tests.mutation.run [MODULE ...] [--minutes N] [--sample PERCENT]
-                                 [--retest-survivors [--retest-with TEST ...]] [--list]
+                                 [--retest-survivors [--retest-with TEST ...]] [--list] [--report]
 
-Sessions live in ``build/mutation/`` (``cr-report build/mutation/engine_index.sqlite`` shows one);
+Sessions live in ``build/mutation/`` (``cr-report build/mutation/engine_evaluate_index.sqlite``
+shows one; ``--report`` writes the figures and the unreviewed survivors so far, with their diffs,
+to ``report.md`` and ``unreviewed-so-far.md`` there, while a run goes on);
 a run resumes where the last stopped while the module and the mutation settings are unchanged, and
 starts again when either changes. Verdicts outlive a change of the tests: after adding a test, run
 with ``--retest-survivors``; delete ``build/mutation/`` to start over.
@@ -369,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         "--retest-with", nargs="+", metavar="TEST", default=None, help="with --retest-survivors: only these tests (the new ones; the rest were run)"
     )
     parser.add_argument("--list", action="store_true", help="list the modules and their test commands, run nothing")
+    parser.add_argument(
+        "--report", action="store_true", help="run nothing: the figures and unreviewed survivors of the sessions so far (a run in progress included)"
+    )
     args = parser.parse_args(argv)
 
     targets = load_targets()
@@ -388,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
     unreviewed: list[tuple[Target, tuple[str, str, int, str]]] = []
     for target in chosen:
         started = time.monotonic()
+        if args.report:
+            session = WORK / f"{target.stem}.sqlite"
+            if session.exists():
+                figures, survivors = results(target, session)
+                table.append((figures, 0.0))
+                unreviewed += [(target, s) for s in survivors if s[0] not in reviewed]
+            continue
         session = prepare(target, args.sample)
         took = baseline(target)
         timeout = max(target.timeout_floor, 3 * took)
@@ -416,15 +428,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     summary = "\n".join(lines)
     print("\n" + summary)
-    (WORK / "summary.md").write_text(summary + "\n", encoding="utf-8")
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / ("report.md" if args.report else "summary.md")).write_text(summary + "\n", encoding="utf-8")
 
     # New survivors, ready to be reviewed into survivors.md (with a reason, or a test that kills them).
-    with open(WORK / "unreviewed.md", "w", encoding="utf-8") as out:
+    listing = WORK / ("unreviewed-so-far.md" if args.report else "unreviewed.md")
+    with open(listing, "w", encoding="utf-8") as out:
         for target, (sid, operator, line, diff) in unreviewed:
             diff = "\n".join(d for d in diff.strip().splitlines() if d != "--- mutation diff ---")
             out.write(f"- **{sid}** `{target.module}:{line}` {operator.removeprefix('core/')}\n\n```diff\n{diff}\n```\n\n")
     if unreviewed:
-        print(f"\n{len(unreviewed)} survivors not in {SURVIVORS.relative_to(ROOT)}; each, with its diff: {(WORK / 'unreviewed.md').relative_to(ROOT)}")
+        print(f"\n{len(unreviewed)} survivors not in {SURVIVORS.relative_to(ROOT)}; each, with its diff: {listing.relative_to(ROOT)}")
         for target, (sid, operator, line, _) in unreviewed:
             print(f"  {sid} {target.module}:{line} {operator.removeprefix('core/')}")
         return 1
