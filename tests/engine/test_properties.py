@@ -227,3 +227,33 @@ def test_contexts_name_the_architectures_the_shipped_policies_name():
                settings=settings(max_examples=2000, database=None, phases=[Phase.generate]))
     resolution = SHIPPED["2026.07.23"].resolve(**{**glm, "backend": "NIXL", "transceiver_runtime": "auto"})
     assert resolution.decided_by["transceiver_runtime"] == "runtime-preference[DeepseekV3ForCausalLM,model_type=glm_moe_dsa]"
+
+
+ADJUSTED = [v for v in VERSIONS if any(d.adjustments for d in SHIPPED[v].policy.decisions.values())]
+
+
+@pytest.mark.parametrize("version", ADJUSTED)
+def test_resolve_and_the_interpreter_agree_wherever_an_adjustment_rewrites_a_decision(version):
+    # Random contexts meet the shipped adjustment (pipelined transfer on NIXL rewrites CPP to PYTHON)
+    # about once a run; this walks every architecture, backend, runtime and manager request with
+    # pipelined transfer on and off, and checks that the rewrite happens, as the interpreter says.
+    import itertools
+
+    policy_set = SHIPPED[version]
+    program = policy_set._program
+    adjustments = {r.id for d in policy_set.policy.decisions.values() for r in d.adjustments}
+    rewritten = 0
+    for architecture, backend, runtime, manager, pipelined in itertools.product(
+        ARCHITECTURES, ("DEFAULT", "NIXL", "UCX"), ("auto", None, "CPP", "PYTHON"), ("auto", "V1", "V2"), (True, False)
+    ):
+        fields = dict(architecture=architecture, backend=backend, transceiver_runtime=runtime, kv_cache_manager=manager, enable_pipelined_transfer=pipelined)
+        resolution = policy_set.resolve(**fields)
+        ctx = program.normalise(None, dict(fields))
+        expected = program.interpret(ctx, None)
+        assert (dict(resolution.values), dict(resolution.decided_by), resolution.diagnostics) == expected, fields
+        assert program.evaluate(ctx, None) == expected, fields
+        if adjustments & set(resolution.decided_by.values()):
+            rewritten += 1
+            assert pipelined and resolution.runtime == "PYTHON" and runtime in ("auto", None), fields
+            assert any(d.id in adjustments and d.severity == "warning" for d in resolution.diagnostics), fields
+    assert rewritten, "no context met the adjustment"
