@@ -1462,10 +1462,11 @@ def _close(name: str, known: Iterable[str], *, cutoff: float) -> str | None:
     lowered = {k.lower(): k for k in known}
     if name.lower() in lowered and lowered[name.lower()] != name:
         return lowered[name.lower()]
-    # A similarity ratio r needs lengths within a factor r / (2 - r) of each other: skip the
-    # rest before difflib compares anything (1,000 rows against the catalogue stay fast).
-    factor = cutoff / (2 - cutoff)
-    near = [k for k in known if min(len(k), len(name)) >= factor * max(len(k), len(name))]
+    # Skip, before difflib compares anything (1,000 rows against the catalogue stay fast), the
+    # names whose lengths alone rule a match out: the bound get_close_matches tests first
+    # (real_quick_ratio, 2 * shorter / both), in its own arithmetic, so that rounding never drops
+    # a name at exactly the cutoff.
+    near = [k for k in known if 2.0 * min(len(k), len(name)) / ((len(k) + len(name)) or 1) >= cutoff]
     match = difflib.get_close_matches(name, near, n=1, cutoff=cutoff)
     return match[0] if match else None
 
