@@ -125,6 +125,7 @@ OUT_OF_DOMAIN = {
     "a plain row of three fields": lambda d: _with_rows(d)["rows"]["plain"].update(A=["CPP", "rule", "x"]),
     "a checkpoint rule of four fields": lambda d: d["checkpoint_rules"].append(["LlamaForCausalLM", ["llama"], None, "x"]),
     "another format": lambda d: d.update(format=d["format"] + 1),
+    "a rule with a field build_index never writes": lambda d: _first(d, "backend")["default"].update(origin="cache"),
 }
 
 
@@ -444,3 +445,28 @@ def test_explain_shows_the_first_adjustment_that_holds_deciding_and_those_after_
         ("env-selects-v2", "decided", "env KV_V2 is 1: V1 -> V2"),
         ("cpp-selects-v1", "lost", "transceiver_runtime is CPP: V1"),  # it holds too: the first one wins
     ]
+
+
+# -- the classes of models a policy tells apart, and features of the wrong shape --------------------
+
+
+@pytest.mark.parametrize("kind", ["requirement", "conditional", "adjustment"])
+def test_a_model_type_only_a_rules_condition_names_is_a_class_of_models(tmp_path, kind):
+    # impact and the unknown-architecture verdict resolve one representative per class: a
+    # model_type that only a rule's condition reads (no row names it) must still be one.
+    extra = (
+        f"\n[[decisions.kv_cache_manager.{kind}]]\n"
+        'id = "glm-v2"\nwhen = { model_type = "glm_moe_dsa" }\nvalue = "V2"\nreason = "r"\nsource = "s"\n'
+    )
+    policy = kvpolicy.load(write(tmp_path, CLEAN.read_text(encoding="utf-8") + extra))
+    models = policy.models()
+    assert (None, "glm_moe_dsa") in models and ("GptOssForCausalLM", "glm_moe_dsa") in models, models
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert kvpolicy.load(write(plain, CLEAN.read_text(encoding="utf-8"))).models() == (("GptOssForCausalLM", None), (None, None))
+
+
+@pytest.mark.parametrize("features", [[["pipelined_transfer"]], [{"a": 1}], [{"pipelined_transfer"}]])
+def test_features_that_cannot_form_a_set_are_a_context_error_not_a_crash(features):
+    with pytest.raises(ContextError, match="expected a set of feature names"):
+        kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", features=features)
