@@ -323,9 +323,12 @@ class Remotes:
         endpoints = os.environ["NIXL_ETCD_ENDPOINTS"]
 
         def fetch() -> None:
-            client = EtcdClient(endpoints, timeout_s=1.0)
             blob, error = None, "not published"
-            while not blob and self._fetching.get(key) is token and time.monotonic() < deadline:
+            try:
+                client: EtcdClient | None = EtcdClient(endpoints, timeout_s=1.0)
+            except Exception as exc:  # bad endpoints or etcd settings: refused now, its slot freed
+                client, error = None, f"cannot read etcd: {exc}"
+            while client is not None and not blob and self._fetching.get(key) is token and time.monotonic() < deadline:
                 try:
                     blob = client.get(nixl_metadata_key(rank.agent))
                 except RegistryError as exc:
