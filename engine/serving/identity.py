@@ -44,6 +44,8 @@ __all__ = [
 _ROOT_PREFIXES = ("${LLM_MODELS_ROOT}/", "$LLM_MODELS_ROOT/", "LLM_MODELS_ROOT/")
 #: The checkpoint config read (real ones are a few KB).
 _MAX_MODEL_CONFIG_BYTES = 4 << 20
+#: A hub cache's ``refs/main`` (a commit hash: 40 characters).
+_MAX_HUB_REF_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -201,11 +203,17 @@ def model_reference(document: Mapping[str, Any], section_keys: tuple[Any, ...]) 
 
 
 def _hub_cache() -> Path:
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(explicit)
-    home = os.environ.get("HF_HOME")
-    return Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub"
+    """The hub cache folder as huggingface_hub finds it (``huggingface_hub.constants``): HF_HUB_CACHE,
+    else the legacy HUGGINGFACE_HUB_CACHE, else ``$HF_HOME/hub``, HF_HOME defaulting to
+    ``$XDG_CACHE_HOME/huggingface`` and that to ``~/.cache/huggingface``; ``~`` and ``$VARS``
+    expanded. A variable set to "" counts as set, as it does there."""
+    env = os.environ
+
+    def expanded(path: str) -> str:
+        return os.path.expandvars(os.path.expanduser(path))
+
+    home = expanded(env.get("HF_HOME", os.path.join(env.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "huggingface")))
+    return Path(expanded(env.get("HF_HUB_CACHE", env.get("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub")))))
 
 
 def _hub_snapshot(repo_id: str) -> Path | None:
@@ -213,10 +221,14 @@ def _hub_snapshot(repo_id: str) -> Path | None:
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts):
         return None
+    from ..errors import PolicyError
+    from ..read.policyfile import read_capped
+
     folder = _hub_cache() / f"models--{parts[0]}--{parts[1]}"
-    try:
-        revision = (folder / "refs" / "main").read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+    ref = folder / "refs" / "main"
+    try:  # read as every file is: a regular file (a FIFO must not block), size-capped
+        revision = read_capped(ref, str(ref), _MAX_HUB_REF_BYTES, "hub refs").decode("utf-8", errors="replace").strip()
+    except (PolicyError, ValueError):  # ValueError: a NUL in the name, which no file can have
         return None
     if not revision or "/" in revision or revision in (".", ".."):
         return None
