@@ -304,6 +304,21 @@ def execute_survivors(target: Target, session: Path, tests: tuple[str, ...], tim
 # -- results ----------------------------------------------------------------------------------
 
 
+def change_text(diff: str, width: int = 48) -> str:
+    """A survivor's change in one line for survivors.md: ``before`` → ``after``, each cut to about
+    ``width`` characters around where they differ."""
+    before = next((d[1:].strip() for d in diff.splitlines() if d[:1] == "-" and d[:3] != "---"), "")
+    after = next((d[1:].strip() for d in diff.splitlines() if d[:1] == "+" and d[:3] != "+++"), "")
+    start = next((i for i, (x, y) in enumerate(zip(before, after)) if x != y), min(len(before), len(after)))
+    low = max(0, start - width // 2)
+
+    def cut(text: str) -> str:
+        piece = text[low : low + width]
+        return ("…" if low else "") + piece.replace("|", "\\|") + ("…" if low + width < len(text) else "")
+
+    return f"`{cut(before)}` → `{cut(after)}`"
+
+
 def survivor_id(module: str, operator: str, diff: str) -> str:
     """A survivor's id: its module, operator and changed lines (not their numbers, which move)."""
     changed = [line[1:].strip() for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
@@ -437,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         for target, (sid, operator, line, diff) in unreviewed:
             diff = "\n".join(d for d in diff.strip().splitlines() if d != "--- mutation diff ---")
             out.write(f"- **{sid}** `{target.module}:{line}` {operator.removeprefix('core/')}\n\n```diff\n{diff}\n```\n\n")
+            # The row survivors.md wants, with the verdict left to write.
+            out.write(f"  `| {sid} | {line} | {operator.removeprefix('core/')} | {change_text(diff)} | **?**: |`\n\n")
     if unreviewed:
         print(f"\n{len(unreviewed)} survivors not in {SURVIVORS.relative_to(ROOT)}; each, with its diff: {listing.relative_to(ROOT)}")
         for target, (sid, operator, line, _) in unreviewed:
