@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                 unreviewed += [(target, s) for s in survivors if s[0] not in reviewed]
             continue
         session = prepare(target, args.sample)
-        took = baseline(target)
+        # A re-test with chosen tests needs only those to pass unchanged.
+        took = baseline(target, tuple(args.retest_with) if args.retest_survivors and args.retest_with else None)
         timeout = max(target.timeout_floor, 3 * took)
         print(f"{target.module}: tests pass unchanged in {took:.1f} s; a mutant gets {timeout:.0f} s", flush=True)
         deadline = started + 60 * args.minutes if args.minutes else None
