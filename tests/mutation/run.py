@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         took = baseline(target, tuple(args.retest_with) if args.retest_survivors and args.retest_with else None)
         timeout = max(target.timeout_floor, 3 * took)
         print(f"{target.module}: tests pass unchanged in {took:.1f} s; a mutant gets {timeout:.0f} s", flush=True)
-        deadline = started + 60 * args.minutes if args.minutes else None
+        deadline = started + 60 * args.minutes if args.minutes is not None else None  # 0: only the re-test
         if args.retest_survivors:
             # Not bound by --minutes: there are only so many survivors, and they are what was asked for.
             execute_survivors(target, session, tuple(args.retest_with or target.tests), timeout, None, wider=False)
