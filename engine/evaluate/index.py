@@ -317,17 +317,10 @@ def _check(d: Any) -> None:
 
 
 class Requirement(tuple):  # type: ignore[type-arg]
-    """A requirement as the generated code sees it: ``(id, value, notice, text, reason, location)``."""
+    """A requirement as the generated code sees it: ``(id, value, notice, text, reason, location)``,
+    read by position (the generated code and :meth:`DecisionIndex.settle` index it)."""
 
     __slots__ = ()
-
-    @property
-    def id(self) -> str:
-        return self[0]  # type: ignore[no-any-return]
-
-    @property
-    def value(self) -> str:
-        return self[1]  # type: ignore[no-any-return]
 
 
 class DecisionIndex:
