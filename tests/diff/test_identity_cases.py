@@ -457,3 +457,43 @@ def test_an_unreadable_arch_map_is_refused_with_its_location(capsys, tmp_path):
     config.write_text(DISAGG_UCX.format(model="zai/GLM-5-FP8"))
     code, _, err = resolve_config(capsys, config, "--arch-map", str(arch_map))
     assert code == 2 and f"--arch-map: {arch_map}:" in err and "invalid YAML" in err
+
+
+# -- identities that do not come from a config.json ----------------------------------------------------
+
+
+def test_an_identity_not_read_from_a_checkpoint_is_text_only(capsys, tmp_path):
+    # The arch map and --arch name no text or vision config: the checkpoint rules read them as
+    # text-only, so a kimi_k3 map entry is flattened to KimiLinearForCausalLM, as upstream's text rule does.
+    arch_map = ArchitectureMap((("*K3*", "KimiK3ForCausalLM", "kimi_k3"),), "map.yaml")
+    identity = find_model(ModelReference("moonshot/Kimi-K3", ("model",)), config_dir=tmp_path, root=None, architecture_map=arch_map)
+    assert identity.source == "arch-map" and not identity.multimodal
+    assert identity.pretrained_config() == {"architectures": ["KimiK3ForCausalLM"], "model_type": "kimi_k3"}
+    assert not ModelIdentity().multimodal and not ModelIdentity("KimiK3ForCausalLM", None, "--arch").multimodal
+    map_file = tmp_path / "map.yaml"
+    map_file.write_text('"*K3*": {architecture: KimiK3ForCausalLM, model_type: kimi_k3}\n')
+    config = tmp_path / "c.yaml"
+    config.write_text("model: moonshot/Kimi-K3\ncache_transceiver_config:\n  backend: NIXL\n")
+    code, out, _ = resolve_config(capsys, config, "--arch-map", str(map_file))
+    assert code == 0 and "context: KimiLinearForCausalLM, model_type kimi_k3," in out
+
+
+def test_a_checkpoint_config_at_the_size_cap_is_read(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    text = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    (folder / "config.json").write_text(text + " " * ((4 << 20) - len(text)), encoding="utf-8")
+    assert (folder / "config.json").stat().st_size == 4 << 20
+    assert find("m", tmp_path).architecture == "LlamaForCausalLM"
+
+
+@pytest.mark.parametrize("revision", [".", ".."], ids=["dot", "dot-dot"])
+def test_a_hub_ref_of_dots_names_no_snapshot(tmp_path, monkeypatch, revision):
+    hub = tmp_path / "hub"
+    entry = hub_entry(hub, "models--org--model", revision)
+    checkpoint(entry / "snapshots", "LlamaForCausalLM")
+    checkpoint(entry, "LlamaForCausalLM")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    identity = find("org/model", tmp_path)
+    assert identity.architecture is None
+    assert identity.tried == (str(tmp_path / "configs" / "org" / "model"), str(tmp_path / "org" / "model"))

@@ -109,3 +109,78 @@ def test_the_models_of_an_unknown_architecture_are_listed_by_architecture_then_m
     (result,) = impact_of([write(tmp_path, "c.yaml", "cache_transceiver_config: {backend: NIXL}\n")], old, new)
     changed = dict(result.possibilities)["runtime changes"]
     assert changed == ("GptOssForCausalLM (model_type alpha)", "GptOssForCausalLM (model_type zeta)"), result.possibilities
+
+
+def test_a_section_whose_status_depends_on_which_of_two_models_it_runs_is_architecture_unknown(tmp_path: Path) -> None:
+    # The new version drops GPT-OSS's PYTHON preference: its runtime changes, any other model's
+    # does not. Two classes, two statuses: the section is not reported "unchanged".
+    old = policy(tmp_path, "old")
+    new = policy(tmp_path, "new", CLEAN.read_text(encoding="utf-8").replace('value = "PYTHON", reason = "GPT-OSS', 'value = "CPP", reason = "GPT-OSS'))
+    (result,) = impact_of([write(tmp_path, "c.yaml", "cache_transceiver_config: {backend: NIXL}\n")], old, new)
+    (section,) = result.sections
+    assert section.possibilities == (("runtime changes", ("GptOssForCausalLM",)), ("unchanged", ("any other architecture",)))
+    assert section.known_status == "unchanged"
+    assert section.status == result.status == "architecture unknown"
+
+
+def test_sides_that_disagree_under_both_versions_for_every_model_are_still_failing(tmp_path: Path) -> None:
+    # Context on UCX, generation on NIXL, the model unknown: the sides cannot talk under either
+    # version whatever the model, so the config neither starts nor stops failing.
+    old = new = policy(tmp_path, "p")
+    config = write(
+        tmp_path,
+        "c.yaml",
+        "backend: pytorch\ncontext_servers:\n  cache_transceiver_config:\n    backend: UCX\n"
+        "generation_servers:\n  cache_transceiver_config:\n    backend: NIXL\n",
+    )
+    (result,) = impact_of([config], old, new)
+    assert not result.architecture_known
+    assert result.mismatch_old is not None and result.mismatch_old == result.mismatch_new
+    assert [status for status, _ in result.possibilities] == ["still failing"]
+    assert result.status == "still failing"
+
+
+def test_an_empty_file_is_located_at_line_1_column_1_and_a_top_level_scalar_at_line_1(tmp_path: Path) -> None:
+    old = new = policy(tmp_path, "p")
+    empty = write(tmp_path, "empty.yaml", "\n\n")
+    listed = write(tmp_path, "list.yaml", "\n- cache_transceiver_config: {backend: NIXL}\n")
+    results = {Path(r.path).name: r for r in impact_of([empty, listed], old, new)}
+    (problem,) = results["empty.yaml"].problems
+    assert (problem.line, problem.column) == (1, 1) and problem.location == f"{empty}:1:1"
+    (problem,) = results["list.yaml"].problems
+    assert (problem.line, problem.column) == (1, None) and problem.location == f"{listed}:1"
+
+
+def test_a_top_level_list_without_a_transceiver_config_is_skipped_unless_named(tmp_path: Path) -> None:
+    # In a folder it is not a serving config (counted as skipped); named on its own, saying nothing
+    # would read as "fine", so it is a problem.
+    old = new = policy(tmp_path, "p")
+    listed = write(tmp_path / "configs", "list.yaml", "- model: some/model\n- backend: pytorch\n")
+    (in_folder,) = impact_of([listed.parent], old, new)
+    assert in_folder.skipped and not in_folder.problems
+    (named,) = impact_of([listed], old, new)
+    assert not named.skipped and named.status == "malformed"
+    assert "no cache_transceiver_config" in named.problems[0].message
+
+
+def test_the_model_of_a_config_no_policy_resolves_is_reported_only_when_it_is_a_path(tmp_path: Path) -> None:
+    # The TensorRT backend is never resolved (no server has an identity): the model reported is
+    # the config's own `model`, when it is a string.
+    old = new = policy(tmp_path, "p")
+    named = write(tmp_path, "named.yaml", "model: some/model\nbackend: tensorrt\ncache_transceiver_config: {backend: NIXL}\n")
+    numbered = write(tmp_path, "numbered.yaml", "model: 7\nbackend: tensorrt\ncache_transceiver_config: {backend: NIXL}\n")
+    results = {Path(r.path).name: r for r in impact_of([named, numbered], old, new)}
+    assert results["named.yaml"].model == "some/model" and results["named.yaml"].status == "unchanged"
+    assert results["numbered.yaml"].model is None and results["numbered.yaml"].status == "malformed"
+
+
+def test_a_checkpoint_naming_only_its_model_type_is_resolved_for_every_model_not_malformed(tmp_path: Path) -> None:
+    # config.json without `architectures` but with a model_type is usable: the architecture stays
+    # unknown (every class of models is resolved), and the file is no problem of the config's.
+    old = new = policy(tmp_path, "p")
+    checkpoint = tmp_path / "models" / "typed"
+    write(checkpoint, "config.json", '{"model_type": "llama"}')
+    config = write(tmp_path, "c.yaml", f"model: {checkpoint}\ncache_transceiver_config: {{backend: NIXL}}\n")
+    (result,) = impact_of([config], old, new)
+    assert not result.problems and result.model_type == "llama" and not result.architecture_known
+    assert result.status == "unchanged"
