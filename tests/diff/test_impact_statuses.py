@@ -184,3 +184,34 @@ def test_a_checkpoint_naming_only_its_model_type_is_resolved_for_every_model_not
     (result,) = impact_of([config], old, new)
     assert not result.problems and result.model_type == "llama" and not result.architecture_known
     assert result.status == "unchanged"
+
+
+def test_every_section_is_read_after_one_with_a_problem(tmp_path: Path) -> None:
+    # Both sides misspell a field: each problem is reported, on its own line, not only the first.
+    old = new = policy(tmp_path, "p")
+    config = write(
+        tmp_path,
+        "c.yaml",
+        "backend: pytorch\ncontext_servers:\n  num_instances: 1\n  cache_transceiver_config:\n    backend: NIXL\n"
+        "    max_tokens_in_bufer: 1024\ngeneration_servers:\n  num_instances: 1\n  cache_transceiver_config:\n"
+        "    backend: NIXL\n    max_tokens_in_bufer: 2048\n",
+    )
+    (result,) = impact_of([config], old, new)
+    assert result.status == "malformed"
+    assert sorted(p.line for p in result.problems) == [6, 11], [(p.line, p.message) for p in result.problems]
+
+
+def test_every_section_is_read_after_one_whose_model_cannot_be_read(tmp_path: Path) -> None:
+    # Each side names its own broken checkpoint: both are reported, each on its section's line.
+    old = new = policy(tmp_path, "p")
+    for name in ("ctx", "gen"):
+        write(tmp_path / "models" / name, "config.json", '{"architectures": []}')
+    config = write(
+        tmp_path,
+        "c.yaml",
+        f"backend: pytorch\ncontext_servers:\n  num_instances: 1\n  model: {tmp_path / 'models' / 'ctx'}\n"
+        "  cache_transceiver_config:\n    backend: NIXL\ngeneration_servers:\n  num_instances: 1\n"
+        f"  model: {tmp_path / 'models' / 'gen'}\n  cache_transceiver_config:\n    backend: NIXL\n",
+    )
+    (result,) = impact_of([config], old, new)
+    assert [p.line for p in result.problems] == [4, 9], [(p.line, p.message) for p in result.problems]

@@ -320,9 +320,11 @@ def change_text(diff: str, width: int = 48) -> str:
 
 
 def survivor_id(module: str, operator: str, diff: str) -> str:
-    """A survivor's id: its module, operator and changed lines (not their numbers, which move)."""
-    changed = [line[1:].strip() for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    text = "\n".join([module, operator, *changed])
+    """A survivor's id: its module, operator, changed lines and the unchanged lines around them
+    (not their numbers, which move). The lines around tell apart the same change in two places
+    (``continue`` to ``break`` in two loops): a verdict on one must not cover the other."""
+    lines = [line[1:].strip() for line in diff.splitlines() if line[:1] in "+- " and line[:3] not in ("+++", "---")]
+    text = "\n".join([module, operator, *lines])
     return "m-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
