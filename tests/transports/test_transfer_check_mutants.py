@@ -255,13 +255,16 @@ def test_a_metadata_read_that_cannot_start_refuses_its_hello_and_frees_its_slot(
 
 
 def test_one_key_keeps_its_connections_up_to_remotes_per_peer(sides):
-    """m-fc387783, m-225d556d: three receivers holding one key (three NIXL agents) each say hello;
-    with ``remotes_per_peer`` 4 none is forgotten, and each is still written to."""
+    """Receivers holding one key (one NIXL agent each) each say hello: with ``remotes_per_peer``
+    connections (4) none is forgotten, and each is still written to."""
     p = sides("p", seed=1)
+    from kvpolicy.transports import Limits
+
+    assert Limits().remotes_per_peer == 4
     shared = new_key("d")
-    receivers = [sides(f"d{i}", key=shared, seed=2 + i) for i in range(3)]
+    receivers = [sides(f"d{i}", key=shared, seed=2 + i) for i in range(4)]
     peer = connected(p, *receivers)
-    assert on_loop(p, lambda: len(p._remotes.remotes)) == 3
+    assert on_loop(p, lambda: len(p._remotes.remotes)) == 4
     handles = []
     for i, receiver in enumerate(receivers):
         p.send(f"to-d{i}", [i + 1], to=shared[0])
@@ -269,6 +272,9 @@ def test_one_key_keeps_its_connections_up_to_remotes_per_peer(sides):
     for i, (receiver, handle) in enumerate(zip(receivers, handles)):
         assert outcome(handle)[0] == "completed", outcome(handle)
         assert receiver.pool.digests([9]) == p.pool.digests([i + 1])
+    # One connection more: the key keeps its newest four, never five.
+    connected(p, sides("d4", key=shared, seed=6))
+    assert on_loop(p, lambda: len(p._remotes.remotes)) == 4
 
 
 def test_a_proof_nobody_asked_for_is_dropped_as_unexpected(sides):
