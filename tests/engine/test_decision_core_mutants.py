@@ -470,3 +470,96 @@ def test_a_model_type_only_a_rules_condition_names_is_a_class_of_models(tmp_path
 def test_features_that_cannot_form_a_set_are_a_context_error_not_a_crash(features):
     with pytest.raises(ContextError, match="expected a set of feature names"):
         kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", features=features)
+
+
+# -- explain: requirements against an explicit value, agreeing, and in conflict -----------------------
+
+
+def _requirement_steps(resolution) -> list[tuple[str, str, str]]:
+    return [(s.rule, s.outcome, s.detail) for s in resolution.trace if s.stage == "requirement"]
+
+
+def test_explain_shows_each_requirement_an_explicit_value_breaks_as_an_error_and_each_it_meets_as_lost(tmp_path):
+    policy = kvpolicy.load(write(tmp_path, REQUIRING))
+    resolution = policy.resolve(features={"serialized_state", "pipelined_transfer"}, env=UCX_ENV, transceiver_runtime="CPP")
+    assert resolution.decided_by["transceiver_runtime"] == "explicit"
+    assert _requirement_steps(resolution) == [
+        ("pipelined-transfer-requires-python", "error", "requires PYTHON: Only PYTHON pipelines."),
+        ("serialized-state-requires-cpp", "lost", "requires CPP: The serialized state needs CPP."),
+        ("ucx-requires-cpp", "lost", "requires CPP: "),  # a requirement with no reason
+    ]
+
+
+def test_explain_shows_agreeing_requirements_all_deciding_each_with_its_reason(tmp_path):
+    resolution = kvpolicy.load(write(tmp_path, REQUIRING)).resolve(features={"serialized_state"}, env=UCX_ENV)
+    assert _requirement_steps(resolution) == [
+        ("pipelined-transfer-requires-python", "skipped", "not (feature pipelined_transfer is on)"),
+        ("serialized-state-requires-cpp", "decided", "requires CPP: The serialized state needs CPP."),
+        ("ucx-requires-cpp", "decided", "requires CPP: "),
+    ]
+
+
+def test_explain_shows_every_requirement_of_a_conflict_as_an_error_and_the_default_deciding(tmp_path):
+    resolution = kvpolicy.load(write(tmp_path, REQUIRING)).resolve(features={"serialized_state", "pipelined_transfer"})
+    assert [(s.stage, s.rule, s.outcome) for s in resolution.trace if s.decision == "transceiver_runtime"] == [
+        ("explicit", "explicit", "skipped"),
+        ("requirement", "ucx-requires-cpp", "skipped"),
+        ("requirement", "pipelined-transfer-requires-python", "error"),
+        ("requirement", "serialized-state-requires-cpp", "error"),
+        ("preference", "runtime-preference", "skipped"),
+        ("default", "runtime-default-cpp", "decided"),
+    ]
+    assert resolution.decided_by["transceiver_runtime"] == "runtime-default-cpp"
+
+
+def test_the_explain_command_prints_the_requirements_an_explicit_value_meets_and_breaks(tmp_path, capsys):
+    from kvpolicy.cli import main
+
+    path = write(tmp_path, REQUIRING)
+    code = main(["explain", "--policy", str(path), "--arch", "LlamaForCausalLM", "--runtime", "CPP", "--feature", "serialized_state", "--pipelined"])
+    out = capsys.readouterr().out
+    assert code == 1  # the explicit CPP breaks pipelined-transfer-requires-python
+    assert (
+        "  requirement  error       pipelined-transfer-requires-python\n"
+        "                             requires PYTHON: Only PYTHON pipelines.\n"
+        "  requirement  lost        serialized-state-requires-cpp\n"
+        "                             requires CPP: The serialized state needs CPP.\n"
+    ) in out
+
+
+def test_the_reference_interpreter_points_a_requirements_conflict_at_the_requirement_that_sorts_first(tmp_path):
+    path = write(tmp_path, REQUIRING)
+    policy = kvpolicy.load(path)
+    (conflict,) = _interpreted(policy, features={"serialized_state", "pipelined_transfer"})[2]
+    first = _line(REQUIRING, 'id = "pipelined-transfer-requires-python"') - 1  # its [[...requirement]] header
+    assert conflict.id == "requirements-conflict"
+    assert conflict.location == f"{path}:{first}:1"
+
+
+def test_the_reference_interpreter_reports_every_requirement_an_explicit_value_breaks(tmp_path):
+    policy = kvpolicy.load(write(tmp_path, REQUIRING))
+    fields = dict(features={"serialized_state", "pipelined_transfer"}, env=UCX_ENV, transceiver_runtime="PYTHON")
+    values, decided_by, diagnostics = _interpreted(policy, **fields)
+    assert (values["transceiver_runtime"], decided_by["transceiver_runtime"]) == ("PYTHON", "explicit")
+    assert [(d.id, d.severity) for d in diagnostics] == [  # one decision's errors: by id
+        ("python-requires-nixl", "error"),
+        ("serialized-state-requires-cpp", "error"),
+        ("ucx-requires-cpp", "error"),
+    ]
+
+
+# -- a condition on a decision that accepts several of its values ---------------------------------------
+
+
+def test_a_condition_accepting_several_values_of_a_decision_holds_for_each_of_them_and_no_other(tmp_path):
+    text = CLEAN.read_text(encoding="utf-8").replace('values = ["NIXL", "UCX"]', 'values = ["NIXL", "UCX", "MPI"]') + (
+        '\n[[constraints]]\nid = "ucx-or-mpi-is-slow"\ndecision = "backend"\nseverity = "warning"\n'
+        'when = { backend = ["UCX", "MPI"] }\nmessage = "{backend} is slow here."\nfix = "use NIXL"\n'
+        'reason = "A fixture."\nsource = "fixture"\n'
+    )
+    policy = kvpolicy.load(write(tmp_path, text))
+    for backend, outcome in (("NIXL", "passed"), ("UCX", "warning"), ("MPI", "warning")):
+        resolution = policy.resolve(backend=backend)
+        (step,) = [s for s in resolution.trace if s.rule == "ucx-or-mpi-is-slow"]
+        assert step.outcome == outcome, backend
+        assert [d.id for d in resolution.warnings] == ([] if outcome == "passed" else ["ucx-or-mpi-is-slow"]), backend
