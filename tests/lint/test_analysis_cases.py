@@ -126,3 +126,130 @@ def test_constraint_witness_is_the_first_of_its_lightest_firing_values_not_the_l
     assert [(k, _items(w)) for k, w in result.constraints.items()] == [(k, _items(w)) for k, w in expected.constraints.items()]
     assert result.constraints["a-set"]["env:E"] == "x"
     assert result.constraints["a-set"]["#size"] == 2
+
+
+def _same_as_oracle(policy: Any) -> Any:
+    """The analysis's constraint witnesses and families agree with the oracle's, entries in order."""
+    result = analysis.analyse(policy)
+    expected = oracle_analyse(policy)
+    assert [(k, _items(w)) for k, w in result.constraints.items()] == [(k, _items(w)) for k, w in expected.constraints.items()]
+    assert list(result.rejected) == list(expected.rejected)
+    for family, witnesses in result.rejected.items():
+        assert len(witnesses) == len(expected.rejected[family])
+        assert [_items(w) for w in witnesses] == [_items(w) for w in expected.rejected[family]]
+    return result
+
+
+#: ArchA and ArchB prefer V1 alike but for the model type m: ArchA's second row (V2) decides there.
+PREFERENCE_BY_MODEL_TYPE = """
+[decisions.kv_cache_manager.preference]
+id = "manager-preference"
+rows = [
+  { architecture = "ArchA", value = "V1" },
+  { architecture = "ArchA", model_type = "m", value = "V2" },
+  { architecture = "ArchB", value = "V1" },
+  { architecture = "ArchB", model_type = "m", value = "V1" },
+]
+
+[[constraints]]
+id = "v2-manager"
+severity = "warning"
+when = { kv_cache_manager = "V2" }
+message = "no"
+fix = "no"
+"""
+
+
+def test_architectures_that_differ_only_in_a_model_type_row_are_told_apart(tmp_path: Path) -> None:
+    """Every row used (the first plain one and the first per model type) sets an architecture's
+    class: two architectures whose tables differ in a model type's row alone do not share one."""
+    from tests.lint.test_analysis import _compare
+
+    policy = _policy(tmp_path, PREFERENCE_BY_MODEL_TYPE)
+    assert analysis.preference_table(policy.decisions["kv_cache_manager"])["ArchA"] == [(None, "V1"), ("m", "V2")]
+    _compare(policy)
+    result = _same_as_oracle(policy)
+    assert result.constraints["v2-manager"]["architecture"] == "ArchA"
+
+
+def test_witnesses_equal_a_list_only_of_the_same_length(tmp_path: Path) -> None:
+    """A family's witnesses equal the list of the same witnesses, and no shorter or longer list
+    (nor one that differs in a witness)."""
+    policy = _policy(tmp_path, TWO_FREE_INPUTS)
+    witnesses = analysis.analyse(policy).rejected[("b-features", "backend", "backend-default", ())]
+    every = list(witnesses)
+    assert witnesses == every and witnesses == tuple(every)
+    assert witnesses != every[:-1] and witnesses != every[:1] and witnesses != [] and witnesses != every + every[:1]
+    assert witnesses != every[1:] + every[:1]
+
+
+#: The feature f3 turns on with the variable Z. The backend reads Y and Z (so each final state
+#: fixes them); a-z-set fires wherever Y is set and Z is "1": first with Y = "a", then with any
+#: other Y, of the same size, where f3 (free, read by b-f3) must be on in both.
+FORCED_FEATURE = """
+[features.f3]
+description = "three"
+env = "Z"
+
+[[decisions.backend.requirement]]
+id = "backend-y-z"
+when = { env = { Y = "a", Z = "1" } }
+value = "UCX"
+
+[[constraints]]
+id = "a-z-set"
+severity = "warning"
+when = { env = { Y = { not = "" }, Z = "1" } }
+message = "no"
+fix = "no"
+
+[[constraints]]
+id = "b-f3"
+severity = "warning"
+when = { features = { f3 = true } }
+message = "no"
+fix = "no"
+"""
+
+
+def test_constraint_witness_is_not_replaced_by_a_later_one_of_the_same_size(tmp_path: Path) -> None:
+    """A later final state replaces a constraint's witness only with a smaller one, counting the
+    least weight of the inputs the constraint does not read (here f3, on wherever Z is "1")."""
+    policy = _policy(tmp_path, FORCED_FEATURE)
+    result = _same_as_oracle(policy)
+    assert result.constraints["a-z-set"]["env:Y"] == "a"
+    assert result.constraints["a-z-set"]["feature:f3"] is True
+
+
+#: Two adjustments of the manager, both firing where A and B are "1": the first (V2) wins, and the
+#: error judges the manager (its KVP030 families name the rule that decided).
+TWO_ADJUSTMENTS = """
+[[decisions.kv_cache_manager.adjustment]]
+id = "a-v2"
+when = { env = { A = "1" } }
+value = "V2"
+
+[[decisions.kv_cache_manager.adjustment]]
+id = "b-v1"
+when = { env = { B = "1" } }
+value = "V1"
+
+[[constraints]]
+id = "v2-with-b"
+severity = "error"
+when = { kv_cache_manager = "V2", env = { B = "1" } }
+message = "no"
+fix = "no"
+"""
+
+
+def test_the_first_adjustment_that_fires_decides(tmp_path: Path) -> None:
+    """Adjustments of one decision are tried in order and the first that fires decides: V2 (from
+    A) with B set, which a later adjustment would have turned back into V1."""
+    from tests.lint.test_analysis import _compare
+
+    policy = _policy(tmp_path, TWO_ADJUSTMENTS)
+    _compare(policy)
+    result = _same_as_oracle(policy)
+    family = next(f for f in result.rejected if f[2] == "a-v2")
+    assert {(w["env:A"], w["env:B"]) for w in result.rejected[family]} == {("1", "1")}
