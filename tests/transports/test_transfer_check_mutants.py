@@ -539,3 +539,22 @@ def test_cancelling_a_read_that_stops_at_once_ends_the_receive_now(sides):
         gate.set()
     assert cancelled.result(10) == (True, "cancelled", True)
     assert received.reason == "cancelled"
+
+
+def test_a_cancel_after_the_receiver_was_served_is_late_and_changes_nothing(trio):
+    """m-38619d50: of an offer for two, the receiver is served (its write done, none in flight); its
+    final cancel of that request, arriving after, is one late frame: it does not count the receiver
+    again as gone, so the offer still waits for the other receiver, who is served and completes it."""
+    p, d, insider = trio
+    offer = p.send("served", [1, 2], receivers=2)
+    received = d.receive("served", [5, 6], peers=[p.key_name], timeout_s=10)
+    assert outcome(received)[0] == "completed", outcome(received)
+    mine = remote_of(p, d)
+    assert on_loop(p, lambda: (p._sender.writes, p._sender.offers["served"].served)) == ([], 1)
+    assert stats_change(p, lambda: p._sender.on_cancel(mine, control.Cancel("served", 0, 1))) == {"late_frames": 1}
+    assert on_loop(p, lambda: p._sender.offers["served"].cancelled) == 0
+    assert offer.state.value == "waiting"
+    other = insider.receive("served", [7, 8], peers=[p.key_name], timeout_s=10)
+    assert outcome(other)[0] == "completed", outcome(other)
+    assert d.pool.digests([5, 6]) == insider.pool.digests([7, 8]) == p.pool.digests([1, 2])
+    assert outcome(offer)[0] == "completed", outcome(offer)
