@@ -106,7 +106,7 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
                 continue
             merged = {**inherited, **section}
             origin = {k: ((side,) if k in section else ()) for k in merged}
-            found.append(_server(side, side.split("_")[0], merged, origin, {}, fixed))
+            found.append(_server(side, side.split("_")[0], merged, origin, {}, fixed, (side,)))
         return found if _transfers(found) else None
     worker = document.get("worker_config")
     if isinstance(worker, Mapping) and any(short in worker for short, _ in _PERF_SANITY):
@@ -121,7 +121,7 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
                 found.append(Server(".".join(keys), role, keys, None,
                                     problems=(ServerProblem(keys, f"{'.'.join(keys)}: expected a mapping, got {kind(section)}"),)))
                 continue
-            server = _server(".".join(keys), role, dict(section), {k: keys for k in section}, env, fixed)
+            server = _server(".".join(keys), role, dict(section), {k: keys for k in section}, env, fixed, keys)
             found.append(_with(server, env_used, problems))
         return found if _transfers(found) else None
     if "cache_transceiver_config" in document or any(misspelling_of(k) == "cache_transceiver_config" for k in document):
@@ -167,14 +167,15 @@ def _with(server: Server, used: tuple[str, ...], problems: tuple[ServerProblem, 
 
 def _server(
     name: str, role: str, settings: Mapping[str, Any], origin: dict[str, tuple[Any, ...]], env: dict[str, str],
-    fixed: str | None,
+    fixed: str | None, section: tuple[Any, ...] = (),
 ) -> Server:
-    """A server from its effective LLM arguments; ``origin`` maps each key to its section path."""
+    """A server from its effective LLM arguments; ``origin`` maps each key to its section path, and
+    ``section`` is where the server's own keys go (where a missing transceiver config is missing)."""
     # What upstream's strict models refuse (a misspelt section name or field): the server does not start.
     problems: list[ServerProblem] = [ServerProblem(keys, message) for keys, message in check_sections(settings, origin)]
     used: list[str] = []
     parallel = tuple((k, v) for k, v in settings.items() if isinstance(k, str) and k.endswith("_parallel_size"))
-    at = origin.get("cache_transceiver_config", ())
+    at = origin.get("cache_transceiver_config", section)
     keys = (*at, "cache_transceiver_config")
     config = settings.get("cache_transceiver_config")
     if "cache_transceiver_config" not in settings:

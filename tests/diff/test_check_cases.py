@@ -98,6 +98,8 @@ def test_a_server_without_transceiver_config_does_not_stop_the_next_one(tmp_path
     context, generation = answer_config(path, policy).servers
     assert context.server.name == "context_servers" and "disaggregation off" in context.not_resolved
     assert generation.server.name == "generation_servers" and generation.resolution is not None
+    # Where the missing config was expected: in that side's section, not at the top level.
+    assert context.not_resolved == "no cache_transceiver_config at context_servers.cache_transceiver_config: disaggregation off"
 
 
 def test_an_unusable_model_is_located_where_the_section_names_it(tmp_path: Path, policy) -> None:
