@@ -37,3 +37,17 @@ def test_every_changed_context_falls_in_its_own_group_and_an_unchanged_one_in_no
     unchanged = [p for p in itertools.islice(points(result.dimensions), 5000) if outcome_of(old, context_of(result.dimensions, p)) == outcome_of(new, context_of(result.dimensions, p))]
     assert unchanged, "some context resolves alike (an explicit manager)"
     assert all(result.group_of(p) is None for p in unchanged[:50])
+
+
+def test_a_rule_is_made_canonical_only_for_the_architecture_it_names() -> None:
+    # A preference row's id names its architecture; only that architecture's slot is replaced, so
+    # two canonical ids are equal for a context exactly when the real ids are.
+    from kvpolicy.analyse.outcomes import canonical_rule, concrete_rule
+
+    assert canonical_rule("pref[LlamaForCausalLM]", "LlamaForCausalLM") == "pref[{architecture}]"
+    assert canonical_rule("pref[LlamaForCausalLM,model_type=llama]", "LlamaForCausalLM") == "pref[{architecture},model_type=llama]"
+    assert canonical_rule("pref[MistralForCausalLM]", "LlamaForCausalLM") == "pref[MistralForCausalLM]"
+    assert canonical_rule("pref[LlamaForCausalLMX]", "LlamaForCausalLM") == "pref[LlamaForCausalLMX]"
+    assert canonical_rule("pref[LlamaForCausalLM]", None) == "pref[LlamaForCausalLM]"
+    for rule in ("pref[LlamaForCausalLM]", "pref[LlamaForCausalLM,model_type=llama]", "runtime-default"):
+        assert concrete_rule(canonical_rule(rule, "LlamaForCausalLM"), "LlamaForCausalLM") == rule
