@@ -117,6 +117,7 @@ OUT_OF_DOMAIN = {
     "a decision of another name": lambda d: _first(d, "kv_cache_manager").update(name="scheduler"),
     "the same decision twice": lambda d: d["decisions"].append(d["decisions"][0]),
     "no decision at all": lambda d: d.update(decisions=[]),
+    "no decision and nothing that names one": lambda d: d.update(decisions=[], constraints=[]),
     "a notice of another severity": lambda d: _first(d, "transceiver_runtime")["default"].update(notice=["n", "loud", "x", "text"]),
     "a message reading an attribute": lambda d: d["constraints"][0].update(message="{backend.__class__}"),
     "a message with a format spec": lambda d: d["constraints"][0].update(fix="{backend:>999999999}"),
