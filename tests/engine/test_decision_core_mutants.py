@@ -564,3 +564,20 @@ def test_a_condition_accepting_several_values_of_a_decision_holds_for_each_of_th
         (step,) = [s for s in resolution.trace if s.rule == "ucx-or-mpi-is-slow"]
         assert step.outcome == outcome, backend
         assert [d.id for d in resolution.warnings] == ([] if outcome == "passed" else ["ucx-or-mpi-is-slow"]), backend
+
+
+def test_a_message_of_two_placeholders_with_nothing_after_the_second_names_both(tmp_path):
+    # "{transceiver_runtime} on {backend}": two placeholders and no text after the last one. The
+    # message is rendered whole by resolve(), by the reference interpreter and for notices alike.
+    text = CLEAN.read_text(encoding="utf-8").replace(
+        'message = "PYTHON supports only NIXL, but the backend is {backend}."', 'message = "{transceiver_runtime} on {backend}"'
+    )
+    assert "{transceiver_runtime} on {backend}" in text
+    policy = kvpolicy.load(write(tmp_path, text))
+    resolution = policy.resolve(architecture="LlamaForCausalLM", backend="UCX", transceiver_runtime="PYTHON")
+    (error,) = resolution.errors
+    assert error.message.startswith("PYTHON on UCX"), error.message
+    from kvpolicy.evaluate.index import compile_message
+
+    render = compile_message("{transceiver_runtime} on {backend}", frozenset({"backend", "transceiver_runtime"}))
+    assert render({}, {"backend": "UCX", "transceiver_runtime": "PYTHON"}, None) == "PYTHON on UCX"
