@@ -28,20 +28,8 @@ from kvpolicy.serving.identity import (
     model_reference,
 )
 
-VERSION = "2026.09.10"
+from .test_identity import DISAGG_UCX, VERSION
 
-DISAGG_UCX = """\
-model: {model}
-backend: pytorch
-context_servers:
-  num_instances: 1
-  cache_transceiver_config:
-    backend: UCX
-generation_servers:
-  num_instances: 1
-  cache_transceiver_config:
-    backend: UCX
-"""
 
 
 def checkpoint(folder: Path, architecture: str | None, model_type: str | None = None, **extra) -> Path:
