@@ -74,7 +74,7 @@ fuzz: $(STAMP)
 # `make test`; CI runs it weekly (.github/workflows/mutate.yml). It fails on a surviving mutant not
 # yet reviewed into tests/mutation/survivors.md. It changes source files while it runs: never in a
 # tree someone is editing. MUTATE_ARGS: modules and options, e.g.
-#   make mutate MUTATE_ARGS="engine/index.py engine/compiler.py --minutes 20"
+#   make mutate MUTATE_ARGS="engine/evaluate/index.py engine/evaluate/compiler.py --minutes 20"
 MUTATE_ARGS ?=
 
 mutate: $(STAMP)

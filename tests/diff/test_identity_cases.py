@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from kvpolicy.cli import main
 from kvpolicy.evaluate.index import is_multimodal
 from kvpolicy.serving.identity import (
     ArchitectureMap,
@@ -28,17 +27,7 @@ from kvpolicy.serving.identity import (
     model_reference,
 )
 
-from .test_identity import DISAGG_UCX, VERSION
-
-
-
-def checkpoint(folder: Path, architecture: str | None, model_type: str | None = None, **extra) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    data = {"model_type": model_type, **extra}
-    if architecture is not None:
-        data["architectures"] = [architecture]
-    (folder / "config.json").write_text(json.dumps(data), encoding="utf-8")
-    return folder
+from .test_identity import DISAGG_UCX, checkpoint, resolve_config
 
 
 def raw_checkpoint(folder: Path, data: object) -> Path:
@@ -53,12 +42,6 @@ def hub_entry(hub: Path, folder_name: str, revision: str) -> Path:
     (hub / folder_name / "refs").mkdir(parents=True, exist_ok=True)
     (hub / folder_name / "refs" / "main").write_text(revision, encoding="utf-8")
     return hub / folder_name
-
-
-def resolve_config(capsys, path: Path, *extra: str) -> tuple[int, str, str]:
-    code = main(["resolve", "--config", str(path), "--version", VERSION, "--policy", str(Path(__file__).resolve().parents[2] / "policies"), *extra])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def find(text: str, tmp_path: Path, **options) -> ModelIdentity:

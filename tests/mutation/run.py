@@ -38,6 +38,8 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,32 +231,39 @@ def baseline(target: Target, tests: tuple[str, ...] | None = None) -> float:
     return took
 
 
+@contextmanager
+def restored(module: str) -> Iterator[None]:
+    """Put ``module`` back as it was on the way out. Cosmic Ray restores the file after each
+    mutant; this guards against an interruption (Ctrl-C, CI's SIGTERM) between its write and its
+    restore."""
+    path = ROOT / module
+    original = path.read_bytes()
+    try:
+        yield
+    finally:
+        if path.read_bytes() != original:
+            path.write_bytes(original)
+
+
 def execute(target: Target, session: Path, timeout: float, deadline: float | None) -> None:
     """Run the pending mutants (in Cosmic Ray's random order) until none is left or ``deadline``."""
-    original = (ROOT / target.module).read_bytes()
-    with use_db(str(session), WorkDB.Mode.open) as db:
+    with use_db(str(session), WorkDB.Mode.open) as db, restored(target.module):
         pending = db.pending_work_items
         total = len(pending)
-        try:
-            for number, item in enumerate(pending, 1):
-                if deadline is not None and time.monotonic() > deadline:
-                    print(f"  time is up: {total - number + 1} mutants of {target.module} left pending (a later run resumes)")
-                    break
-                started = time.monotonic()
-                result = mutate_and_test(item.mutations, target.command(), timeout)
-                db.set_result(item.job_id, result)
-                (mutation,) = item.mutations
-                verdict = "timeout" if result.output == "timeout" else (result.test_outcome or result.worker_outcome).value
-                print(
-                    f"  [{number}/{total}] {verdict:<11} {mutation.operator_name.removeprefix('core/')} "
-                    f"{target.module}:{mutation.start_pos[0]} ({time.monotonic() - started:.1f} s)",
-                    flush=True,
-                )
-        finally:
-            # Cosmic Ray restores the file after each mutant; this guards against an interruption
-            # between its write and its restore.
-            if (ROOT / target.module).read_bytes() != original:
-                (ROOT / target.module).write_bytes(original)
+        for number, item in enumerate(pending, 1):
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"  time is up: {total - number + 1} mutants of {target.module} left pending (a later run resumes)")
+                break
+            started = time.monotonic()
+            result = mutate_and_test(item.mutations, target.command(), timeout)
+            db.set_result(item.job_id, result)
+            (mutation,) = item.mutations
+            verdict = "timeout" if result.output == "timeout" else (result.test_outcome or result.worker_outcome).value
+            print(
+                f"  [{number}/{total}] {verdict:<11} {mutation.operator_name.removeprefix('core/')} "
+                f"{target.module}:{mutation.start_pos[0]} ({time.monotonic() - started:.1f} s)",
+                flush=True,
+            )
 
 
 WIDER_KILLED = "killed by the wider tests"
@@ -266,10 +275,9 @@ def execute_survivors(target: Target, session: Path, tests: tuple[str, ...], tim
     """Give the survivors to ``tests`` again: the module's wider tests (slower files that also
     exercise it, ``wider``), or its tests after new ones were added (``--retest-survivors``). A
     mutant either kills is killed; the fast tests stay what most mutants cost."""
-    original = (ROOT / target.module).read_bytes()
     command = target.command(tests)
     label, killed_by, survived = ("wider", WIDER_KILLED, WIDER_SURVIVED) if wider else ("again", RETEST_KILLED, "")
-    with use_db(str(session), WorkDB.Mode.open) as db:
+    with use_db(str(session), WorkDB.Mode.open) as db, restored(target.module):
         todo = [
             (item, result)
             for item, result in db.completed_work_items
@@ -277,28 +285,24 @@ def execute_survivors(target: Target, session: Path, tests: tuple[str, ...], tim
             and result.worker_outcome == WorkerOutcome.NORMAL
             and not (wider and (result.output or "").startswith(WIDER_SURVIVED))
         ]
-        try:
-            for number, (item, first) in enumerate(todo, 1):
-                if deadline is not None and time.monotonic() > deadline:
-                    print(f"  time is up: {len(todo) - number + 1} survivors of {target.module} not tested {label}")
-                    break
-                started = time.monotonic()
-                result = mutate_and_test(item.mutations, command, timeout)
-                (mutation,) = item.mutations
-                if result.worker_outcome == WorkerOutcome.NORMAL and result.test_outcome == TestOutcome.KILLED:
-                    db.set_result(item.job_id, WorkResult(WorkerOutcome.NORMAL, f"{killed_by}\n{result.output}", TestOutcome.KILLED, first.diff))
-                    verdict = "killed"
-                else:
-                    db.set_result(item.job_id, WorkResult(WorkerOutcome.NORMAL, f"{survived}\n{result.output}", TestOutcome.SURVIVED, first.diff))
-                    verdict = "survived"
-                print(
-                    f"  {label} [{number}/{len(todo)}] {verdict:<9} {mutation.operator_name.removeprefix('core/')} "
-                    f"{target.module}:{mutation.start_pos[0]} ({time.monotonic() - started:.1f} s)",
-                    flush=True,
-                )
-        finally:
-            if (ROOT / target.module).read_bytes() != original:
-                (ROOT / target.module).write_bytes(original)
+        for number, (item, first) in enumerate(todo, 1):
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"  time is up: {len(todo) - number + 1} survivors of {target.module} not tested {label}")
+                break
+            started = time.monotonic()
+            result = mutate_and_test(item.mutations, command, timeout)
+            (mutation,) = item.mutations
+            if result.worker_outcome == WorkerOutcome.NORMAL and result.test_outcome == TestOutcome.KILLED:
+                db.set_result(item.job_id, WorkResult(WorkerOutcome.NORMAL, f"{killed_by}\n{result.output}", TestOutcome.KILLED, first.diff))
+                verdict = "killed"
+            else:
+                db.set_result(item.job_id, WorkResult(WorkerOutcome.NORMAL, f"{survived}\n{result.output}", TestOutcome.SURVIVED, first.diff))
+                verdict = "survived"
+            print(
+                f"  {label} [{number}/{len(todo)}] {verdict:<9} {mutation.operator_name.removeprefix('core/')} "
+                f"{target.module}:{mutation.start_pos[0]} ({time.monotonic() - started:.1f} s)",
+                flush=True,
+            )
 
 
 # -- results ----------------------------------------------------------------------------------

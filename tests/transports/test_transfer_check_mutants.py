@@ -153,7 +153,7 @@ def fake():
 
 
 def test_a_refused_handshake_is_counted_once(sides):
-    """m-85a806b1: one stranger's handshake, refused by the ZAP handler, counts one."""
+    """One stranger's handshake, refused by the ZAP handler, counts one."""
     import zmq
     from zmq.utils.monitor import recv_monitor_message
 
@@ -178,7 +178,7 @@ def test_a_refused_handshake_is_counted_once(sides):
 
 
 def test_a_batch_frame_within_the_budget_is_served_and_one_past_it_is_dropped_once(sides):
-    """m-566e9f80, m-ba1e4a52: the frame budget counts the messages of a batch: a batch of 4 within
+    """The frame budget counts the messages of a batch: a batch of 4 within
     a budget of 8 is handled message by message; the next batch of 10, past what is left, is
     dropped whole and counted once."""
     p = sides("p", limits={"frame_burst": 8, "frames_per_s": 0.001})
@@ -195,7 +195,7 @@ def test_a_batch_frame_within_the_budget_is_served_and_one_past_it_is_dropped_on
 
 
 def test_requests_batched_in_one_frame_are_all_served(sides):
-    """m-566e9f80: a real receiver's requests leave batched in one frame (several receives started
+    """A real receiver's requests leave batched in one frame (several receives started
     while its service thread was busy); every one of them is served."""
     p, d = sides("p", seed=1), sides("d", seed=2)
     peer = connected(p, d)
@@ -219,7 +219,7 @@ def test_requests_batched_in_one_frame_are_all_served(sides):
 
 
 def test_hellos_past_the_limit_of_metadata_reads_in_flight_are_refused_and_the_first_one_reads(sides, monkeypatch):
-    """m-fb56596e: hellos without NIXL metadata (read from etcd): the first starts a read, one more
+    """Hellos without NIXL metadata (read from etcd): the first starts a read, one more
     key past ``fetches`` (1 here) is refused while it is in flight."""
     p = sides("p", limits={"fetches": 1})
     monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://127.0.0.1:9")  # nothing listens: the read goes on
@@ -237,7 +237,7 @@ def test_hellos_past_the_limit_of_metadata_reads_in_flight_are_refused_and_the_f
 
 
 def test_a_metadata_read_that_cannot_start_refuses_its_hello_and_frees_its_slot(sides, monkeypatch):
-    """(Found next to m-fb56596e.) etcd settings the client refuses (plain http without
+    """(Found next to the limit on metadata reads in flight.) etcd settings the client refuses (plain http without
     KVPOLICY_ETCD_INSECURE_PLAINTEXT): the hello is refused, and its read's slot is free again. (The
     read's thread used to die there, holding the slot: that key was refused for ever, and after
     ``fetches`` such keys every hello without metadata.)"""
@@ -278,7 +278,7 @@ def test_one_key_keeps_its_connections_up_to_remotes_per_peer(sides):
 
 
 def test_a_proof_nobody_asked_for_is_dropped_as_unexpected(sides):
-    """m-8cec44b3: a proof from a connection that was sent no nonce is a dropped frame, not an
+    """A proof from a connection that was sent no nonce is a dropped frame, not an
     internal error."""
     p = sides("p")
     sock, _ = allowed_dealer(p.address, "prover")
@@ -303,7 +303,7 @@ def trio(sides):
 
 
 def test_a_two_receiver_offer_one_gave_up_on_times_out_waiting_for_the_other(trio):
-    """m-e302d1d9, m-3c48baad: one of two receivers gives up (a final cancel) and the other never
+    """One of two receivers gives up (a final cancel) and the other never
     asks: the offer waits for that one, then times out naming one receiver."""
     p, _, insider = trio
     gone = remote_of(p, insider)
@@ -314,7 +314,7 @@ def test_a_two_receiver_offer_one_gave_up_on_times_out_waiting_for_the_other(tri
 
 
 def test_a_two_receiver_offer_one_gave_up_on_still_serves_the_other(trio):
-    """m-3c48baad: a final cancel counts one receiver: the other's ask is still written."""
+    """A final cancel counts one receiver: the other's ask is still written."""
     p, d, insider = trio
     offer = p.send("pair", [1, 2], receivers=2)
     raw(insider, p.key_name, control.Cancel("pair", 7, 1))  # (its answer: a result it never asked for)
@@ -327,7 +327,7 @@ def test_a_two_receiver_offer_one_gave_up_on_still_serves_the_other(trio):
 
 
 def test_an_early_ask_that_is_then_served_is_not_counted_as_not_addressed(trio):
-    """m-c686395d: an ask for an id not offered yet waits; it is not a frame for someone else."""
+    """An ask for an id not offered yet waits; it is not a frame for someone else."""
     p, d, _ = trio
     received = d.receive("early", [5, 6], peers=[p.key_name], timeout_s=10)
     eventually(lambda: parked(p, "early") == 1)
@@ -337,7 +337,7 @@ def test_an_early_ask_that_is_then_served_is_not_counted_as_not_addressed(trio):
 
 
 def test_each_ask_past_the_parked_budget_is_refused_and_counted_once(sides):
-    """m-6a431d5e, m-0c57e9d3: with ``parked_per_peer`` 2 the third early ask of one key is refused
+    """With ``parked_per_peer`` 2 the third early ask of one key is refused
     at once, and counted once."""
     p, d = sides("p", limits={"parked_per_peer": 2}), sides("d")
     peer = connected(p, d)
@@ -352,7 +352,7 @@ def test_each_ask_past_the_parked_budget_is_refused_and_counted_once(sides):
 
 @pytest.mark.parametrize("final", [0, 1], ids=["attempt", "final"])
 def test_a_cancel_for_every_attempt_ends_the_receivers_waiting_ask(trio, final):
-    """m-5278409c, m-0884429f: a cancel with nonce 0 (every attempt of this receiver) matches its
+    """A cancel with nonce 0 (every attempt of this receiver) matches its
     ask waiting for the offer: the ask is answered ``cancelled`` at once."""
     p, d, _ = trio
     received = d.receive("parked", [5, 6], peers=[p.key_name], timeout_s=IN_PROCESS_TIMEOUT_S)
@@ -364,7 +364,7 @@ def test_a_cancel_for_every_attempt_ends_the_receivers_waiting_ask(trio, final):
 
 
 def test_a_cancel_leaves_the_waiting_asks_of_other_receivers_and_other_attempts(trio):
-    """m-4545ec00: an insider's cancel (nonce 0, every attempt) of the victim's request, and the
+    """An insider's cancel (nonce 0, every attempt) of the victim's request, and the
     victim's own cancel of another attempt, leave the victim's ask waiting; it is served."""
     p, d, insider = trio
     received = d.receive("victim", [5, 6], peers=[p.key_name], timeout_s=IN_PROCESS_TIMEOUT_S)
@@ -380,7 +380,7 @@ def test_a_cancel_leaves_the_waiting_asks_of_other_receivers_and_other_attempts(
 
 
 def test_a_cancel_matching_nothing_counts_once_as_late_or_as_not_addressed(trio):
-    """m-5cc2bc84, m-b149c11f: a cancel for no offer is a late frame; one from a receiver an offer is
+    """A cancel for no offer is a late frame; one from a receiver an offer is
     not for is not addressed to it; each counts one."""
     p, d, insider = trio
     p.send("for-d", [1, 2], to=d.key_name)
@@ -391,7 +391,7 @@ def test_a_cancel_matching_nothing_counts_once_as_late_or_as_not_addressed(trio)
 
 
 def test_final_cancels_while_writes_are_in_flight_count_only_the_cancellers_own_writes(trio):
-    """m-c4af6c0a, m-153f3c90, m-c9a1acb0. While the receiver's write of offer X is in flight (NIXL
+    """While the receiver's write of offer X is in flight (NIXL
     said "in progress"): the insider's final cancel of X (an offer for two) counts it as gone; the
     receiver's final cancel of offer Y (no ask of its own) ends Y; the receiver's cancel of X itself
     is a late frame, counted once (its write's result follows)."""
@@ -435,7 +435,7 @@ def test_final_cancels_while_writes_are_in_flight_count_only_the_cancellers_own_
 
 
 def test_late_results_of_a_fenced_attempt_and_of_an_ended_request_count_once_each(sides, fake):
-    """m-4c0a5fb4, m-3b196634: the result of an attempt that timed out (its blocks fenced) lifts the
+    """The result of an attempt that timed out (its blocks fenced) lifts the
     fence and counts one late frame; a second result of a request that completed counts one more."""
     d = sides("d")
     writer = accept(fake, d)
@@ -460,7 +460,7 @@ def test_late_results_of_a_fenced_attempt_and_of_an_ended_request_count_once_eac
 
 
 def test_a_replayed_result_of_an_earlier_attempt_is_dropped_as_stale(sides, fake):
-    """m-6216171d: the request failed once and is retried; the first attempt's result, replayed
+    """The request failed once and is retried; the first attempt's result, replayed
     while the retry waits for the same sender, is a stale attempt's, and does not end the retry."""
     d = sides("d")
     writer = accept(fake, d)
@@ -478,7 +478,7 @@ def test_a_replayed_result_of_an_earlier_attempt_is_dropped_as_stale(sides, fake
 
 
 def test_a_results_times_are_read_as_microseconds(sides, fake):
-    """m-e1cd4ab6: ``transfer_us`` and ``queue_us`` of a result become seconds in the metrics."""
+    """``transfer_us`` and ``queue_us`` of a result become seconds in the metrics."""
     d = sides("d")
     writer = accept(fake, d)
     received = d.receive("timed", [4], peers=[writer], timeout_s=10)
@@ -489,7 +489,7 @@ def test_a_results_times_are_read_as_microseconds(sides, fake):
 
 
 def test_a_cancelled_result_without_a_reason_ends_the_receive_as_plainly_cancelled(sides, fake):
-    """m-6e75b8df: a ``cancelled`` result with no reason adds no empty reason of its own."""
+    """A ``cancelled`` result with no reason adds no empty reason of its own."""
     d = sides("d")
     writer = accept(fake, d)
     received = d.receive("quiet", [4], peers=[writer], timeout_s=10)
@@ -499,7 +499,7 @@ def test_a_cancelled_result_without_a_reason_ends_the_receive_as_plainly_cancell
 
 
 def test_a_second_cancel_before_the_senders_confirmation_sends_nothing_more(sides, fake):
-    """m-afb96943, m-bcfe0a03: cancel() while a receive waits for the sender's confirmation of an
+    """`cancel()` while a receive waits for the sender's confirmation of an
     earlier cancel() answers False and sends no second cancel."""
     d = sides("d")
     writer = accept(fake, d)
@@ -520,7 +520,7 @@ def test_a_second_cancel_before_the_senders_confirmation_sends_nothing_more(side
 
 
 def test_cancelling_a_read_that_stops_at_once_ends_the_receive_now(sides):
-    """m-27878fa9, m-f5626fa1: a receive reading an announced offer, cancelled before NIXL was next
+    """A receive reading an announced offer, cancelled before NIXL was next
     polled: its READ is stopped at once, so cancel() answers True and the receive has ended."""
     p, d = sides("p", allow_reads=True, seed=1), sides("d", seed=2)
     peer = connected(p, d)
@@ -542,7 +542,7 @@ def test_cancelling_a_read_that_stops_at_once_ends_the_receive_now(sides):
 
 
 def test_a_cancel_after_the_receiver_was_served_is_late_and_changes_nothing(trio):
-    """m-38619d50: of an offer for two, the receiver is served (its write done, none in flight); its
+    """Of an offer for two, the receiver is served (its write done, none in flight); its
     final cancel of that request, arriving after, is one late frame: it does not count the receiver
     again as gone, so the offer still waits for the other receiver, who is served and completes it."""
     p, d, insider = trio
