@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 EXTRAS ?= transfer,demo,test
 
-.PHONY: install demo test test-engine lint docs bench bench-hosts soak fuzz mutate report screenshot clean
+.PHONY: install demo test test-engine lint docs bench bench-hosts soak fuzz fuzz-properties mutate report screenshot clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,13 @@ fuzz: $(STAMP)
 	$(PY) -m pip install --quiet atheris==3.0.0
 	$(PY) bench/fuzz.py load --seconds 60
 	$(PY) bench/fuzz.py resolve --seconds 60
+
+# The property tests with fresh random draws, a new printed seed each round, for PROPERTY_MINUTES.
+# The gate (make test, CI) draws derandomised examples: the same commit always gets the same answer.
+PROPERTY_MINUTES ?= 30
+
+fuzz-properties: $(STAMP)
+	$(PY) -m tests.property_soak --minutes $(PROPERTY_MINUTES)
 
 # Mutation testing (cosmic-ray) of the decision core and the transfer layer's checks: each module's
 # mutants against its own few tests (tests/mutation/modules.toml). Hours in all, so never part of

@@ -6,6 +6,18 @@ import os
 import tempfile
 
 import pytest
+from hypothesis import settings
+
+#: Hypothesis profiles. ``gate`` (the default, what ``make test`` and CI run) is derandomised: every
+#: property test draws the same examples on every machine for the same commit, and no example
+#: database carries draws from one run into the next, so a red run is a red commit, reproducible by
+#: running the test again. ``random`` draws fresh examples (the seed is printed in pytest's header
+#: and in every failure's ``--hypothesis-seed`` line) and keeps failures in .hypothesis/ to replay;
+#: ``make fuzz-properties`` runs it in a loop, outside the gate. Select with KVPOLICY_HYPOTHESIS.
+settings.register_profile("gate", derandomize=True, database=None, print_blob=True)
+settings.register_profile("random", derandomize=False, print_blob=True)
+PROFILE = os.environ.get("KVPOLICY_HYPOTHESIS", "gate")
+settings.load_profile(PROFILE)
 
 
 @pytest.fixture(autouse=True, scope="session")

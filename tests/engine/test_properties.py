@@ -161,7 +161,12 @@ def test_default_backend_follows_the_env_priority(version, env):
 def test_dependent_decision_never_contradicts_its_inputs(version, fields):
     resolution = SHIPPED[version].resolve(**fields)
     if resolution.context["kv_cache_manager"] == "auto" and resolution.kv_cache_manager == "V2":
-        assert resolution.runtime == "PYTHON" and resolution.backend == "NIXL"
+        # V2 under auto runs with PYTHON on NIXL, or the version says the deployment cannot start
+        # (upstream fails fast: DeepSeek-V4's V2 default with the C++ transceiver on 2026.07.09).
+        # A V2 default beside CPP that starts would be the contradiction.
+        if not (resolution.runtime == "PYTHON" and resolution.backend == "NIXL"):
+            assert not resolution.ok
+            assert any(d.severity == "error" and d.id.startswith("kv-cache-manager-v2-") for d in resolution.diagnostics), resolution.diagnostics
     if resolution.context["transceiver_runtime"] == "auto" and resolution.context["kv_transfer_timeout_ms"] is None:
         # Under auto a null timeout never yields PYTHON unless a model preference or requirement insists.
         if resolution.runtime == "PYTHON":
@@ -257,3 +262,23 @@ def test_resolve_and_the_interpreter_agree_wherever_an_adjustment_rewrites_a_dec
             assert pipelined and resolution.runtime == "PYTHON" and runtime in ("auto", None), fields
             assert any(d.id in adjustments and d.severity == "warning" for d in resolution.diagnostics), fields
     assert rewritten, "no context met the adjustment"
+
+
+def test_a_v2_default_beside_cpp_never_starts_in_any_shipped_version():
+    # The property above, walked exhaustively where it was once found false by a lucky draw: every
+    # architecture the strategies know, every backend, both timeouts, runtime and manager on auto.
+    import itertools
+
+    seen_cannot_start = 0
+    for version in VERSIONS:
+        for architecture, backend, timeout in itertools.product(ARCHITECTURES, ("NIXL", "UCX", "DEFAULT", "MPI", "MOONCAKE"), (None, 1000)):
+            resolution = SHIPPED[version].resolve(
+                architecture=architecture, backend=backend, kv_transfer_timeout_ms=timeout,
+                transceiver_runtime="auto", kv_cache_manager="auto",
+            )
+            if resolution.kv_cache_manager == "V2" and not (resolution.runtime == "PYTHON" and resolution.backend == "NIXL"):
+                assert not resolution.ok, (version, architecture, backend, timeout)
+                assert "kv-cache-manager-v2-requires-python" in {d.id for d in resolution.errors}
+                seen_cannot_start += 1
+    # DeepSeek-V4's V2 default (#15633) predates any runtime preference: before 2026.08.03 it meets CPP.
+    assert seen_cannot_start > 0
