@@ -15,6 +15,7 @@ from ..read.policyroot import DEFAULT_FOLDER, PolicySource, policy_source
 from ..evaluate.policyset import PolicySet, load
 
 __all__ = [
+    "EXIT_UNMODELLED",
     "POLICIES_DEFAULT",
     "add_policy_arguments",
     "choose_policies",
@@ -27,6 +28,12 @@ __all__ = [
 
 #: Where commands look for policies when none is named (kvpolicy.read.policyroot), for help texts.
 POLICIES_DEFAULT = "default: [tool.kvpolicy] policies in pyproject.toml, else ./policies, else the shipped policies"
+
+
+#: The exit code of a TensorRT-LLM release (named or installed) that no policy version models:
+#: neither "starts" (0), "cannot start" (1), bad input (2) nor "depends on the model" (3), since
+#: kvpolicy cannot say; ``--accept-unmodelled`` answers with the closest version instead.
+EXIT_UNMODELLED = 4
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,8 @@ from ..analyse.impact import ConfigImpact, SectionImpact, Side, impact_of, load_
 from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
 from ..wording import plural
 from .policies import load_policy_argument
-from .releases import add_trtllm_argument, release_lines
+from ..read.releases import UnmodelledRelease
+from .releases import add_accept_argument, add_trtllm_argument, release_lines, unmodelled
 
 __all__ = ["register", "render_github", "render_sarif", "render_text", "to_json"]
 
@@ -65,6 +66,7 @@ def register(sub: Any) -> None:
     to = parser.add_mutually_exclusive_group(required=True)
     to.add_argument("--to", dest="new", metavar="NEW", help="the same forms as --from")
     add_trtllm_argument(to, "--to its policy version")
+    add_accept_argument(parser)
     parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live, e.g. $LLM_MODELS_ROOT")
     parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
@@ -97,11 +99,14 @@ def run(args: Any) -> int:
     source = choose_policies(args.policy)
     if isinstance(source, int):
         return source
-    old = load_policy_argument(args.old, source.path)
-    if isinstance(old, str):
-        return fail(f"--from: {old}")
     new_option, new_text = ("--to", args.new) if args.trtllm is None else ("--trtllm", args.trtllm)
-    new = load_policy_argument(new_text, source.path)
+    try:
+        old = load_policy_argument(args.old, source.path, accept_unmodelled=args.accept_unmodelled)
+        if isinstance(old, str):
+            return fail(f"--from: {old}")
+        new = load_policy_argument(new_text, source.path, accept_unmodelled=args.accept_unmodelled)
+    except UnmodelledRelease as exc:
+        return unmodelled(exc, "--from" if exc.given == args.old else new_option)
     if isinstance(new, str):
         return fail(f"{new_option}: {new}")
     arch_map = None

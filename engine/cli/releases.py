@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 from ..errors import PolicyError
-from ..evaluate.policyset import PolicySet, load
-from .common import fail, load_from_args
+from ..evaluate.policyset import PolicySet
+from .common import EXIT_UNMODELLED, fail
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..read.policyroot import PolicySource
     from ..read.releases import Release
 
-__all__ = ["add_trtllm_argument", "load_for_release", "register", "release_lines", "run"]
+__all__ = ["add_accept_argument", "add_trtllm_argument", "load_for_release", "register", "release_lines", "run", "unmodelled"]
 
 _FOOTER = "`kvpolicy releases` lists every release with its evidence"
 
@@ -41,6 +41,25 @@ def add_trtllm_argument(parser: Any, what: str) -> None:
     )
 
 
+def add_accept_argument(parser: Any) -> None:
+    """``--accept-unmodelled``: answer a release no policy version models with the closest one."""
+    parser.add_argument(
+        "--accept-unmodelled",
+        action="store_true",
+        help="a TensorRT-LLM release (named or installed) that no policy version models is answered with the closest "
+        f"version, with a warning; without it such a release exits {EXIT_UNMODELLED}",
+    )
+
+
+def unmodelled(exc: Any, option: str | None = None) -> int:
+    """Report a release no policy version models; exit code :data:`EXIT_UNMODELLED`."""
+    import sys
+
+    prefix = f"{option} {exc.given}: " if option else f"TensorRT-LLM {exc.given} installed: "
+    print(f"kvpolicy: error: {prefix}{exc}", file=sys.stderr)
+    return EXIT_UNMODELLED
+
+
 def run(args: Any) -> int:
     """Print the release table: tag, date, policy version, certainty (JSON: every field)."""
     from ..read.releases import RELEASES_FILE, installed_trtllm, normalise_tag, releases
@@ -59,7 +78,7 @@ def run(args: Any) -> int:
         return 0
     print(f"TensorRT-LLM releases and the policy version that reproduces each ({RELEASES_FILE.name}, shipped with kvpolicy)\n")
     table = [("tag", "date", "policy", "certainty")] + [
-        (("*" if row.tag == tag else " ") + row.tag, row.date, row.policy_version or "none", row.certainty) for row in rows
+        (("*" if row.tag == tag else " ") + row.tag, row.date, row.policy_version or (f"none (closest {row.closest})" if row.closest else "none"), row.certainty) for row in rows
     ]
     widths = [max(len(cells[i]) for cells in table) for i in range(4)]
     table[0] = (" " + table[0][0], *table[0][1:])
@@ -78,73 +97,45 @@ def _describe(row: Release) -> str:
 
 
 def load_for_release(args: Any, source: PolicySource) -> tuple[PolicySet, str | None, dict[str, Any] | None] | int:
-    """``resolve``/``explain``: the policy set of ``--version``, else of ``--trtllm``'s release, else of
-    the installed TensorRT-LLM's release, else the newest; with the line that says a release chose it
-    and the same as JSON data (None when no release was involved). Exit code 2 after saying why
-    ``--trtllm`` names no usable version (an explicit choice is never replaced by a guess)."""
-    from ..read.releases import ReleaseError, installed_trtllm, policy_version_for
+    """``resolve``/``explain``: the policy set :func:`kvpolicy.evaluate.choice.choose_version` chooses
+    (``--version``, else ``--trtllm``'s release, else the installed TensorRT-LLM's release, else the
+    newest), with the line that says a release chose it and the same as JSON data (None when no
+    release was involved). A release no version models exits :data:`EXIT_UNMODELLED` after saying
+    what comes closest and the ways forward, unless ``--accept-unmodelled``; other unusable input 2."""
+    from ..evaluate.choice import choose_version
+    from ..read.releases import ReleaseError, UnmodelledRelease
 
     given = getattr(args, "trtllm", None)
-    if given is not None:
-        if args.policy_version is not None:
-            return fail("--trtllm and --version both pick the policy version: give one of them")
-        try:
-            row = policy_version_for(given)
-        except ReleaseError as exc:
-            return fail(f"--trtllm {given}: {exc}")
-        except PolicyError as exc:
-            return fail(str(exc))
-        loaded = _load_version(source, row.policy_version)
-        if isinstance(loaded, str):
-            return fail(f"--trtllm {given}: TensorRT-LLM {row.tag} is reproduced by policy {row.policy_version}, but {loaded}")
-        return loaded, f"TensorRT-LLM {row.tag}: {_describe(row)}", {"given": given, "installed": False, "release": row.to_dict()}
-    installed = None
-    if args.policy_version is None and (source.path is None or source.path.is_dir()):
-        installed = installed_trtllm()
-    if installed is None:
-        policy_set = load_from_args(args, source)
-        return policy_set if isinstance(policy_set, int) else (policy_set, None, None)
-    # The installed release picks the default: a guess about a choice the user did not make, so what
-    # cannot be used falls back to the newest version, with a warning, instead of failing.
-    warning = None
-    data: dict[str, Any] = {"given": installed, "installed": True, "release": None}
+    if given is not None and args.policy_version is not None:
+        return fail("--trtllm and --version both pick the policy version: give one of them")
     try:
-        row = policy_version_for(installed)
+        choice = choose_version(
+            source.path, version=args.policy_version, release=given,
+            accept_unmodelled=getattr(args, "accept_unmodelled", False), installed=True,
+        )
+    except UnmodelledRelease as exc:
+        return unmodelled(exc, "--trtllm" if given is not None else None)
     except ReleaseError as exc:
-        row = None
-        data["release"] = exc.release.to_dict() if exc.release is not None else None
-        warning = str(exc) if exc.release is not None else f"kvpolicy's release table does not list it ({_FOOTER})"
+        return fail(f"--trtllm {given}: {exc}" if given is not None else f"TensorRT-LLM {exc.given} installed: {exc}")
     except PolicyError as exc:
-        row = None
-        warning = str(exc)
-    if row is not None:
-        data["release"] = row.to_dict()
-        loaded = _load_version(source, row.policy_version)
-        if not isinstance(loaded, str):
-            return loaded, f"TensorRT-LLM {installed} installed: {_describe(row)}; --version V or --trtllm T picks another", data
-        warning = f"it is policy {row.policy_version}, but {loaded}"
-    policy_set = load_from_args(args, source)
-    if isinstance(policy_set, int):
-        return policy_set
-    data["warning"] = warning
-    return policy_set, f"warning: TensorRT-LLM {installed} installed: {warning}; using the newest policy, {policy_set.version}", data
-
-
-def _load_version(source: PolicySource, version: str | None) -> PolicySet | str:
-    """The policy set of ``version`` in the chosen policies, or why not."""
-    try:
-        return load(source.path, version=version)
-    except PolicyError as exc:
-        where = "the shipped policies" if source.path is None else f"the policies in {source.shown}"
-        if len(exc.problems) == 1 and exc.problems[0].message.startswith(f"no policy version {version};"):
-            return f"{where} hold no such version ({exc.problems[0].message.split('; ', 1)[1]}); pick one with --version V"
-        return str(exc)
+        return fail(str(exc))
+    if choice.how in ("version", "newest"):
+        return choice.policy_set, None, None
+    installed = choice.how == "installed"
+    data: dict[str, Any] = {"given": choice.given, "installed": installed, "release": choice.release.to_dict() if choice.release else None}
+    who = f"TensorRT-LLM {choice.given} installed" if installed else f"TensorRT-LLM {choice.release.tag if choice.release else choice.given}"
+    if choice.warning:
+        data["warning"] = choice.warning
+        return choice.policy_set, f"warning: {choice.warning} (--accept-unmodelled)", data
+    assert choice.release is not None
+    line = f"{who}: {_describe(choice.release)}" + ("; --version V or --trtllm T picks another" if installed else "")
+    return choice.policy_set, line, data
 
 
 def release_lines(*options: tuple[str, str | None]) -> list[str]:
     """For ``impact`` and ``report``: one line per option (``("--to", "v1.3.0rc25")``) whose value is
     a TensorRT-LLM release, saying which policy version it stands for and how surely."""
-    from ..read.releases import ReleaseError, normalise_tag, policy_version_for
+    from ..read.releases import ReleaseError, UnmodelledRelease, normalise_tag, policy_version_for
 
     lines = []
     for option, text in options:
@@ -152,6 +143,9 @@ def release_lines(*options: tuple[str, str | None]) -> list[str]:
             continue
         try:
             row = policy_version_for(text)
+        except UnmodelledRelease as exc:  # answered only where the user accepted the risk
+            lines.append(f"warning: {option} {text}: not modelled, answered with policy {exc.closest} (--accept-unmodelled); it misses {exc.misses}")
+            continue
         except (ReleaseError, PolicyError):
             continue  # the command has already reported it
         lines.append(f"{option} {text}: TensorRT-LLM {row.tag} is {_describe(row)}")

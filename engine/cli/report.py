@@ -12,7 +12,8 @@ from ..evaluate.policyset import PolicySet, load
 from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
 from ..wording import plural
 from .policies import load_policy_argument
-from .releases import add_trtllm_argument, release_lines
+from ..read.releases import UnmodelledRelease
+from .releases import add_accept_argument, add_trtllm_argument, release_lines, unmodelled
 
 __all__ = ["register", "run"]
 
@@ -29,6 +30,7 @@ def register(sub: Any) -> None:
     to.add_argument("--to", dest="new", metavar="NEW",
                     help="the version to show: the same forms (default: the newest version of --policy)")
     add_trtllm_argument(to, "--to its policy version")
+    add_accept_argument(parser)
     parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--configs", nargs="+", metavar="PATH", help="serving config files or folders for the impact table")
     parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live")
@@ -66,7 +68,10 @@ def run(args: Any) -> int:
     if isinstance(source, int):
         return source
     new_option, new_text = ("--to", args.new) if args.trtllm is None else ("--trtllm", args.trtllm)
-    new = load_policy_argument(new_text, source.path) if new_text else _newest(source.path)
+    try:
+        new = load_policy_argument(new_text, source.path, accept_unmodelled=args.accept_unmodelled) if new_text else _newest(source.path)
+    except UnmodelledRelease as exc:
+        return unmodelled(exc, new_option)
     if isinstance(new, str):
         return fail(f"{new_option}: {new}")
     versions = _siblings(new)
@@ -79,7 +84,10 @@ def run(args: Any) -> int:
     elif args.old.lower() == "none":
         old = None
     else:
-        loaded = load_policy_argument(args.old, source.path)
+        try:
+            loaded = load_policy_argument(args.old, source.path, accept_unmodelled=args.accept_unmodelled)
+        except UnmodelledRelease as exc:
+            return unmodelled(exc, "--from")
         if isinstance(loaded, str):
             return fail(f"--from: {loaded}")
         old = loaded

@@ -13,7 +13,7 @@ from ..errors import ContextError
 from ..evaluate.resolution import Resolution
 from ..wording import plural
 from .common import add_policy_arguments, choose_policies, context_error, fail, models_root_problem
-from .releases import add_trtllm_argument, load_for_release
+from .releases import add_accept_argument, add_trtllm_argument, load_for_release
 
 __all__ = ["context_from_args", "register"]
 
@@ -28,6 +28,7 @@ def register(sub: Any) -> None:
         add_context_arguments(parser)
         add_policy_arguments(parser)
         add_trtllm_argument(parser, "use the policy version that reproduces it (not with --version; default: the installed tensorrt_llm's)")
+        add_accept_argument(parser)
         parser.add_argument("--format", choices=("text", "json"), default="text")
         parser.set_defaults(run=run, explain=name == "explain")
 

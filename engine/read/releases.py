@@ -35,6 +35,7 @@ __all__ = [
     "RELEASES_FILE",
     "Release",
     "ReleaseError",
+    "UnmodelledRelease",
     "installed_trtllm",
     "normalise_tag",
     "policy_version_for",
@@ -51,7 +52,7 @@ CERTAINTIES = ("high", "medium-high", "medium", "low-medium", "low")
 #: The largest release table read (the shipped one is a few KB).
 MAX_RELEASES_BYTES = 1 << 20
 
-_FIELDS = ("tag", "date", "policy_version", "certainty", "source", "note")
+_FIELDS = ("tag", "date", "policy_version", "closest", "certainty", "source", "note")
 _REQUIRED = ("tag", "date", "certainty", "source", "note")
 # A release as pip or NVIDIA write it: v1.3.0rc25, 1.3.0rc25, 1.3.0.rc25, 1.3.0-rc25 (PEP 440's
 # separators and `c` for `rc`), or a final 1.4.0. Three numbers of at most three digits: a policy
@@ -66,13 +67,16 @@ _TOML_POSITION = Pattern(r"\(at line (\d+), column (\d+)\)")
 
 class Release(FrozenRecord):
     """One TensorRT-LLM release: its ``tag`` (``v1.3.0rc25``), ``date``, the ``policy_version`` that
-    reproduces it (None: none does), ``certainty`` (one of :data:`CERTAINTIES`), ``source``,
-    ``note``, and where the row stands in the table (``location``)."""
+    reproduces it (None: none does), ``closest`` (where none does: the newest policy version that
+    models part of it, whose misses the note names; None when no version comes close),
+    ``certainty`` (one of :data:`CERTAINTIES`), ``source``, ``note``, and where the row stands in
+    the table (``location``)."""
 
-    __slots__ = ("tag", "date", "policy_version", "certainty", "source", "note", "location")
+    __slots__ = ("tag", "date", "policy_version", "closest", "certainty", "source", "note", "location")
     tag: str
     date: str
     policy_version: str | None
+    closest: str | None
     certainty: str
     source: str
     note: str
@@ -91,6 +95,18 @@ class ReleaseError(ValueError):
         super().__init__(message)
         self.given = given
         self.release = release
+
+
+class UnmodelledRelease(ReleaseError):
+    """A TensorRT-LLM release kvpolicy knows of (or one newer than every release it knows) that no
+    policy version models. ``closest`` is the policy version that comes nearest (None: none does),
+    ``misses`` what it is known not to model. Answering such a release with ``closest`` is a risk
+    only the caller may accept (``accept_unmodelled=True``, ``--accept-unmodelled``)."""
+
+    def __init__(self, message: str, given: str, release: Release | None, closest: str | None, misses: str) -> None:
+        super().__init__(message, given, release)
+        self.closest = closest
+        self.misses = misses
 
 
 def normalise_tag(text: str) -> str | None:
@@ -182,6 +198,12 @@ def _check_row(row: object, where: Location, problems: list[PolicyProblem]) -> R
     version = row.get("policy_version")
     if version is not None and not (isinstance(version, str) and _POLICY_VERSION.fullmatch(version)):
         bad(f"`policy_version` must be a policy version id like 2026.08.18 (left out: none models the release), not {version!r}")
+    closest = row.get("closest")
+    if closest is not None:
+        if not (isinstance(closest, str) and _POLICY_VERSION.fullmatch(closest)):
+            bad(f"`closest` must be a policy version id like 2026.08.18, not {closest!r}")
+        elif version is not None:
+            bad("`closest` names the nearest version of a release no version models: leave it out beside `policy_version`")
     if len(problems) > count:
         return None
     tag = normalise_tag(row["tag"])
@@ -193,7 +215,7 @@ def _check_row(row: object, where: Location, problems: list[PolicyProblem]) -> R
         bad(f"`certainty` {row['certainty']!r}: expected one of {', '.join(CERTAINTIES)}")
     if len(problems) > count:
         return None
-    return Release(row["tag"], row["date"], version, row["certainty"], row["source"], row["note"], where)
+    return Release(row["tag"], row["date"], version, closest, row["certainty"], row["source"], row["note"], where)
 
 
 def _problem(path: str, line: int, column: int, check: str, message: str) -> PolicyError:
@@ -227,12 +249,57 @@ def release(version: str, table: Iterable[Release] | None = None) -> Release:
 def policy_version_for(version: str, table: Iterable[Release] | None = None) -> Release:
     """The row of the release ``version`` names, which has a ``policy_version``.
 
-    Raises :class:`ReleaseError` for an unknown release (see :func:`release`) and for one no policy
-    version models, with the row's note saying why."""
-    row = release(version, table)
+    Raises :class:`UnmodelledRelease` for a release no policy version models (a row without one,
+    or a release newer than every row), with what comes closest and what it misses, and
+    :class:`ReleaseError` for any other version the table does not list (see :func:`release`)."""
+    rows = tuple(releases() if table is None else table)
+    try:
+        row = release(version, rows)
+    except ReleaseError as exc:
+        newer = _newer_than_every_row(version, rows)
+        if newer is None:
+            raise
+        modelled = [r for r in rows if r.policy_version is not None]
+        closest = modelled[-1].policy_version if modelled else None
+        misses = f"everything upstream changed after {newer.tag}, the newest release kvpolicy's table knows"
+        raise UnmodelledRelease(
+            f"TensorRT-LLM {normalise_tag(version)} is newer than every release kvpolicy models; " + _ways_forward(closest, misses),
+            version, None, closest, misses,
+        ) from exc
     if row.policy_version is None:
-        raise ReleaseError(f"no policy version models TensorRT-LLM {row.tag} ({row.date}): {row.note}", version, row)
+        raise UnmodelledRelease(
+            f"no policy version models TensorRT-LLM {row.tag} ({row.date}): {row.note}; " + _ways_forward(row.closest, None),
+            version, row, row.closest, row.note,
+        )
     return row
+
+
+def _ways_forward(closest: str | None, misses: str | None) -> str:
+    """What a user of an unmodelled release can do, in one sentence."""
+    if closest is None:
+        return ("no policy version comes close. Pick a version yourself with --version V (`kvpolicy versions`), "
+                "or write one that models it: `kvpolicy new` starts the next version from the newest")
+    missing = f" (it misses {misses})" if misses else ""
+    return (f"the closest is policy {closest}{missing}. Accept that risk explicitly with --accept-unmodelled "
+            f"(API: accept_unmodelled=True), pick a version with --version V, or write one that models the release: "
+            "`kvpolicy new` starts the next version from the newest")
+
+
+def _key(tag: str) -> tuple[int, ...]:
+    """A release tag's order: 1.4.0rc1 < 1.4.0 (a final release after its candidates)."""
+    match = _TAG.fullmatch(tag)
+    assert match is not None
+    major, minor, patch, candidate = match.groups()
+    return (int(major), int(minor), int(patch), 1 << 30 if candidate is None else int(candidate))
+
+
+def _newer_than_every_row(version: str, rows: tuple[Release, ...]) -> Release | None:
+    """The newest row when ``version`` names a release newer than all of them, else None."""
+    tag = normalise_tag(version)
+    if tag is None or not rows:
+        return None
+    newest = max(rows, key=lambda r: _key(r.tag))
+    return newest if _key(tag) > _key(newest.tag) else None
 
 
 # A distribution's metadata folder: tensorrt_llm-1.3.0rc25.dist-info, tensorrt_llm-1.3.0-py3.12.egg-info,

@@ -169,7 +169,7 @@ def test_policy_version_for_every_spelling():
 
 def test_unknown_release_lists_the_known_ones_and_the_way_out():
     with pytest.raises(ReleaseError) as caught:
-        release("v1.5.0")
+        release("v9.0.0")
     message = str(caught.value)
     assert "v1.3.0rc20" in message and "v1.4.0rc1" in message and "--version" in message
     assert caught.value.release is None
@@ -228,23 +228,74 @@ def test_resolve_defaults_to_the_installed_release(capsys, tmp_path, monkeypatch
     assert code == 0 and "\npolicy 2026.08.11 (sha256" in out and "TensorRT-LLM" not in out
 
 
-def test_an_installed_release_without_a_policy_warns_and_uses_the_newest(capsys, tmp_path, monkeypatch):
-    fake_trtllm(tmp_path, "1.4.0rc1")
+def test_an_installed_release_no_version_models_exits_4_with_the_ways_forward(capsys, tmp_path, monkeypatch):
+    # Never answered with another version silently: neither 0 (starts) nor 1 (cannot start).
+    fake_trtllm(tmp_path, "9.0.0")
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
-    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
-    assert code == 0
-    assert "warning: TensorRT-LLM 1.4.0rc1 installed: no policy version models" in out
-    assert f"using the newest policy, {VERSIONS[-1]}" in out and f"\npolicy {VERSIONS[-1]} (sha256" in out
+    code, out, err = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
+    assert code == 4 and out == ""
+    assert "TensorRT-LLM 9.0.0 installed: TensorRT-LLM v9.0.0 is newer than every release kvpolicy models" in err
+    assert f"the closest is policy {VERSIONS[-1]}" in err
+    assert "--accept-unmodelled" in err and "--version V" in err and "kvpolicy new" in err
+    # The risk accepted explicitly: the closest version answers, and the output says so first.
+    code, out, err = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--accept-unmodelled")
+    assert code == 0, err
+    assert "warning: TensorRT-LLM 9.0.0 is not modelled; answering with policy" in out
+    assert f"\npolicy {VERSIONS[-1]} (sha256" in out
+    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--accept-unmodelled", "--format", "json")
+    data = json.loads(out)
+    assert data["trtllm"]["installed"] is True and "not modelled" in data["trtllm"]["warning"]
+    # An explicit version is the user's own choice: it answers, whatever is installed.
+    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--version", "2026.08.11")
+    assert code == 0 and "TensorRT-LLM" not in out
 
 
-def test_an_installed_release_missing_from_the_chosen_folder_uses_its_newest(capsys, tmp_path, monkeypatch):
+def test_an_installed_release_with_nothing_close_cannot_be_accepted(capsys, tmp_path, monkeypatch):
+    fake_trtllm(tmp_path, "1.3.0rc20")  # before transceiver_runtime existed
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    for extra in ((), ("--accept-unmodelled",)):
+        code, out, err = run(capsys, "resolve", "--arch", "LlamaForCausalLM", *extra)
+        assert code == 4 and out == ""
+        assert "no policy version comes close" in err and "--accept-unmodelled" not in err
+
+
+def test_an_installed_release_missing_from_the_chosen_folder_exits_4(capsys, tmp_path, monkeypatch):
     fake_trtllm(tmp_path / "site", "1.3.0rc25")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "site"), *sys.path])
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / f"{VERSIONS[-1]}.toml").write_bytes((shipped_root() / f"{VERSIONS[-1]}.toml").read_bytes())
-    code, out, _ = run(capsys, "resolve", "--policy", str(tmp_path / "mine"), "--arch", "LlamaForCausalLM", "--backend", "NIXL")
-    assert code == 0
-    assert "it is policy 2026.08.18, but the policies in" in out and f"using the newest policy, {VERSIONS[-1]}" in out
+    argv = ("resolve", "--policy", str(tmp_path / "mine"), "--arch", "LlamaForCausalLM", "--backend", "NIXL")
+    code, out, err = run(capsys, *argv)
+    assert code == 4 and out == ""
+    assert "is policy 2026.08.18, but the policies in" in err and f"the closest is their newest, {VERSIONS[-1]}" in err
+    code, out, _ = run(capsys, *argv, "--accept-unmodelled")
+    assert code == 0 and f"answering with {VERSIONS[-1]}" in out
+
+
+def test_the_api_chooses_as_the_cli_does(tmp_path, monkeypatch):
+    import warnings
+
+    import kvpolicy
+    from kvpolicy.read.releases import UnmodelledRelease
+
+    assert kvpolicy.load().version == VERSIONS[-1]  # nothing installed: the newest
+    assert kvpolicy.load(release="v1.3.0rc26").version == policy_version_for("v1.3.0rc26").policy_version
+    fake_trtllm(tmp_path, "1.3.0rc26")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    assert kvpolicy.load().version == policy_version_for("v1.3.0rc26").policy_version
+    assert kvpolicy.load(version="2026.08.11").version == "2026.08.11"
+    assert kvpolicy.load(shipped_root()).version == VERSIONS[-1]  # a folder named: its newest, as documented
+    with pytest.raises(ValueError, match="give one of them"):
+        kvpolicy.load(version="2026.08.11", release="v1.3.0rc26")
+    fake_trtllm(tmp_path / "newer", "9.0.0")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "newer"), *sys.path])
+    with pytest.raises(UnmodelledRelease) as caught:
+        kvpolicy.load()
+    assert caught.value.closest == VERSIONS[-1] and "newer than every release" in str(caught.value)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert kvpolicy.load(accept_unmodelled=True).version == VERSIONS[-1]
+    assert any("not modelled" in str(w.message) for w in seen)
 
 
 # -- the CLI ---------------------------------------------------------------------------------------
@@ -264,10 +315,8 @@ def test_resolve_trtllm_picks_the_release_policy(capsys):
 @pytest.mark.parametrize(
     ("argv", "reason"),
     [
-        (["--trtllm", "v1.5.0"], "not in kvpolicy's release table; known releases: v1.3.0rc20"),
+        (["--trtllm", "v1.2.0"], "not in kvpolicy's release table; known releases: v1.3.0rc20"),
         (["--trtllm", "banana"], "is not a TensorRT-LLM release version"),
-        (["--trtllm", "v1.4.0rc1"], "no policy version models TensorRT-LLM v1.4.0rc1"),
-        (["--trtllm", "1.3.0rc20"], "no transceiver_runtime field yet"),
         (["--trtllm", "v1.3.0rc25", "--version", "2026.08.18"], "--trtllm and --version both pick"),
     ],
 )
@@ -277,11 +326,24 @@ def test_resolve_trtllm_refusals_exit_2_with_the_reason(capsys, argv, reason):
     assert reason in err
 
 
+@pytest.mark.parametrize(
+    ("release_tag", "reason"),
+    [
+        ("v9.0.0", "newer than every release kvpolicy models"),
+        ("1.3.0rc20", "no transceiver_runtime field yet"),
+    ],
+)
+def test_resolve_trtllm_unmodelled_exits_4_with_the_reason(capsys, release_tag, reason):
+    code, out, err = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--trtllm", release_tag)
+    assert code == 4 and out == ""
+    assert reason in err
+
+
 def test_resolve_trtllm_when_the_folder_lacks_its_version(capsys, tmp_path):
     (tmp_path / f"{VERSIONS[-1]}.toml").write_bytes((shipped_root() / f"{VERSIONS[-1]}.toml").read_bytes())
     code, _, err = run(capsys, "resolve", "--policy", str(tmp_path), "--trtllm", "v1.3.0rc25", "--arch", "LlamaForCausalLM")
-    assert code == 2
-    assert "is reproduced by policy 2026.08.18, but the policies in" in err and f"available: {VERSIONS[-1]}" in err
+    assert code == 4
+    assert "is policy 2026.08.18, but the policies in" in err and "hold no such version" in err
 
 
 def test_impact_takes_release_tags_and_trtllm_for_to(capsys):
@@ -296,8 +358,12 @@ def test_impact_takes_release_tags_and_trtllm_for_to(capsys):
     assert code == 0
     assert "--to v1.3.0rc26: TensorRT-LLM v1.3.0rc26 is policy 2026.09.02" in out
     assert "kvpolicy impact 2026.08.07 -> 2026.09.02" in out
-    code, _, err = run(capsys, "impact", "--configs", "examples/configs", "--from", "v1.4.0rc1", "--to", "2026.09.10")
-    assert code == 2 and "--from: no policy version models TensorRT-LLM v1.4.0rc1" in err
+    code, _, err = run(capsys, "impact", "--configs", "examples/configs", "--from", "v9.0.0", "--to", "2026.09.10")
+    assert code == 4 and "--from v9.0.0: TensorRT-LLM v9.0.0 is newer than every release" in err
+    code, out, err = run(capsys, "impact", "--configs", "examples/configs", "--from", "2026.09.02", "--to", "v9.0.0",
+                         "--accept-unmodelled", "--fail-on", "never")
+    assert code == 0, err
+    assert "warning: --to v9.0.0: not modelled, answered with policy" in out
     code, _, err = run(capsys, "impact", "--configs", "examples/configs", "--from", "v1.3.0rc24", "--to", "2026.09.10", "--trtllm", "v1.3.0rc25")
     assert code == 2 and "not allowed with" in err
 
@@ -308,7 +374,7 @@ def test_report_names_versions_by_release(capsys, tmp_path):
     code, _, err = run(capsys, "report", "--to", "2026.09.10", "--trtllm", "v1.3.0rc25", "-o", str(tmp_path / "r.html"))
     assert code == 2 and "not allowed with" in err
     code, _, err = run(capsys, "report", "--trtllm", "v1.3.0rc21", "-o", str(tmp_path / "r.html"))
-    assert code == 2 and "--trtllm: no policy version models TensorRT-LLM v1.3.0rc21" in err
+    assert code == 4 and "--trtllm v1.3.0rc21: no policy version models TensorRT-LLM v1.3.0rc21" in err
 
 
 def test_releases_command(capsys, tmp_path, monkeypatch):
