@@ -11,6 +11,7 @@ Everything heavy (torch, transformers, nixl) is imported only when this command 
 from __future__ import annotations
 
 import json
+import tempfile
 import random
 import sys
 from typing import Any
@@ -133,6 +134,9 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
     console = Console(stderr=True)
     rows: list[dict[str, Any]] = []
     prefill, decode = Worker("prefill"), Worker("decode")
+    # The workers' keys and allow-list: watched by their transceivers while they run, so removed
+    # only once both workers have stopped (removing it earlier made every run warn).
+    keys = tempfile.TemporaryDirectory(prefix="kvpolicy-demo-keys-")
     try:
         with Progress(console=console, transient=True, disable=args.format != "text") as progress:
             task = progress.add_task("starting workers", total=len(architectures))
@@ -151,7 +155,7 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
                     architecture, args.policy, policy.version, config, args.model_size, seed,
                     args.tokens_per_block, num_blocks=4 * (args.prompt_len // args.tokens_per_block + 2), device=args.device,
                 )
-                info, results, _ = run_model(prefill, decode, settings, [prompt, second], args.new_tokens)
+                info, results, _ = run_model(prefill, decode, settings, [prompt, second], args.new_tokens, keys.name)
                 references = [reference_generation(model, p, args.new_tokens) for p in (prompt, second)]
                 first, reuse = results
                 matches = [r.tokens == ref.tokens for r, ref in zip(results, references)]
@@ -182,6 +186,7 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
     finally:
         prefill.stop()
         decode.stop()
+        keys.cleanup()
 
     if args.format == "json":
         for row in rows:

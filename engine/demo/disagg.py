@@ -15,8 +15,7 @@ orchestrates over pipes, with a timeout on every call, and computes the single-p
 from __future__ import annotations
 
 import multiprocessing
-import shutil
-import tempfile
+import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -260,22 +259,20 @@ def run_model(
     settings: RunSettings,
     prompts: Sequence[Sequence[int]],
     new_tokens: int,
+    keys_dir: str,
 ) -> tuple[dict[str, Any], list[DecodeResult], list[dict[str, Any]]]:
     """Set both workers up for one model and run ``prompts`` in order through prefill -> decode.
 
+    ``keys_dir`` is where both workers' keys are made; it is their allow-list, which the
+    transceivers watch while they run, so the caller removes it only after the workers stopped.
     Returns the workers' set-up facts (runtime, deciding rule, weight digests), one decode result
     per prompt, and the prefill facts per prompt.
     """
-    keys_dir = tempfile.mkdtemp(prefix="kvpolicy-demo-keys-")
-    try:
-        for role in ("prefill", "decode"):
+    for role in ("prefill", "decode"):
+        if not os.path.exists(os.path.join(keys_dir, f"{role}.key_secret")):
             create_keys(keys_dir, role)
-        prefill_info = prefill.call("setup", settings, keys_dir)
-        decode_info = decode.call("setup", settings, keys_dir)
-    finally:
-        # The transceivers read their keys at set-up; the decode side's allow-list is read again only
-        # for keys it does not know, so nothing needs the files afterwards.
-        shutil.rmtree(keys_dir, ignore_errors=True)
+    prefill_info = prefill.call("setup", settings, keys_dir)
+    decode_info = decode.call("setup", settings, keys_dir)
     if prefill_info["digest"] != decode_info["digest"]:
         raise RuntimeError("the two workers built different weights; the comparison would be meaningless")
     decode.call("connect", prefill_info["address"])

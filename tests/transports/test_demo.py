@@ -18,10 +18,29 @@ ARGS = ["demo", "--model-size", "tiny", "--prompt-len", "18", "--new-tokens", "6
 
 
 @pytest.fixture(scope="module")
-def demo_run(capsys_module):
+def demo_run(capsys_module, stderr_module):
     code = main(ARGS)
     out = capsys_module()
     return code, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def stderr_module():
+    """What the demo and its worker processes write to file descriptor 2 during the module's run."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lambda: (sink.seek(0), sink.read().decode("utf-8", "replace"))[1]
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +58,15 @@ def capsys_module():
     sys.stdout = buffer
     yield read
     sys.stdout = real
+
+
+@requires_nixl
+def test_a_normal_run_prints_no_warning(demo_run, stderr_module):
+    # The key folder is the workers' allow-list: it lives until they stopped, so nothing warns.
+    code, rows = demo_run
+    assert code == 0 and rows
+    written = stderr_module()
+    assert "WARNING" not in written.upper() and "cannot be read" not in written, written[-2000:]
 
 
 @requires_nixl
