@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,10 @@ _SIDE_LABELS = {
     "worker_config.gen": "generation (worker_config.gen)",
     "server": "server",
 }
-#: Statuses that make ``--fail-on failing`` (the default) exit 1.
-_FAILING = {"starts failing", "fails differently", "malformed"}
+#: Statuses that make ``--fail-on failing`` (the default) exit 1: what the edit makes fail. A config
+#: kvpolicy cannot read is malformed under both versions, whatever the edit: counted and reported,
+#: failing only with ``--fail-on malformed`` (or ``still-failing``).
+_FAILING = {"starts failing", "fails differently"}
 #: Parts of the edit listed before the table (``kvpolicy diff`` lists them all).
 _EDIT_LIMIT = 20
 _CHANGED = _FAILING | {"stops failing", "runtime changes", "backend changes", "changes", "new warning", "architecture unknown"}
@@ -37,7 +40,8 @@ _UNKNOWN_MAY_FAIL = "unknown-may-fail"
 #: What each ``--fail-on`` value fails on (values combine: ``--fail-on failing,new-warning``).
 FAIL_ON = {
     "failing": _FAILING | {_UNKNOWN_MAY_FAIL},
-    "still-failing": _FAILING | {_UNKNOWN_MAY_FAIL, "still failing"},
+    "still-failing": _FAILING | {_UNKNOWN_MAY_FAIL, "still failing", "malformed"},
+    "malformed": {"malformed"},
     "new-warning": _FAILING | {_UNKNOWN_MAY_FAIL, "new warning"},
     "unknown": {_UNKNOWN},
     "change": _CHANGED | {_UNKNOWN_MAY_FAIL},
@@ -76,9 +80,9 @@ def register(sub: Any) -> None:
         type=_fail_on,
         default="failing",
         metavar="WHEN",
-        help="comma-separated: failing (default: a config starts failing, fails differently or is malformed, or its "
-        "model is unknown and some model it may be would start failing), still-failing (also configs that fail under "
-        "both), new-warning (also a new warning), unknown (any config whose model was not identified), change (any "
+        help="comma-separated: failing (default: a config starts failing or fails differently, or its "
+        "model is unknown and some model it may be would start failing), malformed (a config kvpolicy cannot read, "
+        "under both versions), still-failing (also configs that fail under both, malformed ones included), new-warning (also a new warning), unknown (any config whose model was not identified), change (any "
         "change), never",
     )
     parser.set_defaults(run=run)
@@ -145,14 +149,34 @@ def run(args: Any) -> int:
         for line in release_lines(("--from", args.old), (new_option, new_text)):
             print(line)
         print(render_text(results, old.version, new.version, edit))
-    statuses: set[str] = set()
+    line = gate_line(results, args.fail_on)
+    if args.format == "text":
+        print(line)
+    elif line.startswith("gate: fails"):
+        print(f"kvpolicy: {line}", file=sys.stderr)
+    return 1 if line.startswith("gate: fails") else 0
+
+
+def gate_line(results: list[ConfigImpact], fail_on: str) -> str:
+    """What the gate decided and why: the statuses that made it fail (with counts and the
+    ``--fail-on`` value that names them), or that it passes and what it counted without failing."""
+    failing_on: set[str] = set()
+    for part in fail_on.split(","):
+        failing_on |= FAIL_ON[part]
+    counts: Counter[str] = Counter()
     for result in results:
         if not result.skipped:
-            statuses |= fail_tokens(result)
-    failing_on: set[str] = set()
-    for part in args.fail_on.split(","):
-        failing_on |= FAIL_ON[part]
-    return 1 if statuses & failing_on else 0
+            counts.update(fail_tokens(result) & (failing_on | {"malformed"}))
+    names = {_UNKNOWN_MAY_FAIL: "of unknown model would start failing for some model", _UNKNOWN: "of unknown model"}
+    hits = [(token, count) for token, count in sorted(counts.items()) if token in failing_on]
+    if hits:
+        because = ", ".join(f"{plural(count, 'config')} {names.get(token, token)}" for token, count in hits)
+        return f"gate: fails (exit 1) on {because} (--fail-on {fail_on})"
+    quiet = counts["malformed"]
+    if quiet:
+        return (f"gate: passes (exit 0); {plural(quiet, 'config')} malformed under both versions, not caused by the edit "
+                "(--fail-on malformed fails on them)")
+    return f"gate: passes (exit 0) (--fail-on {fail_on})"
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -99,7 +99,7 @@ def test_unknown_fail_on_is_a_usage_error(capsys, versions) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["impact", "--configs", ".", "--from", versions[0], "--to", versions[0], "--fail-on", "sometimes"])
     assert exc.value.code == 2
-    assert "expected one or more of failing, still-failing, new-warning, unknown, change, never" in capsys.readouterr().err
+    assert "expected one or more of failing, still-failing, malformed, new-warning, unknown, change, never" in capsys.readouterr().err
 
 
 def _hostile(folder: Path) -> dict[str, str]:
@@ -133,8 +133,28 @@ def test_hostile_configs_are_located_errors_and_the_report_goes_on(capsys, tmp_p
     folder.mkdir()
     expected = _hostile(folder)
     (folder / "good.yaml").write_text(UCX_CPP)
-    code, out, err = run(capsys, "impact", "--configs", str(folder), "--from", "2026.09.10", "--to", "2026.09.10")
+    code, out, err = run(capsys, "impact", "--configs", str(folder), "--from", "2026.09.10", "--to", "2026.09.10", "--fail-on", "malformed")
     assert code == 1 and "Traceback" not in out + err
+    assert f"gate: fails (exit 1) on {len(expected)} configs malformed (--fail-on malformed)" in out
     for name, message in expected.items():
         assert message in out, name
     assert "good.yaml" in out and "unchanged" in out
+
+
+def test_the_gate_fails_on_what_the_edit_breaks_not_on_configs_malformed_under_both(capsys, tmp_path) -> None:
+    # A folder like upstream's: one config the edit makes fail beside one no version can read.
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "broken.yaml").write_text("cache_transceiver_config: {backend: ucx}\n")
+    argv = ("impact", "--configs", str(folder / "broken.yaml"), "--from", "2026.08.24", "--to", "2026.09.02")
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "1 config malformed under both versions" in out
+    code, out, err = run(capsys, *argv, "--fail-on", "still-failing", "--format", "json")
+    assert code == 1 and "gate: fails (exit 1) on 1 config malformed (--fail-on still-failing)" in err
+    # Llama on UCX: PYTHON preferred verbatim since #18134, so the edit 2026.08.18 -> 2026.08.24 breaks it.
+    (folder / "llama.yaml").write_text("model: llama\ncache_transceiver_config: {backend: UCX}\n")
+    (folder / "map.yaml").write_text("llama: LlamaForCausalLM\n")
+    code, out, _ = run(capsys, "impact", "--configs", str(folder / "llama.yaml"), str(folder / "broken.yaml"),
+                       "--arch-map", str(folder / "map.yaml"), "--from", "2026.08.18", "--to", "2026.08.24")
+    assert code == 1
+    assert "gate: fails (exit 1) on 1 config starts failing (--fail-on failing)" in out
