@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the index data changes shape or meaning (part of the cache key).
-FORMAT = 3
+FORMAT = 4
 
 #: Every field of upstream's ``CacheTransceiverConfig``; ``resolve`` reads some, the rest are passive.
 CACHE_TRANSCEIVER_FIELDS = frozenset(
@@ -67,8 +67,14 @@ CONTEXT_FIELDS = (
     "features",
     "env",
 )
+#: ``cache_transceiver_config`` fields that exist only from some upstream state on: a version
+#: accepts one only through a feature tied to it (``config_field``), so a version modelling a state
+#: before the field existed refuses it, as upstream's strict config does.
+DATED_FIELDS = frozenset({"enable_pipelined_transfer", "agent_bounce_buffer_enable", "agent_bounce_params"})
+#: Dated fields whose value is a mapping (the feature is on when it is non-empty); the others are booleans.
+MAPPING_FIELDS = frozenset({"agent_bounce_params"})
 #: ``cache_transceiver_config`` fields that no rule reads; accepted so a whole config can be passed.
-_PASSIVE_FIELDS = CACHE_TRANSCEIVER_FIELDS - {"backend", "transceiver_runtime", "kv_transfer_timeout_ms", "enable_pipelined_transfer"}
+_PASSIVE_FIELDS = CACHE_TRANSCEIVER_FIELDS - {"backend", "transceiver_runtime", "kv_transfer_timeout_ms"} - DATED_FIELDS
 #: Top-level keys of a TensorRT-LLM serving config (not context fields): a hint that the whole
 #: config was passed to ``resolve``.
 _SERVING_CONFIG_KEYS = frozenset(
@@ -499,10 +505,19 @@ class DecisionIndex:
             if key == "pretrained_config":
                 _pretrained(ctx, value, self.data["checkpoint_rules"])
             elif key in self._flag_features:
-                if type(value) is not bool:
+                if key in MAPPING_FIELDS:
+                    if value is not None and not isinstance(value, Mapping):
+                        raise ContextError(key, f"expected a mapping of parameters (or null), got {value!r}")
+                elif type(value) is not bool:
                     raise ContextError(key, f"expected true or false, got {value!r}")
                 if value:
                     flags.append(self._flag_features[key])
+            elif key in DATED_FIELDS:
+                raise ContextError(
+                    key,
+                    f"policy {self.data['version']} models an upstream state before this cache_transceiver_config field "
+                    "existed; TensorRT-LLM's strict config refuses it there (a later policy version accepts it)",
+                )
             elif key not in _PASSIVE_FIELDS:
                 if key in _SERVING_CONFIG_KEYS:
                     # A whole serving config was passed where its cache_transceiver_config belongs.

@@ -53,7 +53,7 @@ __all__ = [
 
 
 #: Boolean ``cache_transceiver_config`` fields a feature may be tied to (``config_field``).
-CONFIG_FLAGS = frozenset({"enable_pipelined_transfer"})
+CONFIG_FLAGS = frozenset({"enable_pipelined_transfer", "agent_bounce_buffer_enable", "agent_bounce_params"})
 
 #: Names a notice or constraint message may use in ``{...}``.
 PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer_timeout_ms", "preferred"})
@@ -501,7 +501,7 @@ class _Builder:
                 self.problem(
                     ("features", feature.name, "config_field"),
                     "unknown-name",
-                    f"config_field {feature.config_field!r} is not a boolean cache_transceiver_config "
+                    f"config_field {feature.config_field!r} is not a cache_transceiver_config flag "
                     f"field{suggest(feature.config_field, CONFIG_FLAGS)} (known: {', '.join(sorted(CONFIG_FLAGS))})",
                 )
         self.features = features
