@@ -9,7 +9,8 @@ The engine never imports torch or nixl; the transfer layer lives in :mod:`kvpoli
 """
 
 from .errors import ContextError, Location, PolicyError, PolicyProblem
-from .evaluate.policyset import PolicySet, load, resolve
+from .evaluate.choice import load, resolve
+from .evaluate.policyset import PolicySet
 from .evaluate.resolution import Diagnostic, Resolution, ResolutionError, Trace, TraceStep
 
 __all__ = [

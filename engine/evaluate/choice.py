@@ -13,13 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import FrozenRecord, PolicyError
-from .policyset import PolicySet, load_version
+from .policyset import PolicySet, load as load_version
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
-    from ..read.releases import Release
+    from collections.abc import Mapping
+    from typing import Any
 
-__all__ = ["VersionChoice", "choose_version"]
+    from ..read.releases import Release
+    from .resolution import Resolution
+
+__all__ = ["VersionChoice", "choose_version", "load", "resolve"]
 
 #: How a version was chosen.
 HOWS = ("version", "release", "installed", "newest")
@@ -57,7 +61,7 @@ def choose_version(
     if version is not None:
         if release is not None:
             raise ValueError("version and release both pick the policy version: give one of them")
-        return VersionChoice(load_version(path, version), "version", None, None, None)
+        return VersionChoice(load_version(path, version=version), "version", None, None, None)
     how = "release"
     if release is None:
         if installed is None:
@@ -68,7 +72,7 @@ def choose_version(
             release = installed_trtllm()
             how = "installed"
         if release is None:
-            return VersionChoice(load_version(path, None), "newest", None, None, None)
+            return VersionChoice(load_version(path), "newest", None, None, None)
     return _for_release(path, release, how, accept_unmodelled)
 
 
@@ -81,19 +85,19 @@ def _for_release(path: str | Path | None, given: str, how: str, accept: bool) ->
         if not accept or exc.closest is None:
             raise
         try:
-            policy_set = load_version(path, exc.closest)
+            policy_set = load_version(path, version=exc.closest)
         except PolicyError:
-            policy_set = load_version(path, None)
+            policy_set = load_version(path)
         warning = f"TensorRT-LLM {given} is not modelled; answering with policy {policy_set.version}, which misses {exc.misses}"
         return VersionChoice(policy_set, how, given, exc.release, warning)
     try:
-        return VersionChoice(load_version(path, row.policy_version), how, given, row, None)
+        return VersionChoice(load_version(path, version=row.policy_version), how, given, row, None)
     except PolicyError as exc:
         missing = len(exc.problems) == 1 and exc.problems[0].check == "version"
         if not missing:
             raise
         where = "the shipped policies" if path is None else f"the policies in {path}"
-        newest = load_version(path, None)
+        newest = load_version(path)
         misses = f"whatever policy {row.policy_version} models that {newest.version} of {where} does not"
         if accept:
             warning = f"TensorRT-LLM {row.tag} is policy {row.policy_version}, which {where} do not hold; answering with {newest.version}"
@@ -104,3 +108,43 @@ def _for_release(path: str | Path | None, given: str, how: str, accept: bool) ->
             f"pick a version with --version V, or use the shipped policies (--policy off the folder)",
             given, row, newest.version, misses,
         ) from None
+
+
+def load(
+    path: str | Path | None = None,
+    *,
+    version: str | None = None,
+    release: str | None = None,
+    accept_unmodelled: bool = False,
+) -> PolicySet:
+    """Load a policy set (``kvpolicy.load``).
+
+    ``path`` is a policy file, a folder of policy files (one per version), or ``None`` for the
+    policies shipped with kvpolicy. ``version`` picks a version from the folder; ``release`` (a
+    TensorRT-LLM release, ``v1.3.0rc26``) picks the version that models it. With neither, the
+    shipped policies answer with the installed TensorRT-LLM's release, else the newest version (as
+    ``kvpolicy resolve`` does); a folder answers with its newest. Raises :class:`kvpolicy.PolicyError`
+    (with ``file:line:col``) for a broken policy, and :class:`kvpolicy.read.releases.UnmodelledRelease`
+    for a release no policy version models, naming the closest one: ``accept_unmodelled=True``
+    answers with that one instead, with a warning (:func:`choose_version`).
+    """
+    if release is not None or (version is None and path is None):
+        choice = choose_version(path, version=version, release=release, accept_unmodelled=accept_unmodelled)
+        if choice.warning:
+            import warnings
+
+            warnings.warn(choice.warning, stacklevel=2)
+        return choice.policy_set
+    return load_version(path, version=version)
+
+
+_DEFAULT: PolicySet | None = None
+
+
+def resolve(config: Mapping[str, Any] | None = None, /, **fields: Any) -> Resolution:
+    """Resolve a serving context with the shipped policy :func:`load` chooses: the installed
+    TensorRT-LLM's release, else the newest (an unmodelled release raises, see :func:`load`)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = load()
+    return _DEFAULT.resolve(config, **fields)

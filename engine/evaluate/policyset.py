@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..read.model import Policy
     from .resolver import Program
 
-__all__ = ["PolicySet", "load", "load_version", "resolve"]
+__all__ = ["PolicySet", "load"]
 
 
 class PolicySet:
@@ -233,39 +233,14 @@ def _versions_in(folder: Path) -> dict[str, Path]:
     return found
 
 
-def load(
-    path: str | Path | None = None,
-    *,
-    version: str | None = None,
-    release: str | None = None,
-    accept_unmodelled: bool = False,
-) -> PolicySet:
-    """Load a policy set.
+def load(path: str | Path | None = None, *, version: str | None = None) -> PolicySet:
+    """Load a policy set, whatever TensorRT-LLM is installed.
 
     ``path`` is a policy file, a folder of policy files (one per version), or ``None`` for the
-    policies shipped with kvpolicy. ``version`` picks a version from the folder; ``release`` (a
-    TensorRT-LLM release, ``v1.3.0rc26``) picks the version that models it. With neither, the
-    shipped policies answer with the installed TensorRT-LLM's release, else the newest version (as
-    ``kvpolicy resolve`` does); a folder answers with its newest. Raises :class:`kvpolicy.PolicyError`
-    (with ``file:line:col``) for a broken policy, and :class:`kvpolicy.read.releases.UnmodelledRelease`
-    for a release no policy version models, naming the closest one: ``accept_unmodelled=True``
-    answers with that one instead (see :func:`kvpolicy.evaluate.choice.choose_version`).
+    policies shipped with kvpolicy. ``version`` picks a version from the folder; by default the
+    newest. Raises :class:`kvpolicy.PolicyError` (with ``file:line:col``) for a broken policy.
+    The public ``kvpolicy.load`` (:func:`kvpolicy.evaluate.choice.load`) also chooses by release.
     """
-    if release is not None or (version is None and path is None):
-        from .choice import choose_version
-
-        choice = choose_version(path, version=version, release=release, accept_unmodelled=accept_unmodelled)
-        if choice.warning:
-            import warnings
-
-            warnings.warn(choice.warning, stacklevel=2)
-        return choice.policy_set
-    return load_version(path, version)
-
-
-def load_version(path: str | Path | None = None, version: str | None = None) -> PolicySet:
-    """The policy set of ``version`` (default: the newest) in ``path`` (None: the shipped
-    policies), whatever TensorRT-LLM is installed. Raises :class:`kvpolicy.PolicyError`."""
     if path is not None and not isinstance(path, (str, Path)):
         raise PolicyError(
             PolicyProblem(
@@ -335,15 +310,3 @@ def _load_file(path: Path, *, root: Path | None = None, siblings: dict[str, Path
     policy_set = PolicySet(parse_policy(raw, shown), siblings)
     cache.remember_index(key, policy_set._index.data)
     return policy_set
-
-
-_DEFAULT: PolicySet | None = None
-
-
-def resolve(config: Mapping[str, Any] | None = None, /, **fields: Any) -> Resolution:
-    """Resolve a serving context with the shipped policy :func:`load` chooses: the installed
-    TensorRT-LLM's release, else the newest (an unmodelled release raises, see :func:`load`)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = load()
-    return _DEFAULT.resolve(config, **fields)

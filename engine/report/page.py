@@ -406,7 +406,7 @@ def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: 
         '<section id="matrix" aria-labelledby="matrix-h"><h2 id="matrix-h">Decision matrix</h2>'
         "<p>What each version resolves for every architecture it names on every requested backend: the runtime "
         "(colour and name), the KV-cache manager, and a mark where the server cannot start. Open a cell for the "
-        "rules that decided it; hover for their upstream sources.</p>"
+        "rules that decided it; hover for the upstream change behind each (the rules table has the full sources).</p>"
         f'{controls}<ul class="legend" aria-label="Legend">{legend}</ul>{body}</section>'
     )
 
@@ -434,7 +434,7 @@ def _matrix(view: MatrixView, current: bool, compact: bool = False) -> str:
     autos = [f"{name} {view.policy_set.policy.decisions[name].auto}" for name in m.decisions if name != BACKEND]
     caption = (f"Policy {_e(m.version)}: {', '.join(map(_e, autos))}, default timeout, no features; "
                f"{_e(caption_change)}. {m.failing} of {len(m.cells)} cells cannot start."
-               + (" Shown compact to keep the page small: hover a cell for its rules, or see the table below."
+               + (" Shown compact to keep the page small: hover a cell for the rules that decided it; the table below has their sources."
                   if compact else ""))
     auto_columns = [c for c in m.columns if c.backend == view.policy_set.policy.decisions[BACKEND].auto]
     head1 = ['<th scope="col" rowspan="2">architecture</th>']
@@ -499,7 +499,10 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
         attributes["data-change"] = _change_kind(change)
     if group is not None:
         attributes["data-group"] = str(group)
-    hover = [f"{name} {value} by {p.id}" + (f" ({p.source})" if p.source else "")
+    # The upstream change only (the source up to its first ": "): the full source stands once in the
+    # rules table under the matrix, not in each of thousands of cells (the page stays under 2 MB).
+    # A compact matrix names the rule only (its rules table below has the rest).
+    hover = [f"{name} {value} by {p.id}" + (f" ({p.source.split(': ', 1)[0]})" if p.source and not compact else "")
              for name, value in values.items() if (p := cell.provenance.get(name)) is not None]
     hover += [f"cannot start: {d.id}" for d in cell.errors]
     attributes["title"] = "\n".join(hover)

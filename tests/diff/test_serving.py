@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpolicy import ContextError
 from kvpolicy.cli import main
 from kvpolicy.serving.configfile import read_config
 from kvpolicy.analyse.impact import impact_of
@@ -66,8 +67,12 @@ def test_a_key_set_differently_at_both_levels_is_refused() -> None:
 def test_every_real_transceiver_field_is_accepted(shipped) -> None:
     (server,) = servers("agent-bounce.json")
     assert server.fields["kv_cache_manager"] == "auto"
-    resolution = shipped["2026.09.10"].resolve(**server.fields)
+    resolution = shipped["2026.09.16"].resolve(**server.fields)
     assert resolution.ok and resolution.runtime == "PYTHON"
+    # The bounce-buffer fields arrived with #15780 (2026.09.16): a version of an earlier upstream state
+    # refuses them, as upstream's strict CacheTransceiverConfig refused unknown fields then.
+    with pytest.raises(ContextError, match="agent_bounce_buffer_enable: policy 2026.09.15 models an upstream state before"):
+        shipped["2026.09.15"].resolve(**server.fields)
 
 
 def test_impact_reads_every_layout(shipped) -> None:

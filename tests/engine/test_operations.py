@@ -12,11 +12,11 @@ import kvpolicy
 from kvpolicy import DecisionLog, PolicyError, PolicyWatcher
 from kvpolicy.read.loader import MAX_POLICY_BYTES
 
-from .conftest import write
+from .conftest import VERSIONS, write
 
 
 def _bump(path, text, version):
-    path.write_text(text.replace('version = "2026.09.10"', f'version = "{version}"'), encoding="utf-8")
+    path.write_text(text.replace(f'version = "{VERSIONS[-1]}"', f'version = "{version}"'), encoding="utf-8")
     # mtime resolution can be coarse; make the change visible to the watcher regardless
     stamp = time.time() + 1
     os.utime(path, (stamp, stamp))
@@ -26,12 +26,12 @@ def test_watcher_swaps_to_a_new_valid_version(tmp_path, policy_text):
     write(tmp_path, policy_text, "a.toml")
     changes = []
     watcher = PolicyWatcher(tmp_path, on_change=lambda new, old: changes.append((old.version, new.version)))
-    assert watcher.current.version == "2026.09.10"
+    assert watcher.current.version == VERSIONS[-1]
     assert watcher.poll() is False
     edited = policy_text.replace('{ architecture = "LlamaForCausalLM", value = "PYTHON"', '{ architecture = "LlamaForCausalLM", value = "CPP"')
-    _bump(tmp_path / "b.toml", edited, "2026.10.01")
+    _bump(tmp_path / "b.toml", edited, "2027.01.01")
     assert watcher.poll() is True
-    assert changes == [("2026.09.10", "2026.10.01")]
+    assert changes == [(VERSIONS[-1], "2027.01.01")]
     assert watcher.resolve(architecture="LlamaForCausalLM", backend="NIXL").runtime == "CPP"
 
 
@@ -40,25 +40,25 @@ def test_watcher_rejects_an_invalid_version_and_keeps_serving(tmp_path, policy_t
     errors = []
     watcher = PolicyWatcher(tmp_path, on_error=errors.append)
     broken = policy_text.replace('values = ["CPP", "PYTHON"]', 'values = ["CPP", "PYTHON", 7]')
-    _bump(tmp_path / "b.toml", broken, "2026.10.01")
+    _bump(tmp_path / "b.toml", broken, "2027.01.01")
     assert watcher.poll() is False
-    assert watcher.current.version == "2026.09.10"
+    assert watcher.current.version == VERSIONS[-1]
     assert watcher.resolve(architecture="LlamaForCausalLM", backend="NIXL").runtime == "PYTHON"
     assert errors and isinstance(watcher.last_error, PolicyError)
     assert "b.toml" in str(watcher.last_error)
     # Fixing the file recovers.
-    _bump(tmp_path / "b.toml", policy_text, "2026.10.02")
-    assert watcher.poll() is True and watcher.current.version == "2026.10.02" and watcher.last_error is None
+    _bump(tmp_path / "b.toml", policy_text, "2027.01.02")
+    assert watcher.poll() is True and watcher.current.version == "2027.01.02" and watcher.last_error is None
 
 
 def test_watcher_thread_polls(tmp_path, policy_text):
     write(tmp_path, policy_text, "a.toml")
     with PolicyWatcher(tmp_path, interval_s=0.05) as watcher:
-        _bump(tmp_path / "b.toml", policy_text, "2026.10.03")
+        _bump(tmp_path / "b.toml", policy_text, "2027.01.03")
         deadline = time.monotonic() + 10
-        while watcher.current.version != "2026.10.03" and time.monotonic() < deadline:
+        while watcher.current.version != "2027.01.03" and time.monotonic() < deadline:
             time.sleep(0.02)
-    assert watcher.current.version == "2026.10.03"
+    assert watcher.current.version == "2027.01.03"
 
 
 def test_decision_log_lines_and_rotation(tmp_path, newest):
@@ -71,7 +71,7 @@ def test_decision_log_lines_and_rotation(tmp_path, newest):
     assert all(f.stat().st_size <= 4000 for f in files)
     entry = json.loads(log_path.read_text().splitlines()[-1])
     assert entry["decision_id"] == ids[-1]
-    assert entry["policy_version"] == "2026.09.10" and entry["policy_digest"] == newest.digest
+    assert entry["policy_version"] == VERSIONS[-1] and entry["policy_digest"] == newest.digest
     assert entry["values"]["transceiver_runtime"] == "PYTHON"
     assert entry["decided_by"]["transceiver_runtime"] == "runtime-preference[LlamaForCausalLM]"
     errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import kvpolicy
 from kvpolicy.cli import main
 from kvpolicy.cli.policies import load_policy_argument
 from kvpolicy.errors import PolicyError
@@ -61,7 +62,9 @@ def fake_trtllm(folder: Path, version: str, name: str | None = None) -> Path:
 def test_table_parses_with_every_field():
     rows = releases()
     assert [row.tag for row in rows][:2] == ["v1.3.0rc20", "v1.3.0rc21"]
-    assert len({row.tag for row in rows}) == len(rows) == 11
+    assert len({row.tag for row in rows}) == len(rows) == 14
+    # Every tag from v1.3.0rc22 to the newest upstream's records show (v1.4.0rc4): rc0 of 1.4 was never published.
+    assert [row.tag for row in rows][2:] == [f"v1.3.0rc{n}" for n in range(22, 30)] + [f"v1.4.0rc{n}" for n in range(1, 5)]
     for row in rows:
         assert normalise_tag(row.tag) == row.tag
         assert row.certainty in CERTAINTIES
@@ -72,6 +75,21 @@ def test_table_parses_with_every_field():
 def test_every_policy_version_it_names_ships():
     named = {row.policy_version for row in releases() if row.policy_version is not None}
     assert named <= set(VERSIONS), named - set(VERSIONS)
+    closest = {row.closest for row in releases() if row.closest is not None}
+    assert closest <= set(VERSIONS), closest - set(VERSIONS)
+    assert all(row.closest is None for row in releases() if row.policy_version is not None)
+
+
+def test_rc27_predates_19004_and_rc28_holds_it():
+    # rc27's tag commit (09-14) predates #19004 (merged 09-15): a version with Llama's V2 default is wrong there.
+    rc27 = policy_version_for("v1.3.0rc27").policy_version
+    assert upstream.VERSION_STATE[rc27] < "2026-09-15"
+    assert kvpolicy.load(version=rc27).resolve(architecture="LlamaForCausalLM", backend="NIXL").kv_cache_manager == "V1"
+    rc28 = policy_version_for("v1.3.0rc28").policy_version
+    assert kvpolicy.load(version=rc28).resolve(architecture="LlamaForCausalLM", backend="NIXL").kv_cache_manager == "V2"
+    # v1.4.0rc1's note blames #17495 for the defaults and #15780 not at all: the bounce fields predate it.
+    rc1 = release("v1.4.0rc1")
+    assert "#17495" in rc1.note and "agent_bounce" not in rc1.note
 
 
 def test_later_releases_never_map_to_earlier_policies():
@@ -85,11 +103,15 @@ def test_a_release_holds_only_merges_before_its_date():
     were cut before #16164 or are the 1.4 line kvpolicy does not model."""
     first = upstream.VERSION_STATE[VERSIONS[0]]
     for row in releases():
-        day = re.match(r"~?(\d{4}-\d{2}-\d{2})", row.date)
+        day = re.match(r"~?(\d{4})-(\d{2})-(\d{2})(?:\.\.(?:(\d{2})-)?(\d{2}))?", row.date)
+        latest = None
+        if day:  # a range's last day: the cut may be as late as that
+            year, month, first_day, end_month, end_day = day.groups()
+            latest = f"{year}-{end_month or month}-{end_day or first_day}"
         if row.policy_version is None:
-            assert row.tag.startswith("v1.4.") or (day and day.group(1) < first), row
-        elif day:
-            assert upstream.VERSION_STATE[row.policy_version] <= day.group(1), row
+            assert row.tag.startswith("v1.4.") or (latest and latest < first), row
+        elif latest:
+            assert upstream.VERSION_STATE[row.policy_version] <= latest, row
 
 
 def test_the_table_ships_with_the_package_not_among_the_policies():
@@ -304,7 +326,7 @@ def test_the_api_chooses_as_the_cli_does(tmp_path, monkeypatch):
 def test_resolve_trtllm_picks_the_release_policy(capsys):
     code, out, err = run(capsys, "resolve", "--trtllm", "v1.3.0rc25", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
     assert code == 0, err
-    assert "TensorRT-LLM v1.3.0rc25: policy 2026.08.18 (medium certainty" in out
+    assert "TensorRT-LLM v1.3.0rc25: policy 2026.08.18 (low-medium certainty" in out
     assert "\npolicy 2026.08.18 (sha256" in out
     code, out, _ = run(capsys, "resolve", "--trtllm", "1.3.0.rc25", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--format", "json")
     data = json.loads(out)
@@ -381,8 +403,8 @@ def test_releases_command(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "releases")
     assert code == 0
     golden.check_golden(Path(__file__).parent / "golden" / "releases.txt", out)
-    assert re.search(r"v1\.3\.0rc25\s+~2026-08-27\s+2026\.08\.18\s+medium\n", out)
-    assert re.search(r"v1\.4\.0rc1\s+2026-10-22 01:38\s+none\s+high\n", out)
+    assert re.search(r"v1\.3\.0rc25\s+2026-08-27\.\.08-29\s+2026\.08\.18\s+low-medium\n", out)
+    assert re.search(r"v1\.4\.0rc1\s+2026-10-22 01:38\s+none \(closest 2026\.09\.28\)\s+high\n", out)
     fake_trtllm(tmp_path, "1.3.0rc26")
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     code, out, _ = run(capsys, "releases", "--format", "json")

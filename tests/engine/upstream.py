@@ -33,7 +33,11 @@ VERSION_STATE = {
     "2026.08.18": "2026-08-18",
     "2026.08.24": "2026-08-28",  # #18134 merged on 08-28 (described 08-24)
     "2026.09.02": "2026-09-02",
-    "2026.09.10": "2026-09-15",  # #19004 merged on 09-15 (reviewed 09-10)
+    "2026.09.04": "2026-09-04",  # #18585 (Qwen4-Exp)
+    "2026.09.10": "2026-09-15",  # #19004 merged on 09-15 (reviewed 09-10); #18585 before it
+    "2026.09.15": "2026-09-15.1",  # #19140, merged after #19004 the same day
+    "2026.09.16": "2026-09-16",  # #15780 (bounce-buffer fields)
+    "2026.09.28": "2026-09-28",  # #19136 (GLM-5.3-Flash)
 }
 
 PYTHON_BY_DEFAULT = "2026-08-28"  # #18134
@@ -41,6 +45,12 @@ PIPELINED = "2026-09-02"  # #15727
 KIMI_K3_GATE = "2026-08-17"  # #17480
 #: #17050 (08-13): a composite kimi_k3 checkpoint loads as KimiK3ForConditionalGeneration.
 KIMI_MULTIMODAL_REWRITE = "2026-08-13"
+#: #18585 (09-04): qwen4_exp checkpoints load as Qwen4-Exp's text or multimodal class.
+QWEN4_EXP = "2026-09-04"
+#: #19140 (merged 09-15, after #19004): dates compare as strings, so the same day's later merge is "2026-09-15.1".
+NEMOTRON_MULTIMODAL = "2026-09-15.1"
+#: #15780 (09-16): agent_bounce_buffer_enable and agent_bounce_params become CacheTransceiverConfig fields.
+BOUNCE_FIELDS = "2026-09-16"
 
 
 @dataclass(frozen=True)
@@ -273,6 +283,38 @@ class Hybrid(PreTrainedModel):
         return "V2" if date >= assume.hybrids else None
 
 
+class Qwen4Exp(PreTrainedModel):
+    """#18585 (09-04): both classes prefer V2; no runtime hook at the merge (a draft's PYTHON never merged)."""
+
+    @classmethod
+    def kv_version(cls, date, assume):
+        return "V2" if date >= QWEN4_EXP else None
+
+
+class NemotronHMultimodal(PreTrainedModel):
+    """#19140 (09-15): the multimodal class restates both of Nemotron-H's hooks by delegation."""
+
+    @classmethod
+    def runtime(cls, date, architectures, model_type, assume):
+        return Hybrid.runtime(date, architectures, model_type, assume) if date >= NEMOTRON_MULTIMODAL else None
+
+    @classmethod
+    def kv_version(cls, date, assume):
+        return Hybrid.kv_version(date, assume) if date >= NEMOTRON_MULTIMODAL else None
+
+
+class Glm5Next(PreTrainedModel):
+    """#19136 (09-28): GLM-5.3-Flash; its VL wrapper delegates every hook to it."""
+
+    @classmethod
+    def runtime(cls, date, architectures, model_type, assume):
+        return "PYTHON" if date >= "2026-09-28" else None
+
+    @classmethod
+    def kv_version(cls, date, assume):
+        return "V2" if date >= "2026-09-28" else None
+
+
 #: MODEL_CLASS_MAPPING: checkpoint architectures[0] -> model class.
 MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "GptOssForCausalLM": GptOss,
@@ -298,6 +340,13 @@ MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "Qwen3_5ForConditionalGeneration": Hybrid,
     "Qwen3_5MoeForConditionalGeneration": Hybrid,
     "MistralForCausalLM": PreTrainedModel,
+    "Qwen4ExpForCausalLM": Qwen4Exp,
+    "Qwen4ExpForConditionalGeneration": Qwen4Exp,
+    "NemotronH_Nano_VL_V2": NemotronHMultimodal,
+    "NemotronH_Nano_Omni_Reasoning_V3": NemotronHMultimodal,
+    "NemotronH_Omni_Reasoning_V3": NemotronHMultimodal,
+    "Glm5NextForCausalLM": Glm5Next,
+    "Glm5NextForConditionalGeneration": Glm5Next,
 }
 #: Classes whose hooks are inherited (inferred from the class hierarchy, not read): without
 #: ``Assumptions.hooks_inherited`` they have none of their own.
@@ -332,6 +381,10 @@ def load_pretrained_config(
         return ["KimiK3ForConditionalGeneration"]
     if model_type in ("kimi_k3", "kimi_linear") and date >= assume.kimi_text_rewrite:
         return ["KimiLinearForCausalLM"]
+    if model_type == "qwen4_exp" and multimodal and date >= QWEN4_EXP:
+        return ["Qwen4ExpForConditionalGeneration"]
+    if model_type in ("qwen4_exp", "qwen4_exp_text") and date >= QWEN4_EXP:
+        return ["Qwen4ExpForCausalLM"]
     return architectures
 
 

@@ -51,16 +51,17 @@ def test_check_on_an_unusable_folder_exits_2(cli, tmp_path):
 
 def test_new_scaffolds_the_next_version_and_its_cases(cli, tmp_path):
     folder = _shipped_copy(tmp_path)
-    code, out, err = cli("new", "2026.10.01", "--dir", str(folder))
+    code, out, err = cli("new", "2027.01.01", "--dir", str(folder))
     assert code == 0, err
-    created = folder / "2026.10.01.toml"
-    assert 'version = "2026.10.01"' in created.read_text()
-    previous_cases = (folder / "2026.09.10.cases.toml").read_text()
+    created = folder / "2027.01.01.toml"
+    assert 'version = "2027.01.01"' in created.read_text()
+    newest = max(p.name[: -len(".cases.toml")] for p in folder.glob("*.cases.toml") if not p.name.startswith("2027"))
+    previous_cases = (folder / f"{newest}.cases.toml").read_text()
     # The cases are copied; their header comment names the new file.
-    assert (folder / "2026.10.01.cases.toml").read_text() == previous_cases.replace(
-        "cases for 2026.09.10.toml", "cases for 2026.10.01.toml", 1
+    assert (folder / "2027.01.01.cases.toml").read_text() == previous_cases.replace(
+        f"cases for {newest}.toml", "cases for 2027.01.01.toml", 1
     )
-    code, _, err = cli("new", "2026.10.01", "--dir", str(folder))
+    code, _, err = cli("new", "2027.01.01", "--dir", str(folder))
     assert code == 2 and "is not after the newest version" in err
     assert "is not a date" in cli("new", "2026.13.01", "--dir", str(folder))[2]
     assert "is not a version" in cli("new", "v2", "--dir", str(folder))[2]
@@ -71,14 +72,16 @@ def test_new_leaves_placeholders_that_check_refuses_until_filled(cli, tmp_path):
     header comment are placeholders, which lint refuses (KVP042) with their lines; a copy that
     changes nothing (KVP052) and a source citing only the previous change (KVP053) are refused too."""
     folder = _shipped_copy(tmp_path)
-    assert cli("new", "2026.10.01", "--dir", str(folder))[0] == 0
-    created = folder / "2026.10.01.toml"
+    assert cli("new", "2027.01.01", "--dir", str(folder))[0] == 0
+    created = folder / "2027.01.01.toml"
     text = created.read_text()
-    previous = kvpolicy.load(folder, version="2026.09.10").policy
+    previous = kvpolicy.load(folder).versions()[-2]
+    previous = kvpolicy.load(folder, version=previous).policy
+    cited = re.search(r"#\d+", previous.source).group(0)  # the upstream change the newest version mirrors
     assert previous.summary not in text and previous.source not in text
-    assert "as of #19004" not in text  # the previous header comment (its rows still cite #19004: they are unchanged)
+    assert f"as of {cited}" not in text  # the previous header comment (its rows still cite it: they are unchanged)
     assert text.startswith("#:schema ./policy.schema.json\n# TODO(kvpolicy new): ")
-    policy = kvpolicy.load(folder, version="2026.10.01").policy
+    policy = kvpolicy.load(folder, version="2027.01.01").policy
     assert policy.summary.startswith("TODO(kvpolicy new)") and policy.source.startswith("TODO(kvpolicy new)")
 
     code, out, _ = cli("check", str(folder))
@@ -95,23 +98,23 @@ def test_new_leaves_placeholders_that_check_refuses_until_filled(cli, tmp_path):
     assert {path for path, _, _ in found} == {str(created)}
     assert "source is still the placeholder `kvpolicy new` wrote; name the upstream change" in out
 
-    # Filled in, citing the same upstream change as 2026.09.10 and changing nothing: KVP052 and KVP053.
+    # Filled in, citing the same upstream change as the newest version and changing nothing: KVP052 and KVP053.
     filled = text.replace(
         'summary = "TODO(kvpolicy new): one line on what this version changes"', 'summary = "Llama4 prefers CPP."'
     ).replace(
         'source = "TODO(kvpolicy new): the upstream change this version mirrors (repository, PR, merge date, file)"',
-        'source = "NVIDIA/TensorRT-LLM #19004 (merged 2026-09-15)"',
+        f'source = "NVIDIA/TensorRT-LLM {cited}"',
     )
     filled = "\n".join(line for line in filled.splitlines() if "TODO(kvpolicy new)" not in line) + "\n"
     created.write_text(filled)
     code, out, _ = cli("check", str(folder))
     assert code == 1
     assert sorted(set(re.findall(r": (KVP\d{3}) ", out))) == ["KVP052", "KVP053"]
-    assert "cites nothing new: it names only #19004, which 2026.09.10 already cites" in out
+    assert f"cites nothing new: it names only {cited}, which {previous.version} already cites" in out
 
     # A real change that cites a new upstream change passes.
     changed = filled.replace(
-        'source = "NVIDIA/TensorRT-LLM #19004 (merged 2026-09-15)"', 'source = "NVIDIA/TensorRT-LLM #19999 (merged 2026-10-01)"'
+        f'source = "NVIDIA/TensorRT-LLM {cited}"', 'source = "NVIDIA/TensorRT-LLM #19999 (merged 2026-10-01)"'
     ).replace(
         '{ architecture = "Llama4ForConditionalGeneration", value = "PYTHON"',
         '{ architecture = "Llama4ForConditionalGeneration", value = "CPP"', 1,
@@ -125,11 +128,11 @@ def test_new_leaves_placeholders_that_check_refuses_until_filled(cli, tmp_path):
 def test_new_into_a_file_or_a_missing_folder_is_a_usage_error(cli, tmp_path):
     policy = tmp_path / "2026.09.10.toml"
     shutil.copy(shipped_root() / "2026.09.10.toml", policy)
-    code, out, err = cli("new", "2026.10.01", "--dir", str(policy))
+    code, out, err = cli("new", "2027.01.01", "--dir", str(policy))
     assert code == 2 and out == ""
     assert err == f"kvpolicy: error: --dir {policy}: not a folder; name the policy folder that holds the versions (e.g. --dir {tmp_path})\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["2026.09.10.toml"]
-    code, _, err = cli("new", "2026.10.01", "--dir", str(tmp_path / "missing"))
+    code, _, err = cli("new", "2027.01.01", "--dir", str(tmp_path / "missing"))
     assert code == 2 and f"--dir {tmp_path / 'missing'}: no such folder" in err and "Traceback" not in err
 
 
