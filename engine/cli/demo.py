@@ -121,6 +121,9 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
     import warnings
 
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    # UCX logs each refused TCP connect attempt at ERROR while it retries, and the retry succeeds
+    # (the demo's own checks, token for token, are the verdict); a user's UCX_LOG_LEVEL still wins.
+    os.environ.setdefault("UCX_LOG_LEVEL", "fatal")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)

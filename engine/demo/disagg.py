@@ -172,6 +172,9 @@ def _serve(conn: Any, role: str) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    # UCX logs each refused TCP connect attempt at ERROR while it retries, and the retry succeeds
+    # (the demo's own checks, token for token, are the verdict); a user's UCX_LOG_LEVEL still wins.
+    os.environ.setdefault("UCX_LOG_LEVEL", "fatal")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)

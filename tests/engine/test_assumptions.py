@@ -23,6 +23,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
 VERSIONS = list(upstream.VERSION_STATE)
 HYBRIDS = ("NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
            "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+NEMOTRON_MULTIMODAL = ("NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3")
+GLM5_NEXT = ("Glm5NextForCausalLM", "Glm5NextForConditionalGeneration")
 DEEPSEEK_V3_CLASS = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 INHERITED = ("MistralLarge3ForCausalLM", "Qwen3_5ForCausalLM", "KimiK3ForConditionalGeneration",
              "Qwen3_5MoeForConditionalGeneration")
@@ -42,6 +44,9 @@ SCOPES = {
     "v2_guard_by_07_28": ("DeepSeek-V4's V2 default", lambda v, arch, mt, pipelined, out: arch == "DeepseekV4ForCausalLM" and v < "2026.08.03"),
     "kimi_text_rewrite_by_08_07": ("#17269's merge date", lambda v, arch, mt, pipelined, out: mt in ("kimi_k3", "kimi_linear") and "2026.08.07" <= v < "2026.08.18"),
     "kimi_route_check_at_load": ("Kimi K3's route check", lambda v, arch, mt, pipelined, out: arch in upstream.KIMI_K3 and pipelined and v >= "2026.09.02"),
+    "qwen4_rules_with_18585": ("Qwen4-Exp's checkpoint rules", lambda v, arch, mt, pipelined, out: mt in ("qwen4_exp", "qwen4_exp_text") and v >= "2026.09.04"),
+    "nemotron_multimodal_python": ("Nemotron-H multimodal's PYTHON preference", lambda v, arch, mt, pipelined, out: arch in NEMOTRON_MULTIMODAL and v >= "2026.09.15"),
+    "glm5_next_python": ("GLM-5.3-Flash's PYTHON preference", lambda v, arch, mt, pipelined, out: arch in GLM5_NEXT and v >= "2026.09.28"),
 }
 
 

@@ -91,6 +91,14 @@ class Assumptions:
     kimi_route_check_at_load: bool = True
     """**Kimi K3's route check** sees the runtime resolved at load, before pipelined transfer switches
     a null runtime to PYTHON. Otherwise: the runtime the transceiver is created with."""
+    qwen4_rules_with_18585: bool = True
+    """**Qwen4-Exp's checkpoint rules**: load_pretrained_config's qwen4_exp branches came with #18585
+    (09-04; read at a later commit). Otherwise: after every modelled state."""
+    nemotron_multimodal_python: bool = True
+    """**Nemotron-H multimodal's PYTHON preference**: #19140 delegates the runtime hook as well as the
+    V2 one. Otherwise: V2 only within the modelled states."""
+    glm5_next_python: bool = True
+    """**GLM-5.3-Flash's PYTHON preference**: the merged file has the runtime hook. Otherwise: V2 only."""
 
     @property
     def hybrids(self) -> str:
@@ -296,7 +304,9 @@ class NemotronHMultimodal(PreTrainedModel):
 
     @classmethod
     def runtime(cls, date, architectures, model_type, assume):
-        return Hybrid.runtime(date, architectures, model_type, assume) if date >= NEMOTRON_MULTIMODAL else None
+        if date < NEMOTRON_MULTIMODAL or not assume.nemotron_multimodal_python:
+            return None
+        return Hybrid.runtime(date, architectures, model_type, assume)
 
     @classmethod
     def kv_version(cls, date, assume):
@@ -308,7 +318,7 @@ class Glm5Next(PreTrainedModel):
 
     @classmethod
     def runtime(cls, date, architectures, model_type, assume):
-        return "PYTHON" if date >= "2026-09-28" else None
+        return "PYTHON" if date >= "2026-09-28" and assume.glm5_next_python else None
 
     @classmethod
     def kv_version(cls, date, assume):
@@ -381,9 +391,10 @@ def load_pretrained_config(
         return ["KimiK3ForConditionalGeneration"]
     if model_type in ("kimi_k3", "kimi_linear") and date >= assume.kimi_text_rewrite:
         return ["KimiLinearForCausalLM"]
-    if model_type == "qwen4_exp" and multimodal and date >= QWEN4_EXP:
+    qwen4 = date >= QWEN4_EXP and assume.qwen4_rules_with_18585
+    if qwen4 and model_type == "qwen4_exp" and multimodal:
         return ["Qwen4ExpForConditionalGeneration"]
-    if model_type in ("qwen4_exp", "qwen4_exp_text") and date >= QWEN4_EXP:
+    if qwen4 and model_type in ("qwen4_exp", "qwen4_exp_text"):
         return ["Qwen4ExpForCausalLM"]
     return architectures
 
