@@ -182,6 +182,7 @@ def _decision_changes(name: str, a: Decision | None, b: Decision | None) -> list
         ("auto", a.auto, b.auto),
         ("null", a.null, b.null),
         ("null decides", a.null_decides, b.null_decides),
+        ("left out", a.left_out, b.left_out),
         ("inputs", ", ".join(a.inputs), ", ".join(b.inputs)),
     )
     if fields:

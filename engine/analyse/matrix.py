@@ -20,7 +20,7 @@ from ..read.model import Condition, Constraint, Matcher, Policy, Preference, Row
 from ..evaluate.policyset import PolicySet
 from ..evaluate.resolution import Diagnostic, Resolution
 
-__all__ = ["Cell", "Column", "Matrix", "Provenance", "columns_of", "decision_matrix", "provenance_of", "rows_of"]
+__all__ = ["Cell", "Column", "Matrix", "Provenance", "cell_fields", "columns_of", "decision_matrix", "provenance_of", "rows_of"]
 
 #: The decision whose request the columns vary.
 BACKEND = "backend"
@@ -188,6 +188,19 @@ def provenance_of(policy: Policy, rule_id: str, index: Mapping[str, Any] | None 
     return Provenance(rule_id, kind, item.reason, item.source, str(item.location))
 
 
+def cell_fields(policy: Any, architecture: str | None, model_type: str | None, column: Any) -> dict[str, Any]:
+    """The context of one cell as ``resolve`` takes it: the column's backend and environment, the
+    row's model, and every other decision on auto, written out (from TensorRT-LLM 1.4, #17495, a
+    field left out is not auto)."""
+    fields: dict[str, Any] = {BACKEND: column.backend, "env": dict(column.env)}
+    fields.update({name: d.auto for name, d in policy.decisions.items() if name != BACKEND})
+    if model_type is not None:
+        fields["pretrained_config"] = {"architectures": [architecture], "model_type": model_type}
+    else:
+        fields["architecture"] = architecture
+    return fields
+
+
 def decision_matrix(
     policy_set: PolicySet,
     *,
@@ -202,12 +215,7 @@ def decision_matrix(
     cells: dict[tuple[int, int], Cell] = {}
     for r, (architecture, model_type) in enumerate(rows):
         for c, column in enumerate(columns):
-            fields: dict[str, Any] = {BACKEND: column.backend, "env": dict(column.env)}
-            if model_type is not None:
-                fields["pretrained_config"] = {"architectures": [architecture], "model_type": model_type}
-            else:
-                fields["architecture"] = architecture
-            resolution = policy_set.resolve(**fields)
+            resolution = policy_set.resolve(**cell_fields(policy, architecture, model_type, column))
             provenance = {name: provenance_of(policy, rule, index) for name, rule in resolution.decided_by.items()}
             cells[(r, c)] = Cell(architecture, model_type, column, resolution, provenance)
     return Matrix(

@@ -44,8 +44,8 @@ def add_context_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="DEFAULT (the default), NIXL, UCX, MPI, MOONCAKE, or null (disaggregation off)",
     )
-    parser.add_argument("--runtime", default="auto", metavar="R", help="auto (the default), PYTHON, CPP or null")
-    parser.add_argument("--kv-cache-manager", default="auto", metavar="M", help="auto (the default), V1 or V2")
+    parser.add_argument("--runtime", metavar="R", help="auto, PYTHON, CPP or null (left out: what the config's field defaults to, auto until TensorRT-LLM 1.4)")
+    parser.add_argument("--kv-cache-manager", metavar="M", help="auto, V1 or V2 (left out: the field's default in the version, auto until 1.4)")
     parser.add_argument(
         "--timeout-ms", default="60000", metavar="N|null", help="kv_transfer_timeout_ms (default 60000)"
     )
@@ -76,12 +76,12 @@ def _nullable(text: str) -> str | None:
 
 def context_from_args(args: Any) -> dict[str, Any]:
     """The ``resolve`` fields the arguments describe; raises ValueError for unusable input."""
-    fields: dict[str, Any] = {
-        "backend": _nullable(args.backend),
-        "transceiver_runtime": _nullable(args.runtime),
-        "kv_cache_manager": args.kv_cache_manager,
-        "features": set(args.feature),
-    }
+    fields: dict[str, Any] = {"backend": _nullable(args.backend), "features": set(args.feature)}
+    # Left out, a field requests what the policy version says the config's field defaults to.
+    if args.runtime is not None:
+        fields["transceiver_runtime"] = _nullable(args.runtime)
+    if args.kv_cache_manager is not None:
+        fields["kv_cache_manager"] = args.kv_cache_manager
     if args.pipelined:
         fields["enable_pipelined_transfer"] = True
     timeout = _nullable(args.timeout_ms)
@@ -168,7 +168,7 @@ def run(args: Any) -> int:
     except ValueError as exc:
         return fail(str(exc))
     verdict = resolution.verdict()
-    notes = policy_set.notes(resolution.context)
+    notes = policy_set.notes(resolution.context) + _left_out_notes(policy_set, args)
     if args.format == "json":
         data = resolution.to_dict()
         data["ok"] = verdict.status in ("starts", "off")
@@ -193,6 +193,21 @@ def run(args: Any) -> int:
             print(release_line)
         print(text)
     return verdict.exit_code
+
+
+def _left_out_notes(policy_set: Any, args: Any) -> list[str]:
+    """A note for each field left out whose default in this version is not ``auto``."""
+    import re
+
+    notes = []
+    defaults = policy_set.left_out()
+    for name, given, flag in (("transceiver_runtime", args.runtime, "--runtime"), ("kv_cache_manager", args.kv_cache_manager, "--kv-cache-manager")):
+        if given is None and name in defaults:
+            value, source = defaults[name]
+            cited = re.search(r"#\d+", source)
+            notes.append(f"{name} left out: {value}, the config field's default in policy {policy_set.version}"
+                         + (f" ({cited.group(0)})" if cited else "") + f"; {flag} auto asks the policy to decide")
+    return notes
 
 
 def _verdict_json(verdict: Any, *, explain: bool = False) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def _entry_prologue(src: _Source, index: DecisionIndex) -> None:
     for number, decision in enumerate(index.decisions):
         name = src.const(decision["name"])
         accepted = src.const(frozenset(index.requests(decision["name"])))
-        src.emit(2, f"r{number} = get({name}, {src.const(decision['auto'])})")
+        src.emit(2, f"r{number} = get({name}, {src.const(decision['omitted'])})")  # a left-out field
         checks.append(f"r{number}.__class__ is str and r{number} in {accepted}")
         requested.append(f"{name}: r{number}")
     src.emit(2, f"if {' and '.join(checks)}:")

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the index data changes shape or meaning (part of the cache key).
-FORMAT = 4
+FORMAT = 5
 
 #: Every field of upstream's ``CacheTransceiverConfig``; ``resolve`` reads some, the rest are passive.
 CACHE_TRANSCEIVER_FIELDS = frozenset(
@@ -145,6 +145,9 @@ def build_index(policy: Policy, order: list[str] | tuple[str, ...] | None = None
             {
                 "name": name,
                 "auto": decision.auto,
+                # What a context that leaves the field out requests (auto unless the policy says).
+                "omitted": decision.left_out,
+                "omitted_source": decision.omitted.source if decision.omitted is not None else None,
                 "values": list(decision.values),
                 "null": decision.null,
                 "null_decides": decision.null_decides,
@@ -289,6 +292,8 @@ def _check(d: Any) -> None:
     _expect(len(set(names)) == len(names) and set(names) <= {"backend", "transceiver_runtime", "kv_cache_manager"})
     for decision in d["decisions"]:
         _expect(type(decision["name"]) is str and type(decision["auto"]) is str and type(decision["null_decides"]) is bool)
+        _expect(type(decision["omitted"]) is str and (decision["omitted"] == decision["auto"] or decision["omitted"] in decision["values"]))
+        _opt_str(decision["omitted_source"])
         _strs(decision["values"])
         _opt_str(decision["null"])
         for key in ("requirements", "conditionals", "adjustments"):
@@ -351,7 +356,7 @@ class DecisionIndex:
         self.named = frozenset(data["architectures"])
         self._models: tuple[tuple[str | None, str | None], ...] | None = None
         self._near_misses: dict[str, str | None] = {}
-        self._requests = tuple((d["name"], d["auto"], frozenset(self.requests(d["name"]))) for d in self.decisions)
+        self._requests = tuple((d["name"], d["omitted"], frozenset(self.requests(d["name"]))) for d in self.decisions)
         self._rank = {name: index for index, name in enumerate(self.order)}
         self._order_key = self._sort_key(self._rank)
         self._renderers: dict[str, Callable[..., str]] = {}
@@ -477,8 +482,8 @@ class DecisionIndex:
             "features": pop("features", _NO_FEATURES),
             "env": pop("env", _NO_ENV),
         }
-        for name, auto, accepted in self._requests:
-            value = pop(name, auto)
+        for name, left_out, accepted in self._requests:
+            value = pop(name, left_out)
             ctx[name] = value if (value.__class__ is str and value in accepted) else self._requested(name, value)
         architecture = ctx["architecture"]
         if architecture is not None and (type(architecture) is not str or not architecture):

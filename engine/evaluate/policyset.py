@@ -133,6 +133,11 @@ class PolicySet:
         :class:`kvpolicy.evaluate.verdict.Verdict` (see :meth:`Resolution.verdict`)."""
         return self.verdict_of(self.resolve(config, **fields))
 
+    def left_out(self) -> dict[str, tuple[str, str]]:
+        """For each decision whose field, left out of a config, requests something other than auto
+        (upstream's field default): that request and the upstream source that says so."""
+        return {d["name"]: (d["omitted"], d["omitted_source"]) for d in self._index.data["decisions"] if d["omitted_source"]}
+
     @property
     def features(self) -> frozenset[str]:
         """The feature names a context may carry."""

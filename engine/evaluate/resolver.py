@@ -281,7 +281,11 @@ class Program:
         if requested not in decision.undecided:
             value, rule_id = requested, "explicit"
             if trace is not None:
-                trace.append(TraceStep(name, "explicit", "explicit", "decided", f"the user set {name} = {requested}"))
+                said = f"the user set {name} = {requested}"
+                if decision.omitted is not None and requested == decision.omitted.value:
+                    # The context cannot tell a written value from the field's default: say both.
+                    said = f"{name} = {requested}: set, or the config field's default when left out"
+                trace.append(TraceStep(name, "explicit", "explicit", "decided", said))
         elif trace is not None:
             trace.append(TraceStep(name, "explicit", "explicit", "skipped", f"{name} is {requested}: the policy decides"))
 

@@ -91,7 +91,7 @@ def describe_context(ctx: dict[str, Any], policy: Policy) -> str:
     if ctx.get("model_type") is not None:
         parts.append(f"model_type={ctx['model_type']}")
     for name, decision in policy.decisions.items():
-        if ctx.get(name, decision.auto) != decision.auto:
+        if ctx.get(name, decision.left_out) != decision.left_out:  # a field left out requests left_out
             parts.append(f"{name}={ctx[name]}")
     if ctx.get("kv_transfer_timeout_ms", _FINITE_TIMEOUT) is None:
         parts.append("kv_transfer_timeout_ms=null")

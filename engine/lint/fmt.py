@@ -35,7 +35,7 @@ _RULE = ("id", "when", "value", "notice", "reason", "source")
 _ORDER: dict[str, tuple[str, ...]] = {
     "top": ("$schema", "schema", "version", "summary", "source"),
     "feature": ("description", "env", "config_field"),
-    "decision": ("description", "values", "auto", "null", "inputs", "default"),
+    "decision": ("description", "values", "auto", "null", "omitted", "inputs", "default"),
     "rule": _RULE,
     "preference": ("id", "adopt_when", "on_not_adopted", "reason", "source", "rows"),
     "row": ("architecture", "model_type", "value", "reason", "source"),

@@ -565,7 +565,7 @@ def _counterexample(file: PolicyFile, witness: dict[str, Any]) -> dict[str, Any]
     if ctx["model_type"] is not None:
         shown["model_type"] = ctx["model_type"]
     for name, decision in file.policy.decisions.items():
-        if ctx[name] != decision.auto:
+        if ctx[name] != decision.left_out:  # what a context that leaves the field out would request
             shown[name] = ctx[name]
     if ctx["kv_transfer_timeout_ms"] is None:
         shown["kv_transfer_timeout_ms"] = None

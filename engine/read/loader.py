@@ -30,6 +30,7 @@ from .model import (
     Feature,
     Matcher,
     Notice,
+    Omitted,
     Policy,
     Preference,
     Row,
@@ -575,6 +576,20 @@ class _Builder:
                 f"null = {spec['null']!r} is not one of this decision's values ({', '.join(values)}) "
                 'nor "policy" (null is a request the policy decides)',
             )
+        omitted = None
+        if "omitted" in spec:
+            spec_omitted = spec["omitted"]
+            if spec_omitted["value"] != spec["auto"] and spec_omitted["value"] not in values:
+                self.problem(
+                    base + ("omitted", "value"),
+                    "unknown-name",
+                    f"omitted value {spec_omitted['value']!r} is neither auto ({spec['auto']!r}) nor one of "
+                    f"this decision's values ({', '.join(values)})",
+                )
+            omitted = Omitted(
+                value=spec_omitted["value"], reason=spec_omitted["reason"], source=spec_omitted["source"],
+                location=self.doc.locate(base + ("omitted",)),
+            )
         scope = set(inputs)
         requirements = tuple(
             self._rule(name, "requirement", base + ("requirement", i), r, values, scope, order=i)
@@ -600,6 +615,7 @@ class _Builder:
             auto=spec["auto"],
             null=None if null_decides else spec.get("null"),
             null_decides=null_decides,
+            omitted=omitted,
             inputs=inputs,
             requirements=requirements,
             preference=preference,

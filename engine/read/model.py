@@ -27,6 +27,7 @@ __all__ = [
     "Feature",
     "Matcher",
     "Notice",
+    "Omitted",
     "Policy",
     "Preference",
     "Row",
@@ -135,6 +136,17 @@ class Notice:
 
 
 @_model
+class Omitted:
+    """What a config that leaves a decision's field out requests (upstream's field default, where
+    it is not ``auto``), with why and where upstream says so."""
+
+    value: str
+    reason: str
+    source: str
+    location: Location
+
+
+@_model
 class Rule:
     """A requirement, conditional default, default or adjustment of one decision."""
 
@@ -192,6 +204,8 @@ class Decision:
     null_decides: bool = False
     """``null = "policy"``: a null request is decided by the policy like ``auto``; conditions tell
     the two apart with ``requested.NAME``."""
+    omitted: Omitted | None = None
+    """What a context that leaves the field out requests (None: ``auto``)."""
     inputs: tuple[str, ...] = ()
     requirements: tuple[Rule, ...] = ()
     preference: Preference | None = None
@@ -200,6 +214,11 @@ class Decision:
     adjustments: tuple[Rule, ...] = ()
     """Applied after every decision is made, in order, the first that holds; never to an explicit value."""
     location: Location
+
+    @property
+    def left_out(self) -> str:
+        """The request of a context that leaves the field out: ``omitted``'s value, else ``auto``."""
+        return self.omitted.value if self.omitted is not None else self.auto
 
     @property
     def undecided(self) -> frozenset[str]:

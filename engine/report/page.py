@@ -26,7 +26,7 @@ from ..analyse.diff import Diff, diff_policies
 from ..analyse.evaluators import outcome_of
 from ..analyse.outcomes import ARCHITECTURE_SLOT, Change
 from ..analyse.difftext import CONTEXT_NOTE, Entry, edit_lines, entries, entry_of_group, headline
-from ..analyse.matrix import BACKEND, Cell, Matrix, Provenance, decision_matrix
+from ..analyse.matrix import BACKEND, Cell, Matrix, Provenance, cell_fields, decision_matrix
 from ..evaluate.policyset import PolicySet
 from .assets import SCRIPT, stylesheet
 from ..wording import plural
@@ -134,23 +134,14 @@ def _breakable(path: str) -> str:
 def cell_change(cell: Cell, policy_set: PolicySet, base: PolicySet) -> Change | None:
     """How the cell's context resolves differently under ``base`` (None: alike), compared as
     ``kvpolicy diff`` compares contexts (values, deciding rules, diagnostics)."""
-    context = policy_set.normalise(**_fields(cell))
+    context = policy_set.normalise(**cell_fields(policy_set.policy, cell.architecture, cell.model_type, cell.column))
     new, old = outcome_of(policy_set, context), outcome_of(base, context)
     return None if new == old else Change.between(old, new)
 
 
-def _fields(cell: Cell) -> dict[str, Any]:
-    fields: dict[str, Any] = {BACKEND: cell.column.backend, "env": dict(cell.column.env)}
-    if cell.model_type is not None:
-        fields["pretrained_config"] = {"architectures": [cell.architecture], "model_type": cell.model_type}
-    else:
-        fields["architecture"] = cell.architecture
-    return fields
-
-
 def _point(cell: Cell, policy_set: PolicySet, result: Diff) -> tuple[Any, ...] | None:
     """The cell's context as a point of the diff's dimensions (None: outside them)."""
-    context = policy_set.normalise(**_fields(cell))
+    context = policy_set.normalise(**cell_fields(policy_set.policy, cell.architecture, cell.model_type, cell.column))
     point = []
     for dimension in result.dimensions:
         name = dimension.name
@@ -502,8 +493,9 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
     # The upstream change only (the source up to its first ": "): the full source stands once in the
     # rules table under the matrix, not in each of thousands of cells (the page stays under 2 MB).
     # A compact matrix names the rule only (its rules table below has the rest).
-    hover = [f"{name} {value} by {p.id}" + (f" ({p.source.split(': ', 1)[0]})" if p.source and not compact else "")
-             for name, value in values.items() if (p := cell.provenance.get(name)) is not None]
+    hover = [f"{name} {value} by {p.id}" + (f" ({_change_cited(p.source)})" if p.source and not compact else "")
+             for name, value in values.items() if (p := cell.provenance.get(name)) is not None
+             and not (compact and name == BACKEND)]  # compact: the column names the backend already
     hover += [f"cannot start: {d.id}" for d in cell.errors]
     attributes["title"] = "\n".join(hover)
     summary = [f'<b class="rt">{_e(runtime or "off")}</b>']
@@ -534,6 +526,12 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
         return f'<td class="{" ".join(classes)}"{attrs}>{" ".join(summary)}</td>'
     return (f'<td class="{" ".join(classes)}"{attrs}><details><summary>{" ".join(summary)}</summary>'
             f'<ul class="why">{"".join(why)}</ul></details></td>')
+
+
+def _change_cited(source: str) -> str:
+    """The upstream change a source cites, as short as it reads: ``#16164 (merged 2026-07-16)``."""
+    cited = source.split(": ", 1)[0]
+    return cited.removeprefix("NVIDIA/TensorRT-LLM ")
 
 
 def _change_kind(change: Change) -> str:

@@ -130,12 +130,15 @@ def test_resolve_config_unknown_model_errors_name_the_section(capsys, tmp_path) 
         "model: nowhere/model\ncontext_servers:\n  cache_transceiver_config:\n    backend: UCX\n"
         "generation_servers:\n  cache_transceiver_config:\n    backend: UCX\n"
     )
-    code = main(["resolve", "--config", str(config)])
+    code = main(["resolve", "--config", str(config), "--version", "2026.09.28"])
     out = capsys.readouterr().out
     assert code == 3
     assert f"== context_servers ({config}:3:3) ==" in out and f"== generation_servers ({config}:6:3) ==" in out
     assert f"      config: {config}:3:3: context_servers.cache_transceiver_config" in out
     assert f"      config: {config}:6:3: generation_servers.cache_transceiver_config" in out
+    # From 1.4 (#17495) the left-out transceiver_runtime is PYTHON: on UCX no model can start.
+    assert main(["resolve", "--config", str(config), "--version", "2026.10.22"]) == 1
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize("command", [["resolve", "--config"], ["impact", "--from", "2026.09.02", "--to", "2026.09.10", "--configs"]])

@@ -44,9 +44,10 @@ SCOPES = {
     "v2_guard_by_07_28": ("DeepSeek-V4's V2 default", lambda v, arch, mt, pipelined, out: arch == "DeepseekV4ForCausalLM" and v < "2026.08.03"),
     "kimi_text_rewrite_by_08_07": ("#17269's merge date", lambda v, arch, mt, pipelined, out: mt in ("kimi_k3", "kimi_linear") and "2026.08.07" <= v < "2026.08.18"),
     "kimi_route_check_at_load": ("Kimi K3's route check", lambda v, arch, mt, pipelined, out: arch in upstream.KIMI_K3 and pipelined and v >= "2026.09.02"),
-    "qwen4_rules_with_18585": ("Qwen4-Exp's checkpoint rules", lambda v, arch, mt, pipelined, out: mt in ("qwen4_exp", "qwen4_exp_text") and v >= "2026.09.04"),
+    "qwen4_rules_with_18585": ("Qwen4-Exp's checkpoint rules", lambda v, arch, mt, pipelined, out: mt in ("qwen4_exp", "qwen4_exp_text", "qwen3_8_flash_next", "qwen3_8_flash_next_text") and v >= "2026.09.04"),
     "nemotron_multimodal_python": ("Nemotron-H multimodal's PYTHON preference", lambda v, arch, mt, pipelined, out: arch in NEMOTRON_MULTIMODAL and v >= "2026.09.15"),
     "glm5_next_python": ("GLM-5.3-Flash's PYTHON preference", lambda v, arch, mt, pipelined, out: arch in GLM5_NEXT and v >= "2026.09.28"),
+    "v2_default_in_1_4": ("KV-cache manager V2 by default in 1.4", lambda v, arch, mt, pipelined, out: v >= "2026.10.22"),
 }
 
 
@@ -56,7 +57,7 @@ def _domain():
     models = [(a, mt, False) for a, mt in MODELS] + [("KimiK3ForConditionalGeneration", "kimi_k3", True)]
     backends = [("DEFAULT", {}), ("DEFAULT", {"TRTLLM_USE_UCX_KVCACHE": "1"})] + [(b, {}) for b in ("NIXL", "UCX", "MPI", "MOONCAKE")]
     for version, (architecture, model_type, multimodal), (backend, env), runtime, timeout, use_v2, pipelined in itertools.product(
-        VERSIONS, models, backends, ("auto", "CPP", "PYTHON", None), (60000, None), ("auto", False, True), (False, True)
+        VERSIONS, models, backends, ("auto", "CPP", "PYTHON", None, upstream.LEFT_OUT), (60000, None), ("auto", False, True, upstream.LEFT_OUT), (False, True)
     ):
         yield version, architecture, model_type, backend, runtime, timeout, use_v2, env, pipelined, multimodal
 

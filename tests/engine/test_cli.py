@@ -68,7 +68,8 @@ def test_model_config_json(capsys, tmp_path):
 
 
 def test_json_is_stable_for_scripts(capsys):
-    code, out, _ = run(capsys, "explain", "--arch", "GptOssForCausalLM", "--backend", "UCX", "--format", "json")
+    code, out, _ = run(capsys, "explain", "--arch", "GptOssForCausalLM", "--backend", "UCX", "--runtime", "auto",
+                       "--kv-cache-manager", "auto", "--format", "json")
     data = json.loads(out)
     assert code == 1
     assert set(data) - {"policies"} == {
@@ -174,7 +175,7 @@ def test_counts_are_singular_or_plural(capsys):
     code, out, err = run(capsys, "lint", "tests/lint/fixtures/KVP040.toml")
     assert code == 1
     assert "kvpolicy lint: 1 file, 1 finding, 0 suppressed" in err
-    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "UCX")
+    code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "UCX", "--runtime", "auto", "--kv-cache-manager", "auto")
     assert code == 1 and out.rstrip().endswith("\n1 error: this configuration cannot start")
     code, out, _ = run(capsys, "diff", "2026.09.02", "2026.09.10")
     assert "(s)" not in out and " way" in out.splitlines()[1]

@@ -260,11 +260,11 @@ def test_a_near_miss_architecture_is_refused_and_ignored_env_values_get_notes(ca
     assert code == 2
     assert "--arch 'LlamaForCausalLm'" in captured.err and "did you mean 'LlamaForCausalLM'?" in captured.err
     assert "can start" not in captured.out
-    code = main(["resolve", "--arch", "LlamaForCausalLM", "--env", "TRTLLM_USE_UCX_KVCACHE=true"])
+    code = main(["resolve", "--arch", "LlamaForCausalLM", "--runtime", "auto", "--kv-cache-manager", "auto", "--env", "TRTLLM_USE_UCX_KVCACHE=true"])
     out = capsys.readouterr().out
     assert code == 0
     assert "note: TRTLLM_USE_UCX_KVCACHE='true' is ignored" in out
-    code = main(["resolve", "--arch", "LlamaForCausalLM", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--format", "json"])
+    code = main(["resolve", "--arch", "LlamaForCausalLM", "--runtime", "auto", "--kv-cache-manager", "auto", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--format", "json"])
     assert "notes" not in json.loads(capsys.readouterr().out)
 
 
@@ -278,10 +278,11 @@ def test_a_real_architecture_one_letter_from_a_named_one_is_not_a_typo(capsys):
 def test_the_api_flags_a_near_miss_architecture_and_strict_refuses_it():
     import kvpolicy
 
-    lenient = kvpolicy.resolve(architecture="LlamaForCausalLm", backend="UCX")
+    auto = {"transceiver_runtime": "auto", "kv_cache_manager": "auto"}  # 1.4's field defaults are not auto
+    lenient = kvpolicy.resolve(architecture="LlamaForCausalLm", backend="UCX", **auto)
     assert [d.id for d in lenient.warnings] == ["architecture-near-miss"]
     assert "did you mean 'LlamaForCausalLM'?" in lenient.warnings[0].message
-    strict = kvpolicy.resolve(architecture="LlamaForCausalLm", backend="UCX", strict=True)
+    strict = kvpolicy.resolve(architecture="LlamaForCausalLm", backend="UCX", strict=True, **auto)
     assert not strict.ok and [d.id for d in strict.errors] == ["architecture-near-miss"]
     assert kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", strict=True).ok
     with pytest.raises(kvpolicy.ContextError):

@@ -10,7 +10,7 @@ import pytest
 import kvpolicy
 from kvpolicy import PolicyError
 
-from .conftest import VERSIONS, write
+from .conftest import NEWEST_AUTO, VERSIONS, write
 
 
 def problems(tmp_path: Path, text: str) -> list[kvpolicy.PolicyProblem]:
@@ -135,17 +135,17 @@ def test_folder_with_two_files_of_one_version(tmp_path, policy_text):
     write(tmp_path, policy_text, "b.toml")
     with pytest.raises(PolicyError) as info:
         kvpolicy.load(tmp_path)
-    assert f"version {VERSIONS[-1]} is also declared by" in str(info.value)
+    assert f"version {NEWEST_AUTO} is also declared by" in str(info.value)
 
 
 def test_folder_picks_newest_and_named_versions(tmp_path, policy_text):
     write(tmp_path, policy_text, "new.toml")
-    write(tmp_path, policy_text.replace(f'version = "{VERSIONS[-1]}"', 'version = "2026.01.02"'), "old.toml")
+    write(tmp_path, policy_text.replace(f'version = "{NEWEST_AUTO}"', 'version = "2026.01.02"'), "old.toml")
     write(tmp_path, "[[case]]\n", "new.cases.toml")  # test cases are not policies
-    assert kvpolicy.load(tmp_path).version == VERSIONS[-1]
+    assert kvpolicy.load(tmp_path).version == NEWEST_AUTO
     assert kvpolicy.load(tmp_path, version="2026.01.02").version == "2026.01.02"
-    assert kvpolicy.load(tmp_path).versions() == ["2026.01.02", VERSIONS[-1]]
-    with pytest.raises(PolicyError, match=f"no policy version 2027.01.01; available: 2026.01.02, {VERSIONS[-1]}"):
+    assert kvpolicy.load(tmp_path).versions() == ["2026.01.02", NEWEST_AUTO]
+    with pytest.raises(PolicyError, match=f"no policy version 2027.01.01; available: 2026.01.02, {NEWEST_AUTO}"):
         kvpolicy.load(tmp_path, version="2027.01.01")
 
 

@@ -12,11 +12,11 @@ import kvpolicy
 from kvpolicy import DecisionLog, PolicyError, PolicyWatcher
 from kvpolicy.read.loader import MAX_POLICY_BYTES
 
-from .conftest import VERSIONS, write
+from .conftest import NEWEST_AUTO, VERSIONS, write
 
 
 def _bump(path, text, version):
-    path.write_text(text.replace(f'version = "{VERSIONS[-1]}"', f'version = "{version}"'), encoding="utf-8")
+    path.write_text(text.replace(f'version = "{NEWEST_AUTO}"', f'version = "{version}"'), encoding="utf-8")
     # mtime resolution can be coarse; make the change visible to the watcher regardless
     stamp = time.time() + 1
     os.utime(path, (stamp, stamp))
@@ -26,12 +26,12 @@ def test_watcher_swaps_to_a_new_valid_version(tmp_path, policy_text):
     write(tmp_path, policy_text, "a.toml")
     changes = []
     watcher = PolicyWatcher(tmp_path, on_change=lambda new, old: changes.append((old.version, new.version)))
-    assert watcher.current.version == VERSIONS[-1]
+    assert watcher.current.version == NEWEST_AUTO
     assert watcher.poll() is False
     edited = policy_text.replace('{ architecture = "LlamaForCausalLM", value = "PYTHON"', '{ architecture = "LlamaForCausalLM", value = "CPP"')
     _bump(tmp_path / "b.toml", edited, "2027.01.01")
     assert watcher.poll() is True
-    assert changes == [(VERSIONS[-1], "2027.01.01")]
+    assert changes == [(NEWEST_AUTO, "2027.01.01")]
     assert watcher.resolve(architecture="LlamaForCausalLM", backend="NIXL").runtime == "CPP"
 
 
@@ -42,7 +42,7 @@ def test_watcher_rejects_an_invalid_version_and_keeps_serving(tmp_path, policy_t
     broken = policy_text.replace('values = ["CPP", "PYTHON"]', 'values = ["CPP", "PYTHON", 7]')
     _bump(tmp_path / "b.toml", broken, "2027.01.01")
     assert watcher.poll() is False
-    assert watcher.current.version == VERSIONS[-1]
+    assert watcher.current.version == NEWEST_AUTO
     assert watcher.resolve(architecture="LlamaForCausalLM", backend="NIXL").runtime == "PYTHON"
     assert errors and isinstance(watcher.last_error, PolicyError)
     assert "b.toml" in str(watcher.last_error)
@@ -71,7 +71,7 @@ def test_decision_log_lines_and_rotation(tmp_path, newest):
     assert all(f.stat().st_size <= 4000 for f in files)
     entry = json.loads(log_path.read_text().splitlines()[-1])
     assert entry["decision_id"] == ids[-1]
-    assert entry["policy_version"] == VERSIONS[-1] and entry["policy_digest"] == newest.digest
+    assert entry["policy_version"] == NEWEST_AUTO and entry["policy_digest"] == newest.digest
     assert entry["values"]["transceiver_runtime"] == "PYTHON"
     assert entry["decided_by"]["transceiver_runtime"] == "runtime-preference[LlamaForCausalLM]"
     errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]

@@ -199,7 +199,7 @@ def test_unknown_release_lists_the_known_ones_and_the_way_out():
         release("1.3.0rc25+cu129")
 
 
-@pytest.mark.parametrize(("tag", "why"), [("v1.3.0rc20", "transceiver_runtime"), ("v1.3.0rc21", "#16164"), ("v1.4.0rc1", "#17495")])
+@pytest.mark.parametrize(("tag", "why"), [("v1.3.0rc20", "transceiver_runtime"), ("v1.3.0rc21", "#16164"), ("v1.4.0rc2", "after v1.4.0rc1")])
 def test_a_release_no_policy_models_is_refused_with_its_note(tag, why):
     with pytest.raises(ReleaseError, match=re.escape(why)) as caught:
         policy_version_for(tag)
@@ -404,7 +404,8 @@ def test_releases_command(capsys, tmp_path, monkeypatch):
     assert code == 0
     golden.check_golden(Path(__file__).parent / "golden" / "releases.txt", out)
     assert re.search(r"v1\.3\.0rc25\s+2026-08-27\.\.08-29\s+2026\.08\.18\s+low-medium\n", out)
-    assert re.search(r"v1\.4\.0rc1\s+2026-10-22 01:38\s+none \(closest 2026\.09\.28\)\s+high\n", out)
+    assert re.search(r"v1\.4\.0rc1\s+2026-10-22 01:38\s+2026\.10\.22\s+medium\n", out)
+    assert re.search(r"v1\.4\.0rc4\s+unknown\s+none \(closest 2026\.10\.22\)\s+medium\n", out)
     fake_trtllm(tmp_path, "1.3.0rc26")
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     code, out, _ = run(capsys, "releases", "--format", "json")

@@ -9,7 +9,7 @@ import pytest
 import kvpolicy
 from kvpolicy import ContextError, ResolutionError
 
-from .conftest import VERSIONS, write
+from .conftest import NEWEST_AUTO, VERSIONS, write
 
 # -- upstream's history, version by version (tests/engine/test_upstream.py checks every context) ----
 
@@ -270,7 +270,7 @@ def test_startup_errors(newest, fields, error_id):
     for error in resolution.errors:
         assert "To fix:" in error.message and error.fix
         path, line, column = error.location.rsplit(":", 2)
-        assert path.endswith(f"{VERSIONS[-1]}.toml") and int(line) > 1 and int(column) >= 1
+        assert path.endswith(f"{NEWEST_AUTO}.toml") and int(line) > 1 and int(column) >= 1
 
 
 def test_sync_timing_output_with_python_is_advice(newest):
@@ -396,10 +396,11 @@ def test_a_nixl_plugin_variable_set_to_empty_is_not_ucx():
     import kvpolicy
 
     base = {"TRTLLM_DISAGG_ENABLE_INFLIGHT_CANCEL": "1"}
-    ok = kvpolicy.resolve(architecture="MistralForCausalLM", backend="NIXL", transceiver_runtime="CPP", env=base)
+    ok = kvpolicy.resolve(architecture="MistralForCausalLM", backend="NIXL", transceiver_runtime="CPP", kv_cache_manager="auto", env=base)
     assert ok.ok
     empty = kvpolicy.resolve(
-        architecture="MistralForCausalLM", backend="NIXL", transceiver_runtime="CPP", env={**base, "TRTLLM_NIXL_KVCACHE_BACKEND": ""}
+        architecture="MistralForCausalLM", backend="NIXL", transceiver_runtime="CPP", kv_cache_manager="auto",
+        env={**base, "TRTLLM_NIXL_KVCACHE_BACKEND": ""}
     )
     assert [d.id for d in empty.errors] == ["inflight-cancel-requires-ucx-plugin"]
     assert empty.to_dict()["context"]["env"]["TRTLLM_NIXL_KVCACHE_BACKEND"] == ""  # shown as written
@@ -422,3 +423,30 @@ def test_a_model_type_row_wins_over_the_plain_row_of_its_architecture(tmp_path, 
         assert special.decided_by["transceiver_runtime"] == "runtime-preference[LlamaForCausalLM,model_type=llama_cpp_only]"
         usual = edited.resolve(pretrained_config={"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, backend="NIXL")
         assert usual.runtime == "PYTHON" and usual.decided_by["transceiver_runtime"] == "runtime-preference[LlamaForCausalLM]"
+
+
+def test_a_left_out_field_requests_the_versions_field_default(capsys):
+    # #17495 (TensorRT-LLM 1.4): CacheTransceiverConfig.transceiver_runtime defaults to PYTHON and
+    # use_kv_cache_manager_v2 to true; before it both default to auto. A left-out field is not auto.
+    from kvpolicy.cli import main
+
+    v14, before = kvpolicy.load(version="2026.10.22"), kvpolicy.load(version="2026.09.28")
+    assert set(v14.left_out()) == {"transceiver_runtime", "kv_cache_manager"} and before.left_out() == {}
+    assert v14.left_out()["transceiver_runtime"][0] == "PYTHON" and v14.left_out()["kv_cache_manager"][0] == "V2"
+    left_out = v14.resolve({"backend": "NIXL"}, architecture="MistralForCausalLM")  # a config's section
+    assert left_out.context["transceiver_runtime"] == "PYTHON" and left_out.decided_by["transceiver_runtime"] == "explicit"
+    assert (left_out.runtime, left_out.kv_cache_manager, left_out.ok) == ("PYTHON", "V2", True)
+    on_ucx = v14.resolve(architecture="Qwen4ExpForCausalLM", backend="UCX")
+    assert not on_ucx.ok and "python-requires-nixl" in [d.id for d in on_ucx.errors]  # no C++ fallback
+    written = v14.resolve(architecture="Qwen4ExpForCausalLM", backend="UCX", transceiver_runtime="auto", kv_cache_manager="auto")
+    assert (written.runtime, written.kv_cache_manager, written.ok) == ("CPP", "V1", True)  # #18134's auto, as before
+    older = before.resolve(architecture="Qwen4ExpForCausalLM", backend="UCX")
+    assert (older.runtime, older.kv_cache_manager, older.ok) == ("CPP", "V1", True)
+    # The CLI says when a left-out field took the version's default, and not when it was given.
+    assert main(["resolve", "--arch", "MistralForCausalLM", "--backend", "NIXL", "--version", "2026.10.22"]) == 0
+    out = capsys.readouterr().out
+    assert "note: transceiver_runtime left out: PYTHON, the config field's default in policy 2026.10.22 (#17495); --runtime auto asks the policy to decide" in out
+    assert "note: kv_cache_manager left out: V2" in out
+    assert main(["resolve", "--arch", "MistralForCausalLM", "--backend", "NIXL", "--version", "2026.10.22", "--runtime", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "transceiver_runtime left out" not in out and "kv_cache_manager left out" in out

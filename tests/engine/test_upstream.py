@@ -21,8 +21,8 @@ from . import upstream
 
 VERSIONS = list(upstream.VERSION_STATE)
 BACKENDS = ("DEFAULT", "NIXL", "UCX", "MPI", "MOONCAKE")
-RUNTIMES = ("auto", "CPP", "PYTHON", None)
-MANAGERS = (("auto", "auto"), ("V1", False), ("V2", True))
+RUNTIMES = ("auto", "CPP", "PYTHON", None, upstream.LEFT_OUT)
+MANAGERS = (("auto", "auto"), ("V1", False), ("V2", True), (upstream.LEFT_OUT, upstream.LEFT_OUT))
 
 
 def _models() -> list[tuple[str | None, str | None]]:
@@ -79,6 +79,11 @@ def _contexts(cancel_gate: bool):
                 yield (architecture, model_type, backend, runtime, timeout, manager, use_v2, pipelined, full)
 
 
+def _given(**fields: Any) -> dict:
+    """The fields a caller passes: one left out is not passed at all."""
+    return {key: value for key, value in fields.items() if value is not upstream.LEFT_OUT}
+
+
 def _fields(architecture, model_type, backend, runtime, timeout, manager, pipelined, env) -> dict:
     """The context as a caller passes it to the public ``resolve()``: the engine reads the cancel
     switch from the environment and pipelined transfer from its config field itself."""
@@ -89,6 +94,8 @@ def _fields(architecture, model_type, backend, runtime, timeout, manager, pipeli
         "kv_cache_manager": manager,
         "env": env,
     }
+    # A field left out of the config: the version's field default applies (auto until #17495).
+    fields = {key: value for key, value in fields.items() if value is not upstream.LEFT_OUT}
     if model_type is not None:
         fields["pretrained_config"] = {"architectures": [architecture] if architecture else [], "model_type": model_type}
     elif architecture is not None:
@@ -148,11 +155,11 @@ def test_advice_never_changes_a_verdict(version: str) -> None:
     """serialized_state and sync_timing_output are advice (warnings), never values or errors."""
     policy_set = kvpolicy.load(version=version)
     for architecture, backend, runtime in itertools.product(("LlamaForCausalLM", None), BACKENDS, RUNTIMES):
-        plain = policy_set.resolve(architecture=architecture, backend=backend, transceiver_runtime=runtime)
-        advised = policy_set.resolve(
+        plain = policy_set.resolve(**_given(architecture=architecture, backend=backend, transceiver_runtime=runtime))
+        advised = policy_set.resolve(**_given(
             architecture=architecture, backend=backend, transceiver_runtime=runtime,
             features={"serialized_state", "sync_timing_output"},
-        )
+        ))
         assert dict(advised.values) == dict(plain.values)
         assert advised.ok == plain.ok
         assert {d.id for d in advised.errors} == {d.id for d in plain.errors}
@@ -185,10 +192,10 @@ def test_checkpoints_resolve_as_upstream_loads_them(version: str) -> None:
     ):
         composite = bool(extra.get("text_config")) and bool(extra.get("vision_config")) and extra.get("language_model_only") is not True
         want = upstream.resolve(version, architectures[0], model_type, backend, runtime, timeout, use_v2, {}, False, composite)
-        got = policy_set.resolve(
+        got = policy_set.resolve(**_given(
             pretrained_config={"architectures": architectures, "model_type": model_type, **extra},
             backend=backend, transceiver_runtime=runtime, kv_transfer_timeout_ms=timeout, kv_cache_manager=manager,
-        )
+        ))
         values = (got.backend, got.runtime, got.kv_cache_manager)
         if values != (want.backend, want.runtime, want.kv_cache_manager) or got.ok != want.starts:
             mismatches.append(f"{architectures}/{model_type}/{sorted(extra)} {backend} {runtime} {timeout} {manager}: "

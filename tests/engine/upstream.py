@@ -38,6 +38,7 @@ VERSION_STATE = {
     "2026.09.15": "2026-09-15.1",  # #19140, merged after #19004 the same day
     "2026.09.16": "2026-09-16",  # #15780 (bounce-buffer fields)
     "2026.09.28": "2026-09-28",  # #19136 (GLM-5.3-Flash)
+    "2026.10.22": "2026-10-22",  # #17495 (field defaults) and #19727 (DeepSeek-V4.1): v1.4.0rc1's state
 }
 
 PYTHON_BY_DEFAULT = "2026-08-28"  # #18134
@@ -51,6 +52,19 @@ QWEN4_EXP = "2026-09-04"
 NEMOTRON_MULTIMODAL = "2026-09-15.1"
 #: #15780 (09-16): agent_bounce_buffer_enable and agent_bounce_params become CacheTransceiverConfig fields.
 BOUNCE_FIELDS = "2026-09-16"
+#: #17495 (in v1.4.0rc1, 10-22): CacheTransceiverConfig.transceiver_runtime defaults to "PYTHON" and
+#: KvCacheConfig.use_kv_cache_manager_v2 to True (before: both "auto").
+FIELD_DEFAULTS_1_4 = "2026-10-22"
+
+
+class _LeftOut:
+    """A config field left out: the pydantic default of the state applies."""
+
+    def __repr__(self) -> str:
+        return "LEFT_OUT"
+
+
+LEFT_OUT = _LeftOut()
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,9 @@ class Assumptions:
     V2 one. Otherwise: V2 only within the modelled states."""
     glm5_next_python: bool = True
     """**GLM-5.3-Flash's PYTHON preference**: the merged file has the runtime hook. Otherwise: V2 only."""
+    v2_default_in_1_4: bool = True
+    """**KV-cache manager V2 by default in 1.4**: #17495 makes use_kv_cache_manager_v2 default to True
+    (its release note). Otherwise: it stays "auto" (only the runtime's default changed)."""
 
     @property
     def hybrids(self) -> str:
@@ -325,6 +342,23 @@ class Glm5Next(PreTrainedModel):
         return "V2" if date >= "2026-09-28" else None
 
 
+class DeepseekV41(DeepseekV4):
+    """#19727 (in v1.4.0rc1): subclasses DeepSeek-V4's class without overriding a hook; the
+    multimodal wrapper delegates to it. Registered from the 1.4 state."""
+
+    @classmethod
+    def kv_version(cls, date, assume):
+        return super().kv_version(date, assume) if date >= FIELD_DEFAULTS_1_4 else None
+
+
+class Qwen4ExpAlias(Qwen4Exp):
+    """The Qwen3_8FlashNext* names: the same classes as Qwen4-Exp's (PR not found; in the 1.4 state)."""
+
+    @classmethod
+    def kv_version(cls, date, assume):
+        return super().kv_version(date, assume) if date >= FIELD_DEFAULTS_1_4 else None
+
+
 #: MODEL_CLASS_MAPPING: checkpoint architectures[0] -> model class.
 MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "GptOssForCausalLM": GptOss,
@@ -357,6 +391,10 @@ MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "NemotronH_Omni_Reasoning_V3": NemotronHMultimodal,
     "Glm5NextForCausalLM": Glm5Next,
     "Glm5NextForConditionalGeneration": Glm5Next,
+    "DeepseekV41ForCausalLM": DeepseekV41,
+    "DeepseekV41ForConditionalGeneration": DeepseekV41,
+    "Qwen3_8FlashNextForCausalLM": Qwen4ExpAlias,
+    "Qwen3_8FlashNextForConditionalGeneration": Qwen4ExpAlias,
 }
 #: Classes whose hooks are inherited (inferred from the class hierarchy, not read): without
 #: ``Assumptions.hooks_inherited`` they have none of their own.
@@ -392,9 +430,12 @@ def load_pretrained_config(
     if model_type in ("kimi_k3", "kimi_linear") and date >= assume.kimi_text_rewrite:
         return ["KimiLinearForCausalLM"]
     qwen4 = date >= QWEN4_EXP and assume.qwen4_rules_with_18585
-    if qwen4 and model_type == "qwen4_exp" and multimodal:
+    # The Qwen3.8-Flash-Next model types normalise to Qwen4-Exp's from the 1.4 state.
+    composite = ("qwen4_exp", "qwen3_8_flash_next") if date >= FIELD_DEFAULTS_1_4 else ("qwen4_exp",)
+    text = ("qwen4_exp", "qwen4_exp_text", "qwen3_8_flash_next", "qwen3_8_flash_next_text") if date >= FIELD_DEFAULTS_1_4 else ("qwen4_exp", "qwen4_exp_text")
+    if qwen4 and model_type in composite and multimodal:
         return ["Qwen4ExpForConditionalGeneration"]
-    if qwen4 and model_type in ("qwen4_exp", "qwen4_exp_text"):
+    if qwen4 and model_type in text:
         return ["Qwen4ExpForCausalLM"]
     return architectures
 
@@ -428,6 +469,10 @@ def resolve(
     date = VERSION_STATE[version]
     if backend is None:
         return None
+    if runtime is LEFT_OUT:  # the field's pydantic default
+        runtime = "PYTHON" if date >= FIELD_DEFAULTS_1_4 else "auto"
+    if use_v2 is LEFT_OUT:
+        use_v2 = True if date >= FIELD_DEFAULTS_1_4 and assume.v2_default_in_1_4 else "auto"
     architectures = load_pretrained_config(date, [architecture] if architecture else [], model_type, multimodal, assume)
     architecture = architectures[0] if architectures else None
     model = model_class(architecture, assume)
