@@ -282,7 +282,7 @@ class Program:
             value, rule_id = requested, "explicit"
             if trace is not None:
                 said = f"the user set {name} = {requested}"
-                if decision.omitted is not None and requested == decision.omitted.value:
+                if decision.decision.omitted is not None and requested == decision.decision.omitted.value:
                     # The context cannot tell a written value from the field's default: say both.
                     said = f"{name} = {requested}: set, or the config field's default when left out"
                 trace.append(TraceStep(name, "explicit", "explicit", "decided", said))
