@@ -153,7 +153,8 @@ def run_rule(args: Any) -> int:
         if args.code in by_name:
             code = by_name[args.code]
         else:
-            return fail(f"no lint rule {args.code!r}{suggest(args.code, [*RULES, *by_name])}; `kvpolicy rules` lists them")
+            hint = suggest(args.code, [*RULES, *by_name])  # "; did you mean 'X'?" or ""
+            return fail(f"no lint rule {args.code!r}" + (f" ({hint[2:]})" if hint else "") + "; `kvpolicy rules` lists them")
     sys.stdout.write(rule_text(code))
     return 0
 

@@ -307,6 +307,9 @@ def _run_config(args: Any, policy_set: Any) -> int:
             if not verdict.known:
                 tail.append(_UNKNOWN_HINT)
             blocks.append("\n".join(tail))
+        elif any(server.fixed for server, *_ in rows):
+            # backend: trt (and the like): disaggregated, on the only transceiver that path has.
+            blocks.append("disaggregated on the C++ transceiver (the only one this backend has): nothing for the policy to decide")
         else:
             blocks.append("disaggregation is off on every server: nothing to start")
         print("\n\n".join(blocks))

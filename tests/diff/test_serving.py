@@ -160,3 +160,11 @@ def test_a_models_root_that_is_not_a_folder_is_refused(capsys, tmp_path, monkeyp
     monkeypatch.setenv("LLM_MODELS_ROOT", str(tmp_path / "missing"))
     assert main([*command, str(config)]) != 2
     capsys.readouterr()
+
+
+def test_a_trt_backend_config_is_disaggregated_on_the_cpp_transceiver_not_off(capsys) -> None:
+    code = main(["resolve", "--config", str(FIXTURES / "trt-backend.yaml"), "--arch", "LlamaForCausalLM"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.rstrip().endswith("disaggregated on the C++ transceiver (the only one this backend has): nothing for the policy to decide")
+    assert "disaggregation is off" not in out

@@ -311,3 +311,11 @@ def test_junit_names_are_unique(cli, tmp_path):
     _, out, _ = cli("lint", str(path), "--format", "junit")
     names = [case.get("name") for case in ElementTree.fromstring(out.split("\n", 1)[1]).iter("testcase")]
     assert len(names) == len(set(names)) >= 2
+
+
+def test_an_unknown_rule_code_reads_as_one_sentence(capsys):
+    from kvpolicy.cli import main
+
+    assert main(["rule", "KVP999"]) == 2
+    err = capsys.readouterr().err
+    assert "no lint rule 'KVP999' (did you mean 'KVP091'?); `kvpolicy rules` lists them" in err and "?;" not in err
