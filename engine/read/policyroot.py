@@ -94,10 +94,34 @@ def policy_source(option: str | None = None, *, pyproject: str | None = None, st
             return _configured(table["policies"], config, start)
     here = Path(start) / DEFAULT_FOLDER if start is not None else Path(DEFAULT_FOLDER)
     if here.is_dir():
-        if policy_files(here):
+        files = policy_files(here)
+        if files and any(_looks_like_kvpolicy(path) for path in files):
             return PolicySource(here, "working-directory")
+        if files:  # another tool's policies/ (OPA, conftest, Kyverno): not ours to read
+            return PolicySource(None, "shipped", note=(
+                f"./{DEFAULT_FOLDER} holds TOML files that are not kvpolicy policies (no top-level schema and version); "
+                "point --policy or [tool.kvpolicy] policies in pyproject.toml at your kvpolicy folder"))
         return PolicySource(None, "shipped", note=f"./{DEFAULT_FOLDER} holds no policy files")
     return PolicySource(None, "shipped")
+
+
+#: How much of a file the ./policies fallback reads to tell a kvpolicy policy from another tool's TOML.
+_SNIFF_BYTES = 4096
+_TOP_KEY = re.compile(r"^(schema|version)[ \t]*=", re.MULTILINE)
+
+
+def _looks_like_kvpolicy(path: Path) -> bool:
+    """Whether a TOML file in ./policies is a kvpolicy policy: ``schema`` and ``version`` at the top
+    level, before the first table (the first 4 KB, so a hostile file costs nothing). A file that
+    cannot be read counts as one: the loader then reports it with its location."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_SNIFF_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return True
+    table = re.search(r"^[ \t]*\[", head, re.MULTILINE)
+    top = head[: table.start()] if table else head
+    return {m.group(1) for m in _TOP_KEY.finditer(top)} == {"schema", "version"}
 
 
 def _configured(value: object, config: Path, start: Path | None) -> PolicySource:

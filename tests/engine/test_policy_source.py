@@ -13,6 +13,7 @@ import kvpolicy
 from kvpolicy.cli import main
 from kvpolicy.errors import PolicyError
 from kvpolicy.lint.runner import LintUsageError, find_config
+from kvpolicy.read.policyfile import shipped_root
 from kvpolicy.read.policyroot import PolicySource, policy_source
 
 SHIPPED = Path(__file__).resolve().parents[2] / "policies"
@@ -212,3 +213,22 @@ def test_the_pyproject_has_one_reader_and_lint_accepts_the_key(tmp_path):
     config.write_text("[tool.kvpolicy\npolicies = 'mypol'\n")
     with pytest.raises(PolicyError, match="cannot read"):
         policy_source(start=tmp_path)
+
+
+def test_another_tools_policies_folder_is_passed_over_with_a_note(tmp_path, monkeypatch, capsys):
+    # A repository whose policies/ belongs to OPA or conftest: its TOML is not kvpolicy's.
+    from kvpolicy.cli import main
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "authz.toml").write_text('package = "authz"\n\n[rules]\nallow = true\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--runtime", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("policies: shipped with kvpolicy") and "not kvpolicy policies" in out
+    assert "--policy or [tool.kvpolicy] policies" in out
+    assert main(["lint"]) == 2  # never linted (or formatted) as if it were ours
+    assert "not kvpolicy policies" in capsys.readouterr().err
+    # A kvpolicy policy beside them makes the folder ours again.
+    (tmp_path / "policies" / "2026.09.28.toml").write_bytes((shipped_root() / "2026.09.28.toml").read_bytes())
+    assert main(["resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--runtime", "auto"]) == 0
+    assert capsys.readouterr().out.startswith("policies: ./policies (found in the working directory)")
