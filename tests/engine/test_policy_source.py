@@ -228,7 +228,7 @@ def test_another_tools_policies_folder_is_passed_over_with_a_note(tmp_path, monk
     assert "--policy or [tool.kvpolicy] policies" in out
     assert main(["lint"]) == 2  # never linted (or formatted) as if it were ours
     assert "not kvpolicy policies" in capsys.readouterr().err
-    # A kvpolicy policy beside them makes the folder ours again.
+    # A kvpolicy policy beside them makes the folder ours: the foreign file is then an error, located.
     (tmp_path / "policies" / "2026.09.28.toml").write_bytes((shipped_root() / "2026.09.28.toml").read_bytes())
-    assert main(["resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--runtime", "auto"]) == 0
-    assert capsys.readouterr().out.startswith("policies: ./policies (found in the working directory)")
+    assert main(["resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--runtime", "auto"]) == 2
+    assert "authz.toml" in capsys.readouterr().err
