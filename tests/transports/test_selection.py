@@ -48,7 +48,8 @@ def test_python_nixl_resolution_opens_the_nixl_transceiver(pool):
 
 def test_runtime_without_an_installed_transceiver_names_decision_rule_and_fix(pool, monkeypatch):
     monkeypatch.setattr(selection, "entry_points", lambda group: [])
-    resolution = kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", transceiver_runtime="CPP")
+    # From 1.4 (#17495) a left-out use_kv_cache_manager_v2 is V2, which the C++ transceiver cannot serve.
+    resolution = kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", transceiver_runtime="CPP", kv_cache_manager="V1")
     assert resolution.ok and resolution.runtime == "CPP"
     with pytest.raises(TransceiverSelectionError) as caught:
         open_transceiver(resolution, pool)
@@ -97,7 +98,7 @@ def test_other_runtimes_come_from_the_entry_point_group(pool, monkeypatch):
             return lambda resolution, pool, **options: opened.append((resolution.runtime, options)) or "cpp"
 
     monkeypatch.setattr(selection, "entry_points", lambda group: [EntryPoint()] if group == "kvpolicy.transceivers" else [])
-    resolution = kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", transceiver_runtime="CPP")
+    resolution = kvpolicy.resolve(architecture="LlamaForCausalLM", backend="NIXL", transceiver_runtime="CPP", kv_cache_manager="V1")
     assert open_transceiver(resolution, pool, flavour=1) == "cpp"
     assert opened == [("CPP", {"flavour": 1})]
 
