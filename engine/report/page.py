@@ -214,6 +214,8 @@ def render_report(data: ReportInput, *, budget: int = BUDGET) -> str:
     page = _render(data, prepared, compact=False)
     if len(page.encode("utf-8")) > budget:
         page = _render(data, prepared, compact=True)
+    if len(page.encode("utf-8")) > budget:  # many versions: compact cells lose their hover text too
+        page = _render(data, prepared, compact=True, titles=False)
     return page
 
 
@@ -246,7 +248,7 @@ def _prepare(data: ReportInput) -> _Prepared:
     return _Prepared(versions, result, found, views, current)
 
 
-def _render(data: ReportInput, prepared: _Prepared, *, compact: bool) -> str:
+def _render(data: ReportInput, prepared: _Prepared, *, compact: bool, titles: bool = True) -> str:
     versions, result, found, views, current = (
         prepared.versions, prepared.result, prepared.found, prepared.views, prepared.current)
     old = data.old
@@ -274,7 +276,7 @@ def _render(data: ReportInput, prepared: _Prepared, *, compact: bool) -> str:
         "</header>",
         "<main>",
         _summary(data, current, result, len(found)),
-        _matrices(views, current, compact, old),
+        _matrices(views, current, compact, old, titles),
         _timeline(versions, data.new, old),
     ]
     if result is not None:
@@ -366,7 +368,7 @@ def _key_of(index: int) -> str:
     return f"m{index}"
 
 
-def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: PolicySet | None) -> str:
+def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: PolicySet | None, titles: bool = True) -> str:
     options = "".join(
         f'<option value="{v.key}"{" selected" if v is current else ""}>{_e(v.matrix.version)}'
         f'{" (base)" if v.key == "base" else ""}</option>'
@@ -392,7 +394,7 @@ def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: 
         "</form>"
     )
     compared = {id(current)} | {id(v) for v in views if old is not None and _same(v.policy_set, old)}
-    body = "".join(_matrix(v, v is current, compact and id(v) not in compared) for v in views)
+    body = "".join(_matrix(v, v is current, compact and id(v) not in compared, titles) for v in views)
     return (
         '<section id="matrix" aria-labelledby="matrix-h"><h2 id="matrix-h">Decision matrix</h2>'
         "<p>What each version resolves for every architecture it names on every requested backend: the runtime "
@@ -402,7 +404,7 @@ def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: 
     )
 
 
-def _matrix(view: MatrixView, current: bool, compact: bool = False) -> str:
+def _matrix(view: MatrixView, current: bool, compact: bool = False, titles: bool = True) -> str:
     m = view.matrix
     rules: dict[str, Provenance] = {}
     for cell in m.cells.values():
@@ -425,7 +427,8 @@ def _matrix(view: MatrixView, current: bool, compact: bool = False) -> str:
     autos = [f"{name} {view.policy_set.policy.decisions[name].auto}" for name in m.decisions if name != BACKEND]
     caption = (f"Policy {_e(m.version)}: {', '.join(map(_e, autos))}, default timeout, no features; "
                f"{_e(caption_change)}. {m.failing} of {len(m.cells)} cells cannot start."
-               + (" Shown compact to keep the page small: hover a cell for the rules that decided it; the table below has their sources."
+               + ((" Shown compact to keep the page small: hover a cell for the rules that decided it; the table below has their sources."
+                   if titles else " Shown compact to keep the page small: the table below lists the rules behind these cells.")
                   if compact else ""))
     auto_columns = [c for c in m.columns if c.backend == view.policy_set.policy.decisions[BACKEND].auto]
     head1 = ['<th scope="col" rowspan="2">architecture</th>']
@@ -438,7 +441,7 @@ def _matrix(view: MatrixView, current: bool, compact: bool = False) -> str:
     for r, (architecture, model_type) in enumerate(m.rows):
         name = architecture or "any other architecture"
         label = _e(name) + (f'<br><small>model_type {_e(model_type)}</small>' if model_type else "")
-        cells = [_cell(view, r, c, anchors, compact) for c in range(len(m.columns))]
+        cells = [_cell(view, r, c, anchors, compact, titles) for c in range(len(m.columns))]
         changed = any((r, c) in view.changes for c in range(len(m.columns)))
         fails = any(m.cell(r, c).fails for c in range(len(m.columns)))
         body.append(
@@ -468,7 +471,7 @@ def _wrap(text: str) -> str:
     return _e(text).replace("_", "_<wbr>")
 
 
-def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bool = False) -> str:
+def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bool = False, titles: bool = True) -> str:
     m = view.matrix
     cell = m.cell(r, c)
     values = cell.values
@@ -497,7 +500,8 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
              for name, value in values.items() if (p := cell.provenance.get(name)) is not None
              and not (compact and name == BACKEND)]  # compact: the column names the backend already
     hover += [f"cannot start: {d.id}" for d in cell.errors]
-    attributes["title"] = "\n".join(hover)
+    if titles or not compact:
+        attributes["title"] = "\n".join(hover)
     summary = [f'<b class="rt">{_e(runtime or "off")}</b>']
     for name in m.decisions:
         if name not in (BACKEND, RUNTIME) and values.get(name) is not None:

@@ -434,3 +434,23 @@ def test_over_budget_the_versions_not_compared_are_shown_compact():
         for td in box.find_all("td", "cell"):
             assert td.attrs["title"] and td.attrs["data-d-transceiver_runtime"] in td.text()
             assert bool(td.find_all("ul", "why")) == (box.attrs["data-compact"] == "0")
+
+
+def test_far_over_budget_compact_cells_drop_their_hover_text_but_the_compared_ones_keep_it():
+    from kvpolicy.report.page import ReportInput, render_report
+    from tests.report.page import parse
+
+    sets = [kvpolicy.load(version=v) for v in VERSIONS]
+    data = ReportInput(sets, sets[2], sets[1])
+    compact = render_report(data, budget=len(render_report(data, budget=1 << 40).encode()) - 1)
+    smallest = render_report(data, budget=len(compact.encode()) - 1)
+    assert len(smallest) < len(compact)
+    root = parse(smallest)
+    for box in root.find_all("div", "version-matrix"):
+        kept = box.attrs["data-compact"] == "0"
+        assert kept == (box.attrs["data-version"] in (VERSIONS[1], VERSIONS[2]))
+        for td in box.find_all("td", "cell"):
+            assert ("title" in td.attrs) == kept  # the rules table under each matrix still names every rule
+        assert box.find("details", "rules") is not None
+        if not kept:
+            assert "the table below lists the rules behind these cells" in box.find("caption").text()
