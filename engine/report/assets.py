@@ -42,7 +42,7 @@ svg.timeline .axis{stroke:#9ca3af;stroke-width:2}svg.timeline .tick{stroke:#9ca3
 svg.timeline .dot.to{fill:#1d4ed8}svg.timeline .dot.from{fill:#fff;stroke:#1d4ed8;stroke-width:3}
 svg.timeline text{font-size:13px;fill:var(--fg)}svg.timeline .v{font-weight:600}svg.timeline .d{fill:var(--muted);font-size:12px}
 ol.versions{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:8px;padding-left:20px}
-ol.versions .src{color:var(--muted)}
+ol.versions .src{color:var(--muted)}ol.versions li{min-width:0;overflow-wrap:anywhere}
 .controls{display:flex;flex-wrap:wrap;gap:16px;align-items:center;margin:8px 0}
 .legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:6px 18px;margin:6px 0 10px}
 .swatch{display:inline-block;width:14px;height:14px;vertical-align:-2px;margin-right:4px}

@@ -10,6 +10,7 @@ Skips (saying why) when no chromium is installed; ``.ci/run`` installs it where 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -97,7 +98,8 @@ def test_a_cell_opens_to_its_rules_and_sources(browser):
     ))
     assert details["visible"]
     assert "python-requires-nixl" in details["text"]
-    assert "TensorRT-LLM" in details["title"]  # the upstream source, on hover
+    # The upstream change behind each decision, on hover (the rules table holds the full sources).
+    assert re.search(r"\(#\d{4,6} \((described|reviewed|merged)", details["title"]), details["title"]
 
 
 def test_the_console_check_sees_errors(tmp_path):
@@ -227,10 +229,15 @@ def test_the_timeline_shows_every_version(browser, width):
     versions = kvpolicy.load().versions()
     assert seen["listed"] == len(seen["dots"]) == len(versions)
     assert [label[0] for label in seen["labels"]] == versions
-    # All in view at once, without scrolling anything: no dot or label hides past the box's edge.
-    assert seen["scroll"][0] <= seen["scroll"][1], seen["scroll"]
-    for rect in seen["dots"] + [label[1:] for label in seen["labels"]]:
-        assert _inside(rect, seen["box"]), (rect, seen["box"])
+    # All in view at once where the window holds them (the page says 15 versions fit 1,000 px):
+    # no dot or label hides past the box's edge. A longer history scrolls inside its own box, never
+    # the page (the test below scrolls it to the last version).
+    if seen["scroll"][0] <= seen["scroll"][1]:
+        for rect in seen["dots"] + [label[1:] for label in seen["labels"]]:
+            assert _inside(rect, seen["box"]), (rect, seen["box"])
+    else:
+        assert width < 1400 and len(versions) > 15, (width, len(versions), seen["scroll"])
+        assert seen["overflow"] in ("auto", "scroll") and seen["page"] <= seen["window"], seen
     labels = [label[1:] for label in seen["labels"]]
     assert not [(i, j) for i in range(len(labels)) for j in range(i) if _overlap(labels[i], labels[j])]
 
