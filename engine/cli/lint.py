@@ -133,11 +133,14 @@ def run_lint(args: Any) -> int:
             print(f"kvpolicy lint: warning: {file.skipped}", file=sys.stderr)
     if config.source:
         print(f"kvpolicy lint: configuration from {config.source}", file=sys.stderr)
-    print(
-        f"kvpolicy lint: {plural(len(result.files), 'file')}, {plural(len(result.findings), 'finding')}, "
-        f"{len(result.suppressed)} suppressed, in {elapsed:.2f}s",
-        file=sys.stderr,
-    )
+    if main_file is not None or args.format != "text":
+        # The text report on stdout ends with its own summary; one summary a run, not two. A machine
+        # format (or a report written to a file) leaves the console without one: say it here.
+        print(
+            f"kvpolicy lint: {plural(len(result.files), 'file')}, {plural(len(result.findings), 'finding')}, "
+            f"{len(result.suppressed)} suppressed, in {elapsed:.2f}s",
+            file=sys.stderr,
+        )
     return 1 if result.failed() else 0
 
 

@@ -174,6 +174,9 @@ def test_explain_shows_an_empty_value_visibly(capsys):
 def test_counts_are_singular_or_plural(capsys):
     code, out, err = run(capsys, "lint", "tests/lint/fixtures/KVP040.toml")
     assert code == 1
+    assert out.rstrip().endswith("Found 1 finding: 1 warning (1 file checked)") and "kvpolicy lint:" not in err  # one summary
+    code, out, err = run(capsys, "lint", "tests/lint/fixtures/KVP040.toml", "--format", "github")
+    assert code == 1
     assert "kvpolicy lint: 1 file, 1 finding, 0 suppressed" in err
     code, out, _ = run(capsys, "resolve", "--arch", "LlamaForCausalLM", "--backend", "UCX", "--runtime", "auto", "--kv-cache-manager", "auto")
     assert code == 1 and out.rstrip().endswith("\n1 error: this configuration cannot start")
