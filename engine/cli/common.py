@@ -93,7 +93,7 @@ def own_policies(verb: str, *, pyproject: str | None = None) -> tuple[list[str],
     if source.path is None:
         if not os.path.isdir(DEFAULT_FOLDER):
             return fail(f"no PATHS given and ./{DEFAULT_FOLDER}/ does not exist; name the policy files or folders to {verb}")
-        if "not kvpolicy policies" in source.note:  # another tool's folder: never lint or rewrite it as ours
+        if source.foreign:  # another tool's folder: never lint or rewrite it as ours
             return fail(f"no PATHS given and {source.note}, or name the files to {verb}")
         return [DEFAULT_FOLDER], None
     return [str(source.path)], source

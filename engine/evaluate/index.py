@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 from ..errors import ContextError
+from ..read.fields import CACHE_TRANSCEIVER_FIELDS, DATED_FIELDS, MAPPING_FIELDS
 from .resolution import Diagnostic
 
 if TYPE_CHECKING:
@@ -43,22 +44,6 @@ __all__ = [
 #: Bumped whenever the index data changes shape or meaning (part of the cache key).
 FORMAT = 5
 
-#: Every field of upstream's ``CacheTransceiverConfig``; ``resolve`` reads some, the rest are passive.
-CACHE_TRANSCEIVER_FIELDS = frozenset(
-    {
-        "backend",
-        "transceiver_runtime",
-        "kv_transfer_timeout_ms",
-        "kv_transfer_sender_future_timeout_ms",
-        "kv_transfer_poll_interval_ms",
-        "max_tokens_in_buffer",
-        "kv_cache_bounce_size_mb",
-        "enable_pipelined_transfer",
-        "agent_bounce_buffer_enable",
-        "agent_bounce_params",
-    }
-)
-
 #: Context fields ``resolve`` accepts, besides the decisions' own fields and feature config flags.
 CONTEXT_FIELDS = (
     "architecture",
@@ -67,12 +52,6 @@ CONTEXT_FIELDS = (
     "features",
     "env",
 )
-#: ``cache_transceiver_config`` fields that exist only from some upstream state on: a version
-#: accepts one only through a feature tied to it (``config_field``), so a version modelling a state
-#: before the field existed refuses it, as upstream's strict config does.
-DATED_FIELDS = frozenset({"enable_pipelined_transfer", "agent_bounce_buffer_enable", "agent_bounce_params"})
-#: Dated fields whose value is a mapping (the feature is on when it is non-empty); the others are booleans.
-MAPPING_FIELDS = frozenset({"agent_bounce_params"})
 #: ``cache_transceiver_config`` fields that no rule reads; accepted so a whole config can be passed.
 _PASSIVE_FIELDS = CACHE_TRANSCEIVER_FIELDS - {"backend", "transceiver_runtime", "kv_transfer_timeout_ms"} - DATED_FIELDS
 #: Top-level keys of a TensorRT-LLM serving config (not context fields): a hint that the whole

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import PolicyError, PolicyProblem
 from ..wording import suggest
 from .policyfile import CASES_SUFFIX, MAX_POLICY_BYTES, display_path, policy_files, read_policy_bytes, shipped_root, version_key
+from .fields import DATED_FIELDS
 from .model import (
     DECISIONS,
     Condition,
@@ -53,8 +54,8 @@ __all__ = [
 ]
 
 
-#: Boolean ``cache_transceiver_config`` fields a feature may be tied to (``config_field``).
-CONFIG_FLAGS = frozenset({"enable_pipelined_transfer", "agent_bounce_buffer_enable", "agent_bounce_params"})
+#: The ``cache_transceiver_config`` fields a feature may be tied to (``config_field``): the dated ones.
+CONFIG_FLAGS = DATED_FIELDS
 
 #: Names a notice or constraint message may use in ``{...}``.
 PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer_timeout_ms", "preferred"})

@@ -41,14 +41,16 @@ _MAY_CONFIGURE = Pattern(
 class PolicySource(FrozenRecord):
     """The policies a command uses and why: ``path`` is the file or folder (None: the shipped
     history), ``origin`` one of ``--policy``, ``pyproject``, ``working-directory``, ``shipped``,
-    ``config`` the ``pyproject.toml`` that named the folder, ``note`` why a folder was passed over."""
+    ``config`` the ``pyproject.toml`` that named the folder, ``note`` why a folder was passed over,
+    ``foreign`` whether that folder was ./policies holding another tool's TOML files."""
 
-    __slots__ = ("path", "origin", "config", "note")
-    _defaults = {"config": None, "note": ""}
+    __slots__ = ("path", "origin", "config", "note", "foreign")
+    _defaults = {"config": None, "note": "", "foreign": False}
     path: Path | None
     origin: str
     config: str | None
     note: str
+    foreign: bool
 
     @property
     def shown(self) -> str | None:
@@ -100,7 +102,7 @@ def policy_source(option: str | None = None, *, pyproject: str | None = None, st
         if files:  # another tool's policies/ (OPA, conftest, Kyverno): not ours to read
             return PolicySource(None, "shipped", note=(
                 f"./{DEFAULT_FOLDER} holds TOML files that are not kvpolicy policies (no top-level schema and version); "
-                "point --policy or [tool.kvpolicy] policies in pyproject.toml at your kvpolicy folder"))
+                "point --policy or [tool.kvpolicy] policies in pyproject.toml at your kvpolicy folder"), foreign=True)
         return PolicySource(None, "shipped", note=f"./{DEFAULT_FOLDER} holds no policy files")
     return PolicySource(None, "shipped")
 

@@ -31,7 +31,7 @@ from typing import Any
 __all__ = ["CACHE_TRANSCEIVER_FIELDS", "NON_RESOLVING_BACKENDS", "Server", "ServerProblem", "section_keys", "servers_of", "sides_disagree"]
 
 #: Every field of upstream's ``CacheTransceiverConfig`` (defined with the decision index, which reads it).
-from ..evaluate.index import CACHE_TRANSCEIVER_FIELDS  # noqa: E402
+from ..read.fields import CACHE_TRANSCEIVER_FIELDS  # noqa: E402
 from .llmargs import check_sections, misspelling_of  # noqa: E402
 #: Top-level ``backend`` values whose servers never resolve ``transceiver_runtime: auto``.
 NON_RESOLVING_BACKENDS = frozenset({"trt", "tensorrt", "_autodeploy"})

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from ..evaluate.index import CACHE_TRANSCEIVER_FIELDS
+from ..read.fields import CACHE_TRANSCEIVER_FIELDS
 
 __all__ = ["KV_CACHE_FIELDS", "SECTIONS", "Refusal", "check_sections", "misspelling_of"]
 
