@@ -151,6 +151,6 @@ def test_no_import_circles_type_only_and_lazy_imports_included():
 def test_the_tree_shows_the_phases():
     engine = FOLDERS["kvpolicy"]
     packages = sorted(p.parent.name for p in engine.glob("*/__init__.py"))
-    assert packages == ["analyse", "cli", "demo", "evaluate", "lint", "read", "report", "serving"]
+    assert packages == ["analyse", "cli", "demo", "evaluate", "lint", "read", "report", "serving", "upstream"]
     top = sorted(p.stem for p in engine.glob("*.py"))
     assert top == ["__init__", "__main__", "decisionlog", "errors", "fuzzing", "watch", "wording"]

@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "report": ".report",
     "demo": ".demo",
     "keys": ".keys",
+    "upstream": ".upstream",
 }
 
 #: One line per command for `kvpolicy --help`, so listing them imports none of their modules.
@@ -59,6 +60,7 @@ SUMMARIES: dict[str, str] = {
     "report": "one self-contained HTML page: decision matrix, history, diff and impact",
     "demo": "run prefill -> decode on real models through the runtime the policy chose",
     "keys": "make or inspect the CURVE keys of the transfer layer's control plane",
+    "upstream": "compare policy versions with TensorRT-LLM's own source (drift), and draft the next version",
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from ..wording import plural
 from .common import add_colour_argument, choose_policies, fail, use_colour
 
-__all__ = ["register"]
+__all__ = ["next_version_text", "placeholders", "register"]
 
 DEFAULT_PATH = "policies"
 
@@ -159,6 +159,14 @@ def placeholders() -> dict[str, str]:
         "source": f"{PLACEHOLDER}: the upstream change this version mirrors (repository, PR, merge date, file)",
         "comment": f"# {PLACEHOLDER}: what this version changes, and the upstream change it mirrors.",
     }
+
+
+def next_version_text(text: str, version: str) -> str | None:
+    """A version's text as the start of the next one (``new``, ``upstream draft``): ``version``
+    rewritten, and the header comment, ``summary`` and ``source`` replaced with placeholders that lint
+    refuses (KVP042) until the author fills them. None when those top-level lines are not there."""
+    text, count = _VERSION_LINE.subn(lambda m: f'{m.group(1)}"{version}"', text, count=1)
+    return _fresh_header(text, placeholders()) if count == 1 else None
 
 
 def _fresh_header(text: str, marks: dict[str, str]) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
 from ..errors import ContextError
 from ..evaluate.resolution import Resolution
 from ..wording import plural
-from .common import add_policy_arguments, choose_policies, context_error, fail, models_root_problem
+from .common import EXIT_UNMODELLED, add_policy_arguments, choose_policies, context_error, fail, models_root_problem
 from .releases import add_accept_argument, add_trtllm_argument, load_for_release
 
 __all__ = ["context_from_args", "register"]
@@ -29,6 +30,12 @@ def register(sub: Any) -> None:
         add_policy_arguments(parser)
         add_trtllm_argument(parser, "use the policy version that reproduces it (not with --version; default: the installed tensorrt_llm's)")
         add_accept_argument(parser)
+        parser.add_argument(
+            "--verify-installed",
+            action="store_true",
+            help="compare the installed tensorrt_llm's source with the chosen version first (kvpolicy upstream check "
+            "--installed, cached by the package's RECORD); drift exits 4 unless --accept-unmodelled",
+        )
         parser.add_argument("--format", choices=("text", "json"), default="text")
         parser.set_defaults(run=run, explain=name == "explain")
 
@@ -149,6 +156,19 @@ def run(args: Any) -> int:
     if isinstance(chosen, int):
         return chosen
     policy_set, release_line, release_data = chosen
+    installed_line = None
+    if args.verify_installed:
+        from ..upstream.installed import check_installed
+
+        checked = check_installed(policy_set)
+        if checked is None:
+            return fail("--verify-installed: tensorrt_llm is not installed in this environment (`kvpolicy upstream check TREE` reads a checkout)")
+        installed_line = checked.line()
+        if not checked.matches and not args.accept_unmodelled:
+            print(f"kvpolicy: error: {installed_line}; the version does not model what is installed: "
+                  "pass --accept-unmodelled to answer with it anyway, --version V for another, or draft one (kvpolicy upstream draft)", file=sys.stderr)
+            return EXIT_UNMODELLED
+        release_line = "\n".join(filter(None, (release_line, installed_line)))
     if args.arch:
         miss = _near_miss(args.arch, policy_set, "--arch")
         if miss:
@@ -180,6 +200,8 @@ def run(args: Any) -> int:
         data["policies"] = source.to_dict()
         if release_data:
             data["trtllm"] = release_data
+        if installed_line:
+            data["installed_check"] = installed_line
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         if verdict.known:

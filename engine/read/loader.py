@@ -36,6 +36,7 @@ from .model import (
     Preference,
     Row,
     Rule,
+    UpstreamBaseline,
 )
 from .source import Location, SourceDocument, TomlSyntaxError, parse_document
 
@@ -530,9 +531,20 @@ class _Builder:
             decisions=decisions,
             constraints=constraints,
             checkpoint_rules=checkpoint_rules,
+            upstream=self._upstream(data.get("upstream")),
         )
 
     # -- pieces --
+
+    def _upstream(self, spec: dict[str, Any] | None) -> UpstreamBaseline | None:
+        if spec is None:
+            return None
+        return UpstreamBaseline(
+            read=spec["read"],
+            env=tuple(spec["env"]),
+            fingerprints=dict(spec["fingerprints"]),
+            location=self.doc.locate(("upstream",)),
+        )
 
     def _check_version(self, version: str) -> None:
         """The schema checks the shape YYYY.MM.DD; here, that it is a real date."""

@@ -30,6 +30,7 @@ __all__ = [
     "Omitted",
     "Policy",
     "Preference",
+    "UpstreamBaseline",
     "Row",
     "Rule",
     "as_data",
@@ -276,6 +277,18 @@ class CheckpointRule:
 
 
 @_model
+class UpstreamBaseline:
+    """What a version was checked against upstream beyond its rows (``[upstream]``): the decision
+    area's environment names and the fingerprints of the functions that are the rules, in the tree
+    named by ``read``. ``kvpolicy upstream check`` compares a tree with it."""
+
+    read: str
+    env: tuple[str, ...]
+    fingerprints: dict[str, str]
+    location: Location
+
+
+@_model
 class Policy:
     """One version of the policy, as written in one file."""
 
@@ -289,6 +302,7 @@ class Policy:
     decisions: dict[str, Decision]
     constraints: tuple[Constraint, ...] = ()
     checkpoint_rules: tuple[CheckpointRule, ...] = ()
+    upstream: UpstreamBaseline | None = None
 
     def decision_order(self) -> list[str]:
         """Decision names in evaluation order: inputs first, ties by name (never by file order).

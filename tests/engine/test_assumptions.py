@@ -42,7 +42,6 @@ SCOPES = {
     "pipelined_not_a_field": ("`enable_pipelined_transfer` before #15727", lambda v, arch, mt, pipelined, out: pipelined and v < "2026.09.02"),
     "v2_with_cpp_fails": ("Plain KV-cache manager V2 with the C++ transceiver", lambda v, arch, mt, pipelined, out: out.kv_cache_manager == "V2" and out.runtime == "CPP"),
     "v2_guard_by_07_28": ("DeepSeek-V4's V2 default", lambda v, arch, mt, pipelined, out: arch == "DeepseekV4ForCausalLM" and v < "2026.08.03"),
-    "kimi_text_rewrite_by_08_07": ("#17269's merge date", lambda v, arch, mt, pipelined, out: mt in ("kimi_k3", "kimi_linear") and "2026.08.07" <= v < "2026.08.18"),
     "kimi_route_check_at_load": ("Kimi K3's route check", lambda v, arch, mt, pipelined, out: arch in upstream.KIMI_K3 and pipelined and v >= "2026.09.02"),
     "qwen4_rules_with_18585": ("Qwen4-Exp's checkpoint rules", lambda v, arch, mt, pipelined, out: mt in ("qwen4_exp", "qwen4_exp_text", "qwen3_8_flash_next", "qwen3_8_flash_next_text") and v >= "2026.09.04"),
     "nemotron_multimodal_python": ("Nemotron-H multimodal's PYTHON preference", lambda v, arch, mt, pipelined, out: arch in NEMOTRON_MULTIMODAL and v >= "2026.09.15"),

@@ -326,7 +326,7 @@ def test_the_api_chooses_as_the_cli_does(tmp_path, monkeypatch):
 def test_resolve_trtllm_picks_the_release_policy(capsys):
     code, out, err = run(capsys, "resolve", "--trtllm", "v1.3.0rc25", "--arch", "LlamaForCausalLM", "--backend", "NIXL")
     assert code == 0, err
-    assert "TensorRT-LLM v1.3.0rc25: policy 2026.08.18 (low-medium certainty" in out
+    assert "TensorRT-LLM v1.3.0rc25: policy 2026.08.18 (medium certainty" in out
     assert "\npolicy 2026.08.18 (sha256" in out
     code, out, _ = run(capsys, "resolve", "--trtllm", "1.3.0.rc25", "--arch", "LlamaForCausalLM", "--backend", "NIXL", "--format", "json")
     data = json.loads(out)

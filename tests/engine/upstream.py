@@ -98,10 +98,6 @@ class Assumptions:
     """**DeepSeek-V4's V2 default**: the guard that keeps a V2 default only on NIXL + PYTHON was
     present by 07-28 (its PR not found; #16942, described 07-28, cites it), so earlier states keep
     V2 with C++. Otherwise: there from the first version's state."""
-    kimi_text_rewrite_by_08_07: bool = True
-    """**#17269's merge date**: kimi_k3 / kimi_linear checkpoints load as KimiLinearForCausalLM from
-    2026.08.07's state. Otherwise: merged only after #17480 (08-17), the first change for which the
-    date matters (before it no class such a checkpoint may load as has a hook or a check)."""
     kimi_route_check_at_load: bool = True
     """**Kimi K3's route check** sees the runtime resolved at load, before pipelined transfer switches
     a null runtime to PYTHON. Otherwise: the runtime the transceiver is created with."""
@@ -129,8 +125,9 @@ class Assumptions:
 
     @property
     def kimi_text_rewrite(self) -> str:
-        """The date kimi_k3 / kimi_linear text checkpoints start loading as KimiLinearForCausalLM."""
-        return "2026-08-07" if self.kimi_text_rewrite_by_08_07 else "2026-08-18"
+        """The date kimi_k3 / kimi_linear text checkpoints start loading as KimiLinearForCausalLM: #17269's
+        merge (2026-08-06, commit 36922c72, upstream's weekly commit list)."""
+        return "2026-08-06"
 
     def flipped(self, name: str) -> "Assumptions":
         """These assumptions with ``name`` read the other way."""
