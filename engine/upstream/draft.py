@@ -117,7 +117,36 @@ def apply(text: str, facts: Facts, drift: list[Drift], *, root: Path, git: bool,
                     row["source"] = source
             edits.append(f"changed {item.decision} row {item.architecture}: {item.old} -> {hook.value}")
     _baseline(doc, facts, read)
-    return tomlkit.dumps(doc), left, edits
+    text = tomlkit.dumps(doc)
+    for item in drift:
+        if item.kind == "row-missing" and item.draftable and item not in left and item.architecture and item.new:
+            text = _suppression_of_siblings(text, item.architecture, item.new)
+    return text, left, edits
+
+
+_SUPPRESSION = re.compile(r"(\s+# kvpolicy: ignore\[[A-Z0-9, ]+\][^\n]*)$")
+
+
+def _suppression_of_siblings(text: str, arch: str, value: str) -> str:
+    """A drafted row gets the lint suppression its siblings of the same value carry in the version:
+    such a comment states the version's upstream semantics (e.g. #18134 adopting every preference
+    verbatim, so a PYTHON preference fails where upstream fails: KVP030), which hold for it too."""
+    lines = text.split("\n")
+    target = next((i for i, line in enumerate(lines) if f'architecture = "{arch}"' in line and f'value = "{value}"' in line), None)
+    if target is None or "# kvpolicy: ignore[" in lines[target]:
+        return text
+    start = target
+    while start > 0 and not lines[start - 1].startswith("rows = ["):
+        start -= 1
+    end = target
+    while end < len(lines) and not lines[end].startswith("]"):
+        end += 1
+    for line in lines[start:end]:
+        match = _SUPPRESSION.search(line)
+        if match and f'value = "{value}"' in line:
+            lines[target] = lines[target].rstrip() + match.group(1)
+            break
+    return "\n".join(lines)
 
 
 def _matches(row: dict, item: Drift) -> bool:

@@ -119,7 +119,7 @@ def test_a_one_row_edit_names_the_row_and_its_values_first_in_a_handful_of_group
     lines = out.splitlines()
     assert "1 row changed" in lines[1]
     assert lines[2].startswith("the edit (what changed in the files): 1 row changed")
-    assert re.match(r"  E1 ~ row runtime-preference\[GptOssForCausalLM\]: value PYTHON -> CPP \(.*b\.toml:116\)$", lines[3])
+    assert re.match(r"  E1 ~ row runtime-preference\[GptOssForCausalLM\]: value PYTHON -> CPP \(.*b\.toml:117\)$", lines[3])
     assert lines[4].strip() == "reason: GPT-OSS prefers the Python transceiver."
     assert lines[5].strip().startswith("source: NVIDIA/TensorRT-LLM #16479")
     ways = [line for line in lines if re.match(r"\[\d+\] ", line)]

@@ -18,16 +18,18 @@ def test_equal_versions_have_no_edit(shipped) -> None:
 
 def test_rows_rules_and_the_default_of_the_python_by_default_flip(shipped) -> None:
     edit = edit_between(shipped["2026.08.18"], shipped["2026.08.24"])
-    assert edit.summary() == "1 preference changed, 12 rows added, 2 conditional rules added, 1 default changed"
+    # The hybrids' PYTHON rows are in both (#16598, 07-28); their V2 rows are new with this version.
+    assert edit.summary() == "1 preference changed, 6 rows added, 2 conditional rules added, 1 default changed"
     changes = by_id(edit)
     # The default is matched by its decision: its id changes with its value.
     default = changes[("default", "runtime-default-python")]
     assert default.sign == "~" and ("value", "CPP", "PYTHON") in default.fields
     assert ("id", "runtime-default-cpp", "runtime-default-python") in default.fields
     assert {"runtime-default-cpp", "runtime-default-python"} <= default.names
-    row = changes[("row", "runtime-preference[NemotronHForCausalLM]")]
-    assert row.sign == "+" and row.fields == (("value", None, "PYTHON"),) and row.location.endswith("2026.08.24.toml:114")
-    assert row.text() == "+ row runtime-preference[NemotronHForCausalLM]: value PYTHON"
+    assert ("row", "runtime-preference[NemotronHForCausalLM]") not in changes
+    row = changes[("row", "kv-cache-manager-preference[NemotronHForCausalLM]")]
+    assert row.sign == "+" and row.fields == (("value", None, "V2"),) and row.location.endswith("2026.08.24.toml:150")
+    assert row.text() == "+ row kv-cache-manager-preference[NemotronHForCausalLM]: value V2"
     assert row.reason and row.source
     conditional = changes[("conditional", "auto-cpp-off-nixl")]
     assert conditional.sign == "+" and ("when", None, "backend is not NIXL") in conditional.fields

@@ -403,7 +403,7 @@ def test_releases_command(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "releases")
     assert code == 0
     golden.check_golden(Path(__file__).parent / "golden" / "releases.txt", out)
-    assert re.search(r"v1\.3\.0rc25\s+2026-08-27\.\.08-29\s+2026\.08\.18\s+low-medium\n", out)
+    assert re.search(r"v1\.3\.0rc25\s+~2026-08-27\s+2026\.08\.18\s+medium\n", out)
     assert re.search(r"v1\.4\.0rc1\s+2026-10-22 01:38\s+2026\.10\.22\s+medium\n", out)
     assert re.search(r"v1\.4\.0rc4\s+unknown\s+none \(closest 2026\.10\.22\)\s+medium\n", out)
     fake_trtllm(tmp_path, "1.3.0rc26")

@@ -24,6 +24,7 @@ VERSION_STATE = {
     "2026.07.20": "2026-07-20",
     "2026.07.21": "2026-07-21",
     "2026.07.23": "2026-07-23",
+    "2026.07.28": "2026-07-28",  # #16598 (hybrid models prefer PYTHON)
     "2026.08.03": "2026-08-03",
     "2026.08.07": "2026-08-07",
     "2026.08.10": "2026-08-10",
@@ -42,6 +43,8 @@ VERSION_STATE = {
 }
 
 PYTHON_BY_DEFAULT = "2026-08-28"  # #18134
+#: #16598 (07-28): Nemotron-H, Qwen3-Next and the Qwen3.5 VL base get the PYTHON hook.
+HYBRID_PYTHON = "2026-07-28"
 PIPELINED = "2026-09-02"  # #15727
 KIMI_K3_GATE = "2026-08-17"  # #17480
 #: #17050 (08-13): a composite kimi_k3 checkpoint loads as KimiK3ForConditionalGeneration.
@@ -74,11 +77,16 @@ class Assumptions:
     docstring names the line of ``docs/policies.md``'s list of uncertain facts it stands for."""
 
     hybrids_with_18134: bool = True
-    """**Hybrid models' hooks**: PR and date not found (present by 08-26); taken as arriving with
-    #18134's state (08-28). Otherwise: already there at 2026.08.18's state (08-18)."""
+    """**Hybrid models' hooks**: the V2 hooks' PR not found (none at rc24, present at rc25's tag commit of
+    08-27); taken as arriving with #18134's state (08-28). Otherwise: with #16060 (08-11). (The PYTHON
+    hooks are #16598's, 07-28: not an assumption.)"""
     glm_test_reads_either: bool = True
     """**#16524's GLM test**: either the architecture (GlmMoeDsaForCausalLM) or the model_type
     (glm_moe_dsa) counts. Otherwise: only the model_type."""
+    nemotron_puzzle_by_rc1: bool = True
+    """**Nemotron-H Puzzle**: NemotronHPuzzleForCausalLM, a second registered name of Nemotron-H's class,
+    taken as registered from v1.4.0rc1's state (when it was registered was not found). Otherwise: from
+    the first modelled state."""
     hooks_inherited: bool = True
     """**Inherited hooks**: Mistral Large 3 inherits DeepSeek-V3's, Qwen3.5 text Qwen3-Next's, Kimi K3
     multimodal Kimi K2.5's PYTHON preference, Qwen3.5 MoE VL the shared VL base's. Otherwise: none."""
@@ -116,12 +124,17 @@ class Assumptions:
     @property
     def hybrids(self) -> str:
         """The date the hybrid models' hooks arrive."""
-        return "2026-08-28" if self.hybrids_with_18134 else "2026-08-18"
+        return "2026-08-28" if self.hybrids_with_18134 else "2026-08-11"
 
     @property
     def v2_guard(self) -> str:
         """The date of the guard that demotes a V2 default off NIXL + PYTHON."""
         return "2026-07-28" if self.v2_guard_by_07_28 else "2026-07-01"
+
+    @property
+    def nemotron_puzzle(self) -> str:
+        """The date NemotronHPuzzleForCausalLM names Nemotron-H's class."""
+        return "2026-10-22" if self.nemotron_puzzle_by_rc1 else "2026-07-01"
 
     @property
     def kimi_text_rewrite(self) -> str:
@@ -296,13 +309,27 @@ class Gemma4Text(Gemma4):
 
 
 class Hybrid(PreTrainedModel):
+    """Nemotron-H, Qwen3-Next and Qwen3.5: PYTHON from #16598 (07-28), V2 from an unfound PR."""
+
     @classmethod
     def runtime(cls, date, architectures, model_type, assume):
-        return "PYTHON" if date >= assume.hybrids else None
+        return "PYTHON" if date >= HYBRID_PYTHON else None
 
     @classmethod
     def kv_version(cls, date, assume):
         return "V2" if date >= assume.hybrids else None
+
+
+class NemotronHPuzzle(Hybrid):
+    """A second registered name of Nemotron-H's class; registered by v1.4.0rc1 (when is not known)."""
+
+    @classmethod
+    def runtime(cls, date, architectures, model_type, assume):
+        return Hybrid.runtime(date, architectures, model_type, assume) if date >= assume.nemotron_puzzle else None
+
+    @classmethod
+    def kv_version(cls, date, assume):
+        return Hybrid.kv_version(date, assume) if date >= assume.nemotron_puzzle else None
 
 
 class Qwen4Exp(PreTrainedModel):
@@ -374,7 +401,9 @@ MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
     "Gemma3ForConditionalGeneration": Gemma3VL,
     "Gemma4ForCausalLM": Gemma4Text,
     "Gemma4ForConditionalGeneration": Gemma4,
+    "Gemma4UnifiedForConditionalGeneration": Gemma4,
     "NemotronHForCausalLM": Hybrid,
+    "NemotronHPuzzleForCausalLM": NemotronHPuzzle,
     "Qwen3NextForCausalLM": Hybrid,
     "Qwen3_5ForCausalLM": Hybrid,
     "Qwen3_5MoeForCausalLM": Hybrid,
@@ -395,7 +424,7 @@ MODEL_CLASS_MAPPING: dict[str, type[PreTrainedModel]] = {
 }
 #: Classes whose hooks are inherited (inferred from the class hierarchy, not read): without
 #: ``Assumptions.hooks_inherited`` they have none of their own.
-INHERITING = ("MistralLarge3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+INHERITING = ("MistralLarge3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration")
 #: Kimi K3 checks its route in get_kv_cache_manager_cls (#17480); the VL class is assumed covered.
 KIMI_K3 = ("KimiLinearForCausalLM", "KimiK3ForConditionalGeneration")
 

@@ -190,3 +190,26 @@ def test_removing_a_row_keeps_the_other_rows_comments(tmp_path, shipped, capsys)
     base = (folder / "2026.10.22.toml").read_text()
     text = (folder / "2027.02.01.toml").read_text()
     assert text.count("# kvpolicy: ignore[KVP030]") == base.count("# kvpolicy: ignore[KVP030]") - 1  # only the removed row's
+
+
+def test_a_draft_with_a_new_row_passes_kvpolicy_check_once_a_person_has_filled_every_todo(tmp_path, shipped, capsys):
+    """The whole round trip of the docs' workflow: a hook added upstream in a commit with a PR number
+    is drafted as a row with its source from git and a case; a person fills the summary and source and
+    deletes the TODO comments (having read what they name); then `kvpolicy check` (lint, fmt --check,
+    cases at 100% coverage) passes on the folder."""
+    root = _checkout(tmp_path / "tree", shipped)
+    trees.write(root, NOVEL)
+    commit_all(root, "[None][feat] Prefer the Python transceiver for Novel (#12345)", SECOND)
+    folder = policy_folder(tmp_path / "policies", cases=True)
+    code, out, err = cli(capsys, "upstream", "draft", root, "--dir", folder, "--as", "2027.02.01")
+    assert code == 0, err
+    drafted = folder / "2027.02.01.toml"
+    code, out, err = cli(capsys, "check", folder)
+    assert code == 1 and "KVP042" in out  # refused while anything is TODO
+    text = TODO_COMMENT.sub("", drafted.read_text())
+    text = re.sub(r'^summary = "TODO[^"\n]*"', 'summary = "Novel prefers the Python transceiver."', text, count=1, flags=re.M)
+    text = re.sub(r'^source = "TODO[^"\n]*"', 'source = "NVIDIA/TensorRT-LLM #12345 (merged 2027-01-05): NovelForCausalLM"', text, count=1, flags=re.M)
+    assert "TODO" not in text
+    drafted.write_text(text)
+    code, out, err = cli(capsys, "check", folder)
+    assert code == 0, out + err
