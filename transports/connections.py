@@ -140,8 +140,10 @@ class Connections:
             self._covered.clear()
         self._covered.add(names)
 
-    def connect(self, address: str, future: Future, deadline: float) -> None:
-        """Connect to the sender at ``address`` (which carries its public key); ``future`` gets the Peer."""
+    def connect(self, address: str, future: Future, deadline: float, expect_name: str | None = None) -> None:
+        """Connect to the sender at ``address`` (which carries its public key); ``future`` gets the Peer.
+        ``expect_name``: the name the caller looked up; a sender whose key has another name is refused
+        before anything is sent (a record of one name pointing at another sender's endpoint)."""
         endpoint, key = split_address(address)
         if key is None:
             raise ValueError(f"address {address!r} lacks the sender's public key: pass the sender's own `address` (tcp://KEY@HOST:PORT)")
@@ -152,11 +154,24 @@ class Connections:
                 f"the sender at {endpoint} has key {fingerprint(key)}, which is not in allowed_peers"
                 + (f" as a sender (its key file says role {role!r})" if role else "")
             )
+        if expect_name is not None and key_name != expect_name:
+            raise PermissionError(
+                f"the sender at {endpoint} holds the key named {key_name!r}, not {expect_name!r}: refused before any "
+                f"request (a record of {expect_name!r} that points at another sender)"
+            )
         conn = self.connections.get(endpoint)
         if conn is not None:
             if conn.peer is not None and conn.key == key:
                 future.set_result(conn.peer)
                 return
+            if conn.peer is not None and not conn.closed:
+                # A live session is keyed by (endpoint, key): a record naming this endpoint with another
+                # key (another sender's record, or a rogue's) never tears it down; the caller decides.
+                raise ConnectionError(
+                    f"{endpoint} has a live session with the sender {conn.peer.name!r} (key {fingerprint(conn.key)}); "
+                    f"a connect there for key {fingerprint(key)} ({key_name!r}) would end it, so it is refused: "
+                    f"disconnect {conn.peer.name!r} first if that sender has really moved"
+                )
             self.close_connection(conn)
         if self.local.metadata == "etcd":
             self._publish()
@@ -199,7 +214,7 @@ class Connections:
         self.local.drain_notifications()
         self.local.loop.call_at(time.monotonic() + _PROOF_POLL_S, self._poll_proofs)
 
-    def _on_proof(self, agent: str, nonce: int) -> None:
+    def _on_proof(self, agent: str, nonce: str) -> None:
         """A proof nonce arrived: echo it to the sender whose key the claimed agent name carries,
         on a connection still waiting for its welcome (NIXL does not check the claimed name; a wrong
         echo only makes that sender wait on, until the right one or its own timeout)."""

@@ -23,6 +23,7 @@ boundary, so that the code behind it works on values that cannot overflow an add
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any, NamedTuple, Union
 
@@ -37,8 +38,8 @@ __all__ = ["MAX_METADATA", "MAX_NAME", "MAX_POOL_BLOCKS", "ControlMessageError",
 #: 5: offers and releases (receivers may read, issue 13); 6: timeouts as durations, not Unix
 #: deadlines (each side measures them on its own monotonic clock), a cancel says whether it ends the
 #: request or one attempt, and a receiver proves that the NIXL metadata of its hello is its own
-#: (*proof*, issue 26).
-PROTOCOL_VERSION = 6
+#: (*proof*, issue 26); 7: the proof nonce is 128 random bits as 32 hex digits, not a count (issue 38).
+PROTOCOL_VERSION = 7
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
 _MAX_FRAME = 16 << 20
@@ -52,6 +53,9 @@ _BATCHABLE = frozenset(("request", "cancel", "result", "offer", "release"))
 MAX_TIMEOUT_MS = 86_400_000
 """Longest timeout a request or offer may carry (a day): beyond it a figure is forged, not chosen."""
 _MAX_COUNT = 1 << 53
+
+#: A proof nonce as it travels (in the NIXL notification and the echo): 32 lowercase hex digits.
+PROOF_NONCE = re.compile(r"[0-9a-f]{32}")
 """Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
 _INT_ONLY = frozenset((int,))  # issuperset(map(type, xs)): all exact ints, in C (no frame per item)
 
@@ -147,9 +151,10 @@ class Release(NamedTuple):
 class Proof(NamedTuple):
     """Receiver -> sender, before the welcome: the nonce the sender sent as a NIXL notification to
     the agent of the hello's metadata. Only the process that owns that agent receives it, so a peer
-    that says hello with another peer's metadata (renamed to its own agent) cannot answer."""
+    that says hello with another peer's metadata (renamed to its own agent) cannot answer. The nonce
+    is 128 bits from the OS's CSPRNG as 32 hex digits, fresh for each hello and good for one echo."""
 
-    nonce: int
+    nonce: str
     kind = "proof"
 
 
@@ -172,7 +177,7 @@ _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
     ),
     "offer": (Offer, (("request_id", str), ("token", int), ("blocks", list), ("timeout_ms", int))),
     "release": (Release, (("request_id", str), ("token", int), ("status", str), ("reason", str), ("nbytes", int), ("transfer_us", int))),
-    "proof": (Proof, (("nonce", int),)),
+    "proof": (Proof, (("nonce", str),)),
 }
 """Each kind's class and its fields, in wire order, with their types."""
 
@@ -314,8 +319,8 @@ def _check_body(body: Any) -> Message:
     if kind in ("hello", "welcome"):
         return cls(RankInfo.from_wire(data["rank"]))
     if kind == "proof":
-        if not 0 < data["nonce"] < _MAX_COUNT:
-            raise ControlMessageError(f"proof.nonce {data['nonce']} out of range")
+        if not PROOF_NONCE.fullmatch(data["nonce"]):
+            raise ControlMessageError("proof.nonce is not 32 lowercase hex digits")
         return cls(**data)
     check_text(f"{kind}.request_id", data["request_id"])
     nonce = "token" if kind in ("offer", "release") else "nonce"

@@ -72,7 +72,8 @@ _MAX_WALK = 4096
 class InvalidRecord(RegistryError):
     """What is stored under a rank's key is not a record this registry accepts. ``reason`` says why
     in one word (``too-large``, ``not-json``, ``not-a-map``, ``invalid``, ``key-mismatch``,
-    ``bad-name``, ``untrusted``); the message names the rank and the problem."""
+    ``bad-name``, ``untrusted``, ``name-key-mismatch``, ``name-not-allowed``); the message names the
+    rank and the problem."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
@@ -281,6 +282,10 @@ class EtcdRegistry:
         security: TLS and etcd user (:class:`EtcdSecurity`); None reads ``KVPOLICY_ETCD_*`` from the
             environment (:meth:`EtcdSecurity.from_env`).
         timeout_s: the limit of each call to etcd.
+        allowed: the reader's allow-list (an :class:`~kvpolicy.transports.keys.AllowList`, or what
+            ``AllowList`` takes: the ``allowed_peers`` folder). With it every :meth:`lookup` binds a
+            name to its key: the record of ``prefill-0`` is followed only if it carries the key the
+            allow-list names ``prefill-0``. Without it, only ``trusted_keys`` (if given) limit a lookup.
     """
 
     def __init__(
@@ -290,7 +295,13 @@ class EtcdRegistry:
         namespace: str = "default",
         security: EtcdSecurity | None = None,
         timeout_s: float = 2.0,
+        allowed: Any = None,
     ) -> None:
+        if allowed is not None and not hasattr(allowed, "key_of"):
+            from .keys import AllowList
+
+            allowed = AllowList(allowed)
+        self.allowed = allowed
         if not _NAME.match(namespace):
             raise ValueError(f"namespace {namespace!r} must be 1-128 of [A-Za-z0-9._@:-], not starting with a symbol")
         self.namespace = namespace
@@ -345,7 +356,13 @@ class EtcdRegistry:
         return None if value is None else RankRecord.parse(name, value)
 
     def lookup(
-        self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None, poll_s: float = 0.05
+        self,
+        name: str,
+        *,
+        timeout_s: float = 10.0,
+        trusted_keys: Collection[str] | None = None,
+        allowed: Any = None,
+        poll_s: float = 0.05,
     ) -> RankRecord:
         """Rank ``name``'s record, waiting up to ``timeout_s`` for it to appear.
 
@@ -358,9 +375,18 @@ class EtcdRegistry:
         the timeout it raises :class:`InvalidRecord` naming the problem; ``LookupError`` if no
         record appeared at all, :class:`RegistryUnavailable` if etcd could not be reached during the
         whole wait, :class:`RegistryDenied` at once if etcd refuses us. Other names are never read.
+
+        With ``allowed`` (the decoder's allow-list, an :class:`~kvpolicy.transports.keys.AllowList` or
+        anything with its ``key_of(name)``), a name is bound to its key: since a sender is named by its
+        key's allow-list name, the record of ``name`` must carry the key the allow-list names ``name``.
+        Any other record (a holder of another sender's key, or of the shared prefill etcd user, writing
+        its own key under this name) is skipped with reason ``name-key-mismatch`` and counted, and the
+        lookup keeps waiting for the honest record; a name the allow-list lacks is skipped as
+        ``name-not-allowed``. ``trusted_keys`` still applies on top: it never widens what a name may carry.
         """
         key = self.key(name)
         trusted = None if trusted_keys is None else frozenset(trusted_keys)
+        allowed = self.allowed if allowed is None else allowed
         deadline = time.monotonic() + timeout_s
         last_error: RegistryError | None = None
         refused: InvalidRecord | None = None  # the latest record skipped (kept across a failed read)
@@ -377,6 +403,8 @@ class EtcdRegistry:
                 if kvs:
                     try:
                         record = RankRecord.parse(name, unb64(kvs[0].get("value", "")))
+                        if allowed is not None:
+                            self._check_named(name, record, allowed)
                         if trusted is not None:
                             self._check_trusted(name, record, trusted)
                         return record
@@ -400,6 +428,27 @@ class EtcdRegistry:
             poll_s = min(poll_s * 2, 0.5)
 
     @staticmethod
+    def _check_named(name: str, record: RankRecord, allowed: Any) -> None:
+        """The record of ``name`` carries the key the allow-list names ``name`` (read on every look:
+        a key file replaced under the same name is followed at once)."""
+        expected = allowed.key_of(name)
+        if expected is None:
+            raise InvalidRecord(
+                f"record of rank {name!r}: the allow-list names no key {name!r}, so no record of that name can be "
+                f"followed (add {name}.key to allowed_peers if it is a sender you use)",
+                "name-not-allowed",
+            )
+        wanted = expected.decode() if isinstance(expected, bytes) else str(expected)
+        key = record.address_key or record.public_key
+        if key != wanted or record.public_key != wanted:
+            raise InvalidRecord(
+                f"record of rank {name!r} carries key {_short(key) if key else '(none)'}, but the allow-list's "
+                f"{name}.key is {_short(wanted)}: a record written under another sender's name (skipped; waiting "
+                "for the honest one)",
+                "name-key-mismatch",
+            )
+
+    @staticmethod
     def _check_trusted(name: str, record: RankRecord, trusted: frozenset[str]) -> None:
         # The key connect() will use: the address's own when it carries one. RankRecord already
         # refused a record whose public_key differs from it; this check does not rely on that.
@@ -421,11 +470,13 @@ class EtcdRegistry:
         if warn:
             log.warning("registry: skipping the record of %r under %s (%s): %s", name, self.prefix, exc.reason, exc)
 
-    def lookup_address(self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None) -> str:
+    def lookup_address(
+        self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None, allowed: Any = None
+    ) -> str:
         """The control address (``tcp://host:port``) of rank ``name``, for
         :meth:`NixlTransceiver.connect <kvpolicy.transports.NixlTransceiver.connect>`; waits and
         checks like :meth:`lookup`."""
-        return self.lookup(name, timeout_s=timeout_s, trusted_keys=trusted_keys).address
+        return self.lookup(name, timeout_s=timeout_s, trusted_keys=trusted_keys, allowed=allowed).address
 
     def list(self) -> dict[str, RankRecord]:
         """Every rank record of this namespace, by name. Entries that are not valid records (or whose

@@ -96,6 +96,12 @@ class Limits:
     releases, or closed its socket, cannot pin a sender's blocks for longer. A receiver stops reading
     at its own deadline, so only one that ignores that (or is stuck for this long) can read blocks
     already given to another request; it holds the metadata of the whole pool anyway."""
+    quarantined_per_peer: int = 4096
+    """(Receivers) Blocks a sender name may keep quarantined (fenced after a disconnect, since that
+    process may still write them): while it holds more, new receives that would ask it are refused,
+    with what it holds and how to release it (``disconnect(name, dead=True)`` once it is known to be
+    gone). A sender that never answers cannot pin more of this side's pool than this, over any number
+    of reconnects of new processes under its name."""
     notification_drain_s: float = 1.0
     """How often NIXL's notification queue is emptied while the service thread is awake anyway (an
     idle side does not wake for it); every 10 ms while something arrives. This protocol sends no
@@ -160,7 +166,7 @@ class LocalSide:
         """Told of keys taken off the allow-list (:meth:`check_allow_list`)."""
         self.proofs_wanted = 0
         """Connections waiting for a welcome (and so for a proof nonce among the notifications)."""
-        self.on_proof: Callable[[str, int], None] = lambda agent, nonce: None
+        self.on_proof: Callable[[str, str], None] = lambda agent, nonce: None
         """Told of each proof nonce that arrives, with the agent name its sender claims."""
         self._notification_warned = 0.0
         self._next_drain = time.monotonic() + limits.notification_drain_s
@@ -274,11 +280,11 @@ class LocalSide:
         taken = 0
         for agent, messages in notifications.items():
             for message in messages:
-                if len(message) <= len(PROOF_PREFIX) + 20 and message.startswith(PROOF_PREFIX):
+                if len(message) <= len(PROOF_PREFIX) + 32 and message.startswith(PROOF_PREFIX):
                     taken += 1
-                    digits = message[len(PROOF_PREFIX):]
-                    if digits.isdigit():
-                        self.on_proof(agent, int(digits))
+                    digits = message[len(PROOF_PREFIX):].decode("ascii", "replace")
+                    if control.PROOF_NONCE.fullmatch(digits):
+                        self.on_proof(agent, digits)
         return taken
 
     def drop(self, reason: str, detail: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -27,7 +28,6 @@ from .discovery import EtcdClient, RegistryError, nixl_metadata_key
 from .keys import address_with_key, agent_carries_key, fingerprint
 from .local import PROOF_PREFIX, LocalSide, agent_of_metadata, quietly
 from .mapping import BlockSegments, block_segments
-from .request import next_nonce
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -66,7 +66,7 @@ class Proving:
     rank: control.RankInfo
     segments: BlockSegments
     stale: list
-    nonce: int
+    nonce: str
     timer: Any = None
 
 
@@ -403,9 +403,11 @@ class Remotes:
         # Prove the memory: the nonce goes as a NIXL notification to the agent this metadata
         # describes, and only that process can echo it (a peer saying hello with another's metadata,
         # renamed as its own agent, never sees it). Welcomed, and written to, only after the echo.
-        nonce = next_nonce()
+        # 128 bits from the OS's CSPRNG, fresh for this hello and good for one echo: nothing an
+        # insider saw of its own proofs helps it guess another's.
+        nonce = secrets.token_hex(16)
         try:
-            self.local.agent.send_notif(rank.agent, PROOF_PREFIX + str(nonce).encode())
+            self.local.agent.send_notif(rank.agent, PROOF_PREFIX + nonce.encode())
         except Exception as exc:
             self.local.unload_agent(loaded)
             return self._refuse(key, rank, f"no NIXL notification reaches its agent: {exc}")
@@ -432,8 +434,12 @@ class Remotes:
         proving = self._proving.get(identity)
         if proving is None or proving.key != key:
             self.local.drop("unexpected", "a proof from a connection that was not asked for one")
-        elif proof.nonce != proving.nonce:
-            self.local.stats["refused_proofs"] += 1  # (a wrong echo: the right one may still come)
+        elif not secrets.compare_digest(proof.nonce, proving.nonce):
+            # The first wrong echo ends the proving (a guess gets one try per hello, and hellos are
+            # rate-limited per key) and counts against the key.
+            self.local.stats["refused_proofs"] += 1
+            self._drop_proving(identity)
+            self._refuse(key, proving.rank, "it echoed a wrong proof nonce (is the NIXL metadata of its hello its own?)")
         else:
             del self._proving[identity]
             proving.timer.cancel()

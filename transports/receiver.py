@@ -18,6 +18,7 @@ frame can be read by anyone, and every handler of a frame, timer or cancel takes
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -31,14 +32,16 @@ from .local import LocalSide, remember
 from .reads import Reads
 from .request import RequestState, TransferHandle, next_nonce
 
+log = logging.getLogger("kvpolicy.transports")
+
 
 def _locked(method: Callable) -> Callable:
     """Run a service-thread handler under :attr:`Receiver.state` (a caller may be starting a receive)."""
 
     @functools.wraps(method)
-    def run(self: Receiver, *args: Any) -> Any:
+    def run(self: Receiver, *args: Any, **kwargs: Any) -> Any:
         with self.state:
-            return method(self, *args)
+            return method(self, *args, **kwargs)
 
     return run
 
@@ -361,6 +364,7 @@ class Receiver:
             else:
                 self._send_cancel(receive)  # (the others stop early; this one fences what it holds)
                 self._end(receive, RequestState.FAILED, "; ".join(receive.errors))
+        newly = 0
         for fence_key in [k for k, f in self.fences.items() if name in f.pending and not reading(f.handle, name)]:
             if dead:
                 self._unfence(*fence_key, name)
@@ -368,11 +372,33 @@ class Receiver:
                 held = self.quarantined.setdefault((name, agent), set())
                 if fence_key not in held:
                     held.add(fence_key)
-                    self.local.stats["quarantined_blocks"] += len(self.fences[fence_key].handle.block_ids)
+                    newly += len(self.fences[fence_key].handle.block_ids)
+        if newly:
+            # The operator's signal: who holds what, and the one call that releases it.
+            self.local.stats["quarantined_blocks"] += newly
+            log.warning(
+                "transceiver %s: sender %r (agent %s) was disconnected with writes in flight: %d blocks stay "
+                "quarantined (%d in all under that name) until its results come, its process welcomes this "
+                "side again, or disconnect(%r, dead=True) once it is known to be gone",
+                self.local.name, name, agent or "?", newly, self.quarantined_blocks(name), name,
+            )
         if dead:  # and what earlier processes under this name left
             for agent_of_old in [a for n, a in self.quarantined if n == name]:
                 self._lift_quarantine(name, agent_of_old)
         self.reads.peer_gone(name)
+
+    def quarantined_blocks(self, name: str | None = None) -> int:
+        """Blocks held in quarantine for sender ``name`` (every process of that name), or for all."""
+        total = 0
+        for (sender, _agent), fence_keys in self.quarantined.items():
+            if name is None or sender == name:
+                total += sum(len(self.fences[k].handle.block_ids) for k in fence_keys if k in self.fences)
+        return total
+
+    def quarantine_by_sender(self) -> dict[str, int]:
+        """Sender name -> blocks it keeps quarantined (what an operator may release)."""
+        names = {sender for sender, _agent in self.quarantined}
+        return {name: blocks for name in sorted(names) if (blocks := self.quarantined_blocks(name))}
 
     def _lift_quarantine(self, name: str, agent: str) -> None:
         """The same sender process welcomed this side again: none of its earlier writes is in flight."""

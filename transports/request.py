@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
 import secrets
 import threading
@@ -35,15 +36,20 @@ class RequestState(enum.Enum):
         return self in (RequestState.COMPLETED, RequestState.FAILED, RequestState.TIMED_OUT, RequestState.CANCELLED)
 
 
-# Nonces and offer tokens only have to differ between attempts (they travel encrypted): a counter from
-# a random start gives that without a system call per request (os.urandom was ~40% of a caller's
-# time at 64 in flight).
-_nonces = itertools.count(secrets.randbelow(1 << 52) + 1)
+# Nonces and offer tokens must differ between attempts, and must not be guessable: a peer that learns
+# one (its own) must not be able to name another's (issue 38: a process-wide counter let an insider
+# compute the next proof nonce). A keyed hash of a counter (BLAKE2b under a random 32-byte key made at
+# import) gives that without a system call per request (os.urandom was ~40% of a caller's time at 64
+# in flight); 53 bits, what the control schema accepts. The proof of memory does not use these: it
+# takes 128 bits of os.urandom per hello (peers.py).
+_NONCE_KEY = secrets.token_bytes(32)
+_nonces = itertools.count(1)
 
 
 def next_nonce() -> int:
-    """A fresh nonce in 1 .. 2**53 - 1 (what the control schema accepts)."""
-    return next(_nonces) % ((1 << 53) - 1) + 1
+    """A fresh, unpredictable nonce in 1 .. 2**53 - 1 (what the control schema accepts)."""
+    digest = hashlib.blake2b(next(_nonces).to_bytes(8, "little"), key=_NONCE_KEY, digest_size=8).digest()
+    return int.from_bytes(digest, "little") % ((1 << 53) - 1) + 1
 
 
 class TransferError(RuntimeError):

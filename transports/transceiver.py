@@ -32,7 +32,7 @@ from typing import Any
 
 from .agent import NixlSettings, create_agent
 from .connections import Connections, Peer
-from .keys import AllowList, Identity, IdentitySpec, check_nixl_etcd
+from .keys import AllowList, Identity, IdentitySpec, address_with_key, check_nixl_etcd, split_address
 from .local import Limits, LocalSide
 from .loop import ServiceLoop
 from .peers import Remotes
@@ -192,22 +192,41 @@ class NixlTransceiver:
             "metadata": self.metadata,
         }
 
-    def connect(self, address: str, *, timeout_s: float | None = None) -> Peer:
+    def connect(self, address: str, *, timeout_s: float | None = None, name: str | None = None) -> Peer:
         """Connect to the sender at ``address`` (its :attr:`address`, which carries its key; the key
         must be on this side's allow-list) and exchange rank info. ``TimeoutError`` if no welcome
-        comes within ``timeout_s`` (a sender that does not allow this side's key never answers)."""
+        comes within ``timeout_s`` (a sender that does not allow this side's key never answers).
+        ``name``: the sender expected there (the name it was looked up by); ``PermissionError``
+        before any request if the key at ``address`` has another name. A live session with another
+        key at the same endpoint is never torn down by a connect: ``ConnectionError`` names both."""
         timeout = self._timeout(timeout_s)
         future: Future = Future()
         deadline = time.monotonic() + timeout
 
         def run() -> None:
             try:
-                self._connections.connect(address, future, deadline)
+                self._connections.connect(address, future, deadline, expect_name=name)
             except Exception as exc:
                 future.set_exception(exc)
 
         self._loop.submit(run)
         return future.result(timeout + 5.0)
+
+    def connect_by_name(self, registry: Any, name: str, *, timeout_s: float | None = None) -> Peer:
+        """Look ``name`` up in ``registry`` (an :class:`~kvpolicy.transports.discovery.EtcdRegistry`)
+        bound to this side's allow-list (a record of ``name`` is followed only if it carries the key
+        ``allowed_peers`` names ``name``), then :meth:`connect` expecting that name."""
+        timeout = self._timeout(timeout_s)
+        record = registry.lookup(name, timeout_s=timeout, allowed=self._local.allowed)  # this side's list, whatever the registry's
+        endpoint, carried = split_address(record.address)
+        address = record.address if carried is not None else address_with_key(endpoint, record.public_key.encode())
+        return self.connect(address, timeout_s=timeout, name=name)
+
+    def quarantined(self) -> dict[str, int]:
+        """Sender name -> blocks of this pool it keeps quarantined: fenced after a disconnect because
+        its process may still write them. They come back with its results, when that process
+        welcomes this side again, or by ``disconnect(name, dead=True)``; a warning names each."""
+        return self._loop.submit(self._receiver.quarantine_by_sender).result(10.0)
 
     def disconnect(self, peer: Peer | str, *, dead: bool = False) -> bool:
         """Tear down the connection to a sender (a :class:`Peer` or its name) and forget receivers
@@ -293,6 +312,15 @@ class NixlTransceiver:
                     raise ValueError(f"not connected to a sender named {key!r}; connect() first")
                 names.append(key)
             self._connections.check_coverage(tuple(names), self.layout)
+        bound = self._local.limits.quarantined_per_peer
+        for name in names:
+            held = self._receiver.quarantined_blocks(name)
+            if held > bound:
+                raise ValueError(
+                    f"sender {name!r} keeps {held} blocks quarantined (over Limits.quarantined_per_peer = {bound}): "
+                    f"its earlier processes may still write them; ask another sender, or call disconnect({name!r}, "
+                    "dead=True) once they are known to be gone"
+                )
         handle = self._new_handle(request_id, "receiver", block_ids, timeout_s)
         try:
             self._receiver.reserve(handle.block_ids)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from conftest import ETCD_WHY, requires_etcd, requires_nixl
 
 from kvpolicy.transports import KVLayout
+from transfer_worker import WorkerError
 from kvpolicy.transports import discovery
 from kvpolicy.transports.discovery import (
     EtcdClient,
@@ -235,8 +236,8 @@ def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
     config = dict(layout=layout.to_wire(), metadata="etcd", env=env)
     prefill = workers("prefill", seed=1, **config)
     decode = workers("decode", seed=2, **config)
-    prefill.call("register", etcd.endpoint, "loop", 5)
-    assert decode.call("connect_by_name", etcd.endpoint, "loop", "prefill") == prefill.key_name  # named by its key
+    prefill.call("register", etcd.endpoint, "loop", 5, prefill.key_name)  # a sender's rank name is its key's name
+    assert decode.call("connect_by_name", etcd.endpoint, "loop", prefill.key_name) == prefill.key_name
     prefill.call("send", "r", [1, 2, 3])
     decode.call("receive", "r", [4, 5, 6])
     assert decode.call("wait", "r")["state"] == "completed"
@@ -244,7 +245,7 @@ def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
     # NIXL's own entries live beside ours in the same etcd.
     keys = etcd.client().get_prefix("/")
     # Address and CURVE public key (proved in the handshake); nothing else is published.
-    assert json.loads(keys["/kvpolicy/loop/ranks/prefill"]).keys() == {"address", "public_key"}
+    assert json.loads(keys[f"/kvpolicy/loop/ranks/{prefill.key_name}"]).keys() == {"address", "public_key"}
     assert any(not k.startswith("/kvpolicy/") for k in keys), sorted(keys)
 
 
@@ -466,3 +467,37 @@ def test_values_too_large_for_one_answer_hide_no_other_rank(etcd):
     finally:
         watch.stop()
         registry.close()
+
+
+@requires_etcd
+@requires_nixl
+def test_a_record_under_another_senders_name_is_never_followed(etcd, workers):
+    """Issue 41, as an insider did it: the holder of another allowed sender's key (and of the prefill
+    etcd user) writes a well-formed record for the honest prefill's name carrying its *own* key and
+    address. A decoder that looks the name up bound to its allow-list skips it (``name-key-mismatch``)
+    in both forms (with the sender keys as trusted_keys, and without), never connects to the rogue,
+    and is served by the honest prefill once its record is back; a connect to the rogue's address
+    under the honest name is refused before any request."""
+    layout = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
+    config = dict(layout=layout.to_wire(), env=etcd.client_env())
+    honest = workers("prefill", seed=1, **config)
+    rogue = workers("prefill", seed=9, **config)  # another sender this decoder allows: a compromised peer
+    decode = workers("decode", seed=2, **config)
+    namespace, name = "hijack", honest.key_name
+    rogue.call("register", etcd.endpoint, namespace, 30, name)  # its own key and address, under prefill-0's name
+    for trusted in (None, [honest.call("public_key"), rogue.call("public_key")]):
+        answer = decode.call("lookup_bound", etcd.endpoint, namespace, name, 0.5, trusted_keys=trusted)
+        assert answer.startswith("InvalidRecord") and f"the allow-list's {name}.key is" in answer, answer
+    with pytest.raises(WorkerError, match="name-key-mismatch|allow-list"):
+        decode.call("connect_by_name", etcd.endpoint, namespace, name, timeout_s=1.0)
+    with pytest.raises(WorkerError, match=f"holds the key named {rogue.key_name!r}, not {name!r}"):
+        decode.call("connect", rogue.address, name=name)  # the address alone, under the honest name
+    assert decode.call("peers") == []  # it never reached the rogue
+    # The honest owner takes its name back (the rogue's registration goes on fighting for it).
+    honest.call("register", etcd.endpoint, namespace, 30, name)
+    assert decode.call("connect_by_name", etcd.endpoint, namespace, name, timeout_s=20.0) == name
+    honest.call("send", "r", [1, 2, 3], to=decode.key_name)
+    decode.call("receive", "r", [4, 5, 6], peers=[name])
+    assert decode.call("wait", "r")["state"] == "completed"
+    assert decode.call("digests", [4, 5, 6]) == honest.call("digests", [1, 2, 3])
+    assert decode.call("peers") == [name]

@@ -454,3 +454,53 @@ def test_per_sender_users_confine_each_sender_to_its_own_record(split_etcd):
             b.client.get(a.key("prefill-a"))  # a sender needs no one else's record
         assert decode.lookup("prefill-a", timeout_s=1.0, trusted_keys=[GENUINE_KEY]) == GENUINE
         assert decode.lookup("prefill-b", timeout_s=1.0, trusted_keys=[ROGUE_KEY]) == ROGUE
+
+
+# -- a name is bound to its allow-list key (issue 41) ----------------------------------------------
+
+
+class _Names:
+    """An allow-list as a lookup sees it: key_of(name) -> the Z85 key of NAME.key, or None."""
+
+    def __init__(self, **keys: str) -> None:
+        self.keys = {name.replace("_", "-"): key.encode() for name, key in keys.items()}
+
+    def key_of(self, name: str) -> bytes | None:
+        return self.keys.get(name)
+
+
+def test_a_lookup_bound_to_the_allow_list_follows_a_name_only_to_its_own_key(etcd):
+    """The rogue holds an allowed key of its own (prefill-1) and write access; it writes the record of
+    prefill-0 with its own key. Bound lookups skip it whether or not trusted_keys lists both senders,
+    and return the honest record once its owner restores it; a name without a key file is never followed."""
+    allowed = _Names(prefill_0=GENUINE_KEY, prefill_1=ROGUE_KEY)
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="bound", allowed=allowed)
+    attacker = etcd.client()
+    with registry:
+        key = registry.key("prefill-0")
+        attacker.put(key, ROGUE.to_json())
+        for trusted in (None, [GENUINE_KEY, ROGUE_KEY]):
+            with pytest.raises(InvalidRecord, match="the allow-list's prefill-0.key is") as refused:
+                registry.lookup("prefill-0", timeout_s=0.4, trusted_keys=trusted)
+            assert refused.value.reason == "name-key-mismatch"
+        assert registry.skipped["name-key-mismatch"] >= 2
+        # The same record under the rogue's own name is followed: it is that sender's.
+        attacker.put(registry.key("prefill-1"), ROGUE.to_json())
+        assert registry.lookup("prefill-1", timeout_s=1.0) == ROGUE
+        # trusted_keys never widens: the honest name with only the rogue trusted is refused too.
+        registration = registry.register("prefill-0", GENUINE, ttl_s=1)
+        with pytest.raises(InvalidRecord) as narrowed:
+            registry.lookup("prefill-0", timeout_s=0.4, trusted_keys=[ROGUE_KEY])
+        assert narrowed.value.reason == "untrusted"
+        attacker.put(key, ROGUE.to_json())  # the owner's keep-alive restores its record
+        assert registry.lookup("prefill-0", timeout_s=10.0) == GENUINE
+        assert registration.restorations >= 1
+        attacker.put(registry.key("prefill-9"), GENUINE.to_json())
+        with pytest.raises(InvalidRecord) as unnamed:
+            registry.lookup("prefill-9", timeout_s=0.4)
+        assert unnamed.value.reason == "name-not-allowed"
+    # Per call, an allow-list given to lookup() binds a registry made without one.
+    with EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="bound") as plain:
+        attacker.put(plain.key("prefill-0"), ROGUE.to_json())
+        with pytest.raises(InvalidRecord, match="name-key-mismatch|allow-list"):
+            plain.lookup("prefill-0", timeout_s=0.4, allowed=allowed)

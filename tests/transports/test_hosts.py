@@ -31,9 +31,9 @@ def start_pair(two_hosts, workers, namespace, layout=LAYOUT, num_blocks=BLOCKS, 
     endpoint = two_hosts.etcd.endpoint
     common = dict(layout=layout.to_wire(), num_blocks=num_blocks, timeout_s=TIMEOUT, **config)
     prefill = workers("prefill", seed=1, **common, **two_hosts.config("prefill"))
-    prefill.call("register", endpoint, namespace, 3)
+    prefill.call("register", endpoint, namespace, 3, prefill.key_name)  # a sender's rank name is its key's name
     decode = workers("decode", seed=2, **common, **two_hosts.config("decode"))
-    assert decode.call("connect_by_name", endpoint, namespace, "prefill") == prefill.key_name  # named by its key
+    assert decode.call("connect_by_name", endpoint, namespace, prefill.key_name) == prefill.key_name
     return prefill, decode
 
 
@@ -98,7 +98,7 @@ def test_decode_killed_mid_transfer_then_replaced(two_hosts, workers):
 
     # A new decode process (new agent, metadata again through etcd) is served by the same prefill.
     replacement = workers("decode", layout=BIG.to_wire(), num_blocks=200, seed=4, timeout_s=TIMEOUT, **two_hosts.config("decode"))
-    assert replacement.call("connect_by_name", two_hosts.etcd.endpoint, "kill", "prefill") == prefill.key_name
+    assert replacement.call("connect_by_name", two_hosts.etcd.endpoint, "kill", prefill.key_name) == prefill.key_name
     transfer_ok(prefill, replacement, "after-kill", [3, 4, 5], [7, 8, 9])
 
 
@@ -155,7 +155,7 @@ def test_etcd_stopped_mid_run(two_hosts, workers):
     try:
         # Discovery fails fast and says why; established peers keep transferring.
         started = time.monotonic()
-        answer = decode.call("lookup", endpoint, "outage", "prefill", 1.0)
+        answer = decode.call("lookup", endpoint, "outage", prefill.key_name, 1.0)
         assert isinstance(answer, str) and answer.startswith("RegistryUnavailable"), answer
         assert time.monotonic() - started < 5.0
         transfer_ok(prefill, decode, "during-outage", [1, 2], [3, 4])
@@ -166,9 +166,9 @@ def test_etcd_stopped_mid_run(two_hosts, workers):
         two_hosts.etcd.start()
     # Back: the prefill's record is there again (its lease restored or re-granted), and the late
     # process finds it, publishes its metadata again on connect, and is served.
-    record = decode.call("lookup", endpoint, "outage", "prefill", 10.0)
+    record = decode.call("lookup", endpoint, "outage", prefill.key_name, 10.0)
     assert split_address(record["address"] if isinstance(record, dict) else record.address)[0].startswith("tcp://10.231.7.1:"), record
-    assert late.call("connect_by_name", endpoint, "outage", "prefill") == prefill.key_name
+    assert late.call("connect_by_name", endpoint, "outage", prefill.key_name) == prefill.key_name
     transfer_ok(prefill, late, "after-outage", [5, 6], [7, 8])
     transfer_ok(prefill, decode, "old-peer-after-outage", [9], [10])
 

@@ -268,15 +268,48 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
     try:
         sock.send(control.encode(control.Hello(fake_rank(own, renamed))))
         time.sleep(0.5)
-        sock.send(control.encode(control.Proof(12345)))  # a guess
+        sock.send(control.encode(control.Proof("0" * 32)))  # a guess
         assert recv(sock, 1500) is None  # no welcome
-        # The hello is refused when the proof times out; by then the wrong guess and the timeout
-        # have each counted one refused proof, exactly.
-        eventually(lambda: prefill.call("stats")["refused_hellos"] >= 1, timeout_s=15)
-        assert prefill.call("stats")["refused_proofs"] == 2
-        assert recv(sock, 100) is None
+        # The first wrong echo ends the proving at once (not at its timeout) and counts once.
+        eventually(lambda: prefill.call("stats")["refused_hellos"] >= 1, timeout_s=5)
+        assert prefill.call("stats")["refused_proofs"] == 1
+        sock.send(control.encode(control.Proof("0" * 32)))  # its proving is gone: an echo now is unexpected
+        assert recv(sock, 500) is None
     finally:
         sock.close(0)
+    served(prefill, victim, "unharmed", [1, 2], [3, 4])
+
+
+def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
+    """Issue 38, item 1, as the insider did it: it learns the nonce of its own honest hello, then says
+    hello with the victim's metadata renamed and echoes what a counter would give next (and, in
+    further hellos, other guesses). Nonces are 128 random bits per hello and the first wrong echo ends
+    each proving: no guess, in any number of hellos, is welcomed, and nothing is written to the victim."""
+    import struct
+
+    from attackers import allowed_dealer, recv
+    from test_security import fake_rank
+
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    victim = workers("victim", layout=LAYOUT.to_wire(), seed=2)
+    victim.call("connect", prefill.address)
+    agent, metadata = victim.call("metadata")
+    sock, own = allowed_dealer(prefill.address, "guesser")
+    at = metadata.index(agent.encode()) - 8
+    renamed = metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+    before = victim.call("digests", list(range(8)))
+    guesses = [f"{n:032x}" for n in range(1, 6)] + ["f" * 32, "0123456789abcdef" * 2]
+    try:
+        for guess in guesses:
+            sock.send(control.encode(control.Hello(fake_rank(own, renamed))))
+            time.sleep(0.3)
+            sock.send(control.encode(control.Proof(guess)))
+            assert recv(sock, 700) is None  # never welcomed
+    finally:
+        sock.close(0)
+    stats = prefill.call("stats")
+    assert stats["refused_proofs"] >= 1 and stats["refused_hellos"] >= len(guesses) // 2
+    assert victim.call("digests", list(range(8))) == before  # nothing landed in the victim's blocks
     served(prefill, victim, "unharmed", [1, 2], [3, 4])
 
 

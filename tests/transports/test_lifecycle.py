@@ -89,6 +89,52 @@ def test_close_is_idempotent_and_releases_everything_after_an_internal_error(lon
         lone.send("after-close", [1])
 
 
+def test_dead_after_a_plain_disconnect_releases_what_the_first_one_quarantined(workers):
+    """Issue 38: the documented release (``disconnect(name, dead=True)`` once the process is known to
+    be gone) must work after an earlier plain disconnect too; it raised a TypeError in the service
+    thread (the lock wrapper took no keyword arguments) and the blocks stayed held for good."""
+    doomed = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    decode.call("connect", doomed.address)
+    decode.call("receive", "held", [1, 2], timeout_s=30)
+    doomed.kill()
+    assert decode.call("disconnect", doomed.key_name) is True  # plain: its blocks are quarantined
+    assert decode.call("wait", "held", timeout=10)["state"] == "failed"
+    assert decode.call("released", "held") is False
+    assert decode.call("stats")["quarantined_blocks"] == 2
+    assert decode.call("quarantined") == {doomed.key_name: 2}  # visible, by sender
+    decode.call("disconnect", doomed.key_name, dead=True)  # no connection left: the quarantine goes
+    assert decode.call("released", "held") is True
+    assert decode.call("quarantined") == {}
+    assert decode.call("resources")["handles"] == 0
+
+
+def test_quarantine_is_bounded_per_sender_name(workers):
+    """A sender name whose earlier processes keep more blocks quarantined than
+    Limits.quarantined_per_peer gets no new receive, also from a new process under that name: a
+    sender that never answers cannot pin more of the pool over any number of restarts."""
+    from transfer_worker import new_key
+
+    key_name, identity = new_key("prefill")
+    first = workers("prefill-first", layout=LAYOUT.to_wire(), seed=1, identity=identity, key_name=key_name)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2, limits={"quarantined_per_peer": 3})
+    decode.call("connect", first.address)
+    decode.call("receive", "held", [1, 2, 3, 4], timeout_s=30)
+    first.kill()
+    decode.call("disconnect", key_name)  # plain: 4 blocks quarantined, over the bound of 3
+    assert decode.call("quarantined") == {key_name: 4}
+    second = workers("prefill-second", layout=LAYOUT.to_wire(), seed=3, identity=identity, key_name=key_name)
+    assert decode.call("connect", second.address) == key_name  # another process: the quarantine stays
+    with pytest.raises(WorkerError, match="keeps 4 blocks quarantined"):
+        decode.call("receive", "refused", [9], peers=[key_name])
+    decode.call("disconnect", key_name, dead=True)  # the first process is known dead: released
+    assert decode.call("quarantined") == {}
+    decode.call("connect", second.address)
+    second.call("send", "served", [5], to=decode.key_name)
+    decode.call("receive", "served", [9], peers=[key_name])
+    assert decode.call("wait", "served")["state"] == "completed"
+
+
 def test_disconnect_removes_a_dead_sender_so_its_replacement_serves(workers):
     doomed = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
@@ -110,3 +156,23 @@ def test_disconnect_removes_a_dead_sender_so_its_replacement_serves(workers):
     assert decode.call("wait", "fresh")["state"] == "completed"
     assert decode.call("digests", [1, 2]) == replacement.call("digests", [5, 6])
     assert decode.call("resources")["handles"] == 0
+
+
+def test_a_connect_for_another_key_at_a_live_endpoint_never_ends_the_session(workers):
+    """Issue 38, item 4: a record naming the honest prefill's host:port with another (allowed) key made
+    the decoder close its live session there, failing the request in flight. Connections are keyed by
+    (endpoint, key): such a connect is refused, naming both, and the live session goes on."""
+    from kvpolicy.transports.keys import address_with_key, split_address
+
+    honest = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    rogue = workers("prefill", layout=LAYOUT.to_wire(), seed=9)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    assert decode.call("connect", honest.address) == honest.key_name
+    decode.call("receive", "in-flight", [1, 2], timeout_s=30)
+    endpoint, _ = split_address(honest.address)
+    squatted = address_with_key(endpoint, rogue.call("public_key").encode())
+    with pytest.raises(WorkerError, match=f"has a live session with the sender {honest.key_name!r}"):
+        decode.call("connect", squatted)
+    honest.call("send", "in-flight", [5, 6], to=decode.key_name)
+    assert decode.call("wait", "in-flight")["state"] == "completed"
+    assert decode.call("digests", [1, 2]) == honest.call("digests", [5, 6])

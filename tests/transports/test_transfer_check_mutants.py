@@ -283,7 +283,7 @@ def test_a_proof_nobody_asked_for_is_dropped_as_unexpected(sides):
     p = sides("p")
     sock, _ = allowed_dealer(p.address, "prover")
     try:
-        sock.send(control.encode(control.Proof(12345)))
+        sock.send(control.encode(control.Proof("0" * 32)))
         counts = lambda: (p.stats["dropped_unexpected"], p.stats["internal_errors"])  # noqa: E731
         eventually(lambda: sum(counts()) >= 1, seen=counts)
         assert counts() == (1, 0)

@@ -134,6 +134,12 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 result = len(tx._handles)
             elif op == "metadata":  # what an eavesdropper would like: agent name and NIXL metadata
                 result = (tx._agent_name, tx._local.agent.get_agent_metadata())
+            elif op == "quarantined":  # sender name -> blocks it keeps quarantined
+                result = tx.quarantined()
+            elif op == "public_key":  # this side's CURVE public key (Z85)
+                result = tx.public_key
+            elif op == "peers":  # the senders this side is connected to, by name
+                result = sorted(tx.peers)
             elif op == "raw":  # (peer name, frames): send frames as they are on this side's connection
                 peer, frames = args
 
@@ -208,12 +214,15 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                             tx._remotes.router.send_multipart([identity, frame])
 
                 result = tx._loop.submit(announce).result(10)
-            elif op == "register":  # publish this rank in etcd: (endpoints, namespace, ttl_s)
+            elif op == "register":  # publish this rank in etcd: (endpoints, namespace, ttl_s[, rank name])
                 from kvpolicy.transports.discovery import EtcdRegistry
 
-                endpoints, namespace, ttl_s = args
-                registry = EtcdRegistry(endpoints, namespace=namespace)
-                registry.register(name, tx.rank_record(), ttl_s=ttl_s)
+                endpoints, namespace, ttl_s, *rank = args
+                registry = registry or EtcdRegistry(endpoints, namespace=namespace)
+                registry.register(rank[0] if rank else name, tx.rank_record(), ttl_s=ttl_s)
+                result = None
+            elif op == "unregister":  # (rank name)
+                registry.unregister(args[0])
                 result = None
             elif op == "lookup":  # (endpoints, namespace, rank name, timeout_s) -> record or error text
                 from kvpolicy.transports.discovery import EtcdRegistry, RegistryError
@@ -223,12 +232,21 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                     result = EtcdRegistry(endpoints, namespace=namespace).lookup(rank, timeout_s=timeout_s)
                 except (LookupError, RegistryError) as exc:
                     result = f"{type(exc).__name__}: {exc}"
-            elif op == "connect_by_name":  # (endpoints, namespace, rank name): look up, then connect
+            elif op == "connect_by_name":  # (endpoints, namespace, rank name): look up (bound to this
+                # side's allow-list), then connect expecting that name
                 from kvpolicy.transports.discovery import EtcdRegistry
 
                 endpoints, namespace, rank = args
-                address = EtcdRegistry(endpoints, namespace=namespace).lookup_address(rank, timeout_s=kwargs.get("timeout_s", 10.0))
-                result = tx.connect(address, **kwargs).name
+                result = tx.connect_by_name(EtcdRegistry(endpoints, namespace=namespace), rank, **kwargs).name
+            elif op == "lookup_bound":  # (endpoints, namespace, rank name, timeout_s): the allow-list-bound lookup
+                from kvpolicy.transports.discovery import EtcdRegistry, RegistryError
+
+                endpoints, namespace, rank, timeout_s = args
+                bound = EtcdRegistry(endpoints, namespace=namespace, allowed=config["allowed_peers"])
+                try:
+                    result = bound.lookup(rank, timeout_s=timeout_s, trusted_keys=kwargs.get("trusted_keys")).address
+                except (LookupError, RegistryError) as exc:
+                    result = f"{type(exc).__name__}: {exc}"
             elif op == "notify_flood":  # (metadata, count, bytes): another agent of this process loads a
                 # peer's NIXL metadata (as a sender holds its receivers') and sends it notifications
                 from kvpolicy.transports.agent import create_agent
