@@ -463,7 +463,10 @@ class Connections:
         """Keys taken off the allow-list (or given another role): close the connections to them."""
         for conn in [c for c in self.connections.values() if c.key in keys]:
             self.local.stats["closed_removed_keys"] += 1
-            log.warning("transceiver %s: key %s (%s) left the allow-list; closing the connection to %s", self.local.name, fingerprint(conn.key), conn.key_name, conn.endpoint)
+            log.warning(
+                "transceiver %s: key %s (%s) left the allow-list; closing the connection to %s",
+                self.local.name, fingerprint(conn.key), conn.key_name, conn.endpoint,
+            )
             self.close_connection(conn)
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -158,7 +158,7 @@ class Proof(NamedTuple):
     kind = "proof"
 
 
-Message = Union[Hello, Welcome, Request, Cancel, Result, Offer, Release, Proof]
+Message = Hello | Welcome | Request | Cancel | Result | Offer | Release | Proof
 
 RESULT_STATUSES = ("ok", "error", "cancelled", "aborted")
 RELEASE_STATUSES = ("ok", "declined", "cancelled", "error")

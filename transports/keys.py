@@ -47,7 +47,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -301,7 +301,7 @@ class Identity:
         raise TypeError(f"identity must be a NAME.key_secret path, an Identity or a (public, secret) pair, got {spec!r}")
 
 
-IdentitySpec = Union[Identity, str, os.PathLike, tuple, None]
+IdentitySpec = Identity | str | os.PathLike | tuple | None
 
 
 class PeerKey(NamedTuple):

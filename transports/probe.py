@@ -534,7 +534,7 @@ class _HelperClient:
                     events = selectors.EVENT_WRITE if out else 0
                     self._modify(selector, stdin_fd, events)
                 timeout = self._next_deadline()
-                for key, mask in selector.select(timeout):
+                for key, _mask in selector.select(timeout):
                     if key.data == "wake":
                         try:
                             os.read(self.wake_r, 4096)

@@ -38,12 +38,12 @@ from .loop import ServiceLoop
 from .peers import Remotes
 from .pool import BlockPool
 from .probe import MetadataProbe
-
-PROBE_TIMEOUT_S = 10.0
-"""Shortest time a peer's metadata may take to load in a probe child (a loaded host forks slowly)."""
 from .receiver import Receive, Receiver
 from .request import TransferHandle
 from .sender import Sender
+
+PROBE_TIMEOUT_S = 10.0
+"""Shortest time a peer's metadata may take to load in a probe child (a loaded host forks slowly)."""
 
 
 log = logging.getLogger("kvpolicy.transports")
@@ -434,7 +434,14 @@ class NixlTransceiver:
                 return
             self._released = True
         agent = self._local.agent
-        steps = [self._connections.close, self._receiver.reads.close, self._remotes.close, self._sender.close, lambda: self._remotes.ctx.destroy(0), self._local.probe.close]
+        steps = [
+            self._connections.close,
+            self._receiver.reads.close,
+            self._remotes.close,
+            self._sender.close,
+            lambda: self._remotes.ctx.destroy(0),
+            self._local.probe.close,
+        ]
         if self.metadata == "etcd":
             steps.append(agent.invalidate_local_metadata)  # etcd may be gone: the entry is then stale, not harmful
         steps += [lambda: agent.deregister_memory(self._registration), self._loop.close_pipe]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
-if TYPE_CHECKING:
-    from typing import Any
 
 from ..errors import ContextError, PolicyError
 from ..read.policyroot import DEFAULT_FOLDER, PolicySource, policy_source
 from ..evaluate.policyset import PolicySet, load
+
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "EXIT_UNMODELLED",
@@ -23,6 +24,7 @@ __all__ = [
     "load_from_args",
     "models_root_problem",
     "own_policies",
+    "read_line",
     "with_policies",
 ]
 
@@ -148,3 +150,25 @@ def use_colour(choice: str, stream: Any = None) -> bool:
     except (AttributeError, ValueError):
         return False
 
+
+def read_line(used: Any, env_names: frozenset[str]) -> str:
+    """``read: ...`` of a server: the fields it read, and of the environment only what the policy
+    reads (a variable no rule or feature looks at cannot change the answer); the rest are counted."""
+    shown, skipped = [], 0
+    for entry in used:
+        path = entry.split(" = ", 1)[0]
+        name = path.rsplit(".", 1)[-1]
+        if any(part in path for part in ("env_overrides.", "environment.", "env_var.", ".env.")) and name not in env_names:
+            skipped += 1
+            continue
+        shown.append(entry)
+    text = f"read: {'; '.join(shown)}" if shown else "read: nothing"
+    if skipped:
+        text += f" ({_plural(skipped, 'environment variable')} set that the policy never reads not shown)"
+    return text
+
+
+def _plural(count: int, noun: str) -> str:
+    from ..wording import plural
+
+    return plural(count, noun)

@@ -45,13 +45,32 @@ def run(args: Any) -> int:
     new = load_policy_argument(args.new, source.path)
     if isinstance(new, str):
         return fail(f"NEW: {new}")
-    result = diff_policies(old, new)
+    body, changed = _diffed(old, new, args.format, args.contexts)
     if args.format == "json":
-        print(json.dumps({"policies": source.to_dict(), **to_json(result, contexts=args.contexts)}, indent=1))
+        print(json.dumps({"policies": source.to_dict(), **body}, indent=1))
     else:
         print(source.describe())
-        print(render_text(result))
-    return 1 if args.exit_code and result else 0
+        print(body)
+    return 1 if args.exit_code and changed else 0
+
+
+def _diffed(old: Any, new: Any, fmt: str, contexts: bool) -> tuple[Any, bool]:
+    """The rendered diff of two versions and whether any context changes, from the results cache
+    when the same two files (by content and path) were diffed by this same code before: a diff
+    depends on nothing else, and computing it is the one slow thing a user runs (seconds)."""
+    from ..read.cache import cached_entry, code_fingerprint, digest, remember_entry
+
+    key = digest(old.digest, new.digest, str(old.path), str(new.path), fmt, str(contexts), code_fingerprint())
+    hit = cached_entry(_CACHE_KIND, key)
+    if isinstance(hit, dict) and isinstance(hit.get("changed"), bool) and (isinstance(hit.get("text"), str) or isinstance(hit.get("json"), dict)):
+        return (hit["json"] if fmt == "json" else hit["text"]), hit["changed"]
+    result = diff_policies(old, new)
+    body: Any = to_json(result, contexts=contexts) if fmt == "json" else render_text(result)
+    remember_entry(_CACHE_KIND, key, {"changed": bool(result), ("json" if fmt == "json" else "text"): body})
+    return body, bool(result)
+
+
+_CACHE_KIND = "diff-1"
 
 
 def render_text(result: Diff) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -11,11 +12,12 @@ from typing import Any
 from ..analyse.difftext import edit_lines
 from ..analyse.edit import PolicyEdit, edit_between
 from ..analyse.impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
-from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
+from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem, read_line
 from ..wording import plural
 from .policies import load_policy_argument
 from ..read.releases import UnmodelledRelease
 from .releases import add_accept_argument, add_trtllm_argument, release_lines, unmodelled
+from ..lint.report import DOCS_URL
 
 __all__ = ["register", "render_github", "render_sarif", "render_text", "to_json"]
 
@@ -49,6 +51,9 @@ FAIL_ON = {
 }
 
 
+#: The report formats (``--format``; ``-o FORMAT=FILE``).
+FORMATS = ("text", "json", "github", "sarif")
+
 def fail_tokens(result: ConfigImpact) -> set[str]:
     """What ``--fail-on`` compares: the config's and its sections' statuses, ``unknown`` when its
     model was not identified, ``unknown-may-fail`` when some model it may be would fail."""
@@ -74,7 +79,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live, e.g. $LLM_MODELS_ROOT")
     parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
-    parser.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text")
+    parser.add_argument("--format", choices=FORMATS, default="text")
+    parser.add_argument(
+        "--output", "-o", metavar="[FORMAT=]FILE", action="append", default=[],
+        help="FILE: write the --format report to FILE instead of stdout; FORMAT=FILE (repeatable): also write "
+        "the report in FORMAT to FILE, from the same run (e.g. --format github -o sarif=impact.sarif)",
+    )
     parser.add_argument(
         "--fail-on",
         type=_fail_on,
@@ -82,7 +92,8 @@ def register(sub: Any) -> None:
         metavar="WHEN",
         help="comma-separated: failing (default: a config starts failing or fails differently, or its "
         "model is unknown and some model it may be would start failing), malformed (a config kvpolicy cannot read, "
-        "under both versions), still-failing (also configs that fail under both, malformed ones included), new-warning (also a new warning), unknown (any config whose model was not identified), change (any "
+        "under both versions), still-failing (also configs that fail under both, malformed ones included), "
+        "new-warning (also a new warning), unknown (any config whose model was not identified), change (any "
         "change), never",
     )
     parser.set_defaults(run=run)
@@ -136,23 +147,41 @@ def run(args: Any) -> int:
     if arch_map is not None:  # the map may live beside the configs; it is not one of them
         results = [r for r in results if not _same_file(r.path, arch_map.path)]
     edit = edit_between(old, new)
-    if args.format == "json":
-        print(json.dumps({"policies": source.to_dict(), "edit": edit.to_dict(), **to_json(results, old.version, new.version)}, indent=2))
-    elif args.format == "sarif":
-        print(render_sarif(results, old.version, new.version), end="")
-    elif args.format == "github":
-        text = render_github(results, old.version, new.version)
-        if text:
-            print(text)
-    else:
-        print(source.describe())
-        for line in release_lines(("--from", args.old), (new_option, new_text)):
-            print(line)
-        print(render_text(results, old.version, new.version, edit))
     line = gate_line(results, args.fail_on)
-    if args.format == "text":
-        print(line)
-    elif line.startswith("gate: fails"):
+    main_file, extra = None, []
+    for value in args.output:
+        name, sep, path = value.partition("=")
+        if sep and name in FORMATS:
+            extra.append((name, path))
+        elif main_file is None:
+            main_file = value
+        else:
+            return fail(f"--output {value}: the --format report already goes to {main_file}; name another report FORMAT=FILE ({', '.join(FORMATS)})")
+
+    def report(fmt: str) -> str:
+        if fmt == "json":
+            body = {"policies": source.to_dict(), "edit": edit.to_dict(), **to_json(results, old.version, new.version)}
+            return json.dumps(body, indent=2) + "\n"
+        if fmt == "sarif":
+            return render_sarif(results, old.version, new.version)
+        if fmt == "github":
+            text = render_github(results, old.version, new.version, summary_file=os.environ.get("GITHUB_STEP_SUMMARY"))
+            return text + "\n" if text else ""
+        releases = release_lines(("--from", args.old), (new_option, new_text))
+        return "\n".join([source.describe(), *releases, render_text(results, old.version, new.version, edit, old.env_names() | new.env_names()), line]) + "\n"
+
+    for fmt, path in [(args.format, main_file), *extra]:
+        if path is None:
+            continue
+        if not path:
+            return fail(f"--output {fmt}=: name the file to write")
+        try:
+            Path(path).write_text(report(fmt), encoding="utf-8")
+        except OSError as exc:
+            return fail(f"cannot write {path}: {exc.strerror or exc}")
+    if main_file is None:
+        sys.stdout.write(report(args.format))
+    if (args.format != "text" or main_file is not None) and line.startswith("gate: fails"):
         print(f"kvpolicy: {line}", file=sys.stderr)
     return 1 if line.startswith("gate: fails") else 0
 
@@ -231,7 +260,9 @@ def _short_path(path: str, folder: str) -> str:
     return str(Path(path).relative_to(folder)) if folder else path
 
 
-def render_text(results: list[ConfigImpact], old: str, new: str, edit: PolicyEdit | None = None) -> str:
+def render_text(
+    results: list[ConfigImpact], old: str, new: str, edit: PolicyEdit | None = None, env_names: frozenset[str] | None = None
+) -> str:
     """Summary table first (after ``edit``, what changed in the files, as ``kvpolicy diff`` prints
     it first), details after."""
     read = [r for r in results if not r.skipped]
@@ -276,7 +307,7 @@ def render_text(results: list[ConfigImpact], old: str, new: str, edit: PolicyEdi
                 lines.append("  ".join("-" * width for width in widths))
         lines.append("")
         lines.append("! fails at start-up; /V2: KV-cache manager V2")
-    details = [_details(r, old, new) for r in read]
+    details = [_details(r, old, new, env_names) for r in read]
     details = [d for d in details if d]
     if details:
         lines += ["", "details", "-------"]
@@ -284,7 +315,7 @@ def render_text(results: list[ConfigImpact], old: str, new: str, edit: PolicyEdi
     return "\n".join(lines)
 
 
-def _details(result: ConfigImpact, old: str, new: str) -> str:
+def _details(result: ConfigImpact, old: str, new: str, env_names: frozenset[str] | None = None) -> str:
     lines: list[str] = []
     for problem in result.problems:
         lines.append(f"{problem.location}: error: {problem.message}")
@@ -315,11 +346,11 @@ def _details(result: ConfigImpact, old: str, new: str) -> str:
         lines.append(f"  {names}: {status}")
         for used in dict.fromkeys(s.used for s in sections):
             if used:
-                lines.append(f"    read: {'; '.join(used)}")
+                lines.append("    " + (read_line(used, env_names) if env_names is not None else f"read: {'; '.join(used)}"))
         # A diagnostic both versions report is shown once, after both.
         both = [line for line in old_lines[1:] if line in new_lines[1:]]
-        lines += [f"    {line}" for line in (old_lines[0], *(l for l in old_lines[1:] if l not in both))]
-        lines += [f"    {line}" for line in (new_lines[0], *(l for l in new_lines[1:] if l not in both))]
+        lines += [f"    {line}" for line in (old_lines[0], *(x for x in old_lines[1:] if x not in both))]
+        lines += [f"    {line}" for line in (new_lines[0], *(x for x in new_lines[1:] if x not in both))]
         lines += [f"    both versions: {line.strip()}" for line in both]
     for label, mismatch in ((old, result.mismatch_old), (new, result.mismatch_new)):
         if mismatch:
@@ -397,24 +428,64 @@ def _annotation(level: str, path: str, line: int | None, message: str) -> str:
     return f"::{level} {where}::{_escape(message)}"
 
 
-def render_github(results: list[ConfigImpact], old: str, new: str) -> str:
+#: GitHub shows at most 10 annotations of each level per step (50 per job); more are dropped silently.
+GITHUB_PER_LEVEL = 10
+
+
+def render_github(results: list[ConfigImpact], old: str, new: str, *, summary_file: str | None = None) -> str:
     """GitHub workflow annotations: errors for every config that fails under the new version (it
     starts failing, still fails, fails differently, or cannot be read), warnings for changes and
-    new warnings, notices for configs that stop failing."""
+    new warnings, notices for configs that stop failing.
+
+    GitHub shows only :data:`GITHUB_PER_LEVEL` annotations of a level per step: beyond that, the
+    first ones are kept (configs that start failing first, then other failures, in file order) and
+    one annotation per level says how many more there are; with ``summary_file`` (the step summary,
+    ``$GITHUB_STEP_SUMMARY``) every annotation is also appended there as a Markdown table."""
+    lines = _github_annotations(results, old, new)
+    shown: list[str] = []
+    hidden: dict[str, int] = {}
+    for level in ("error", "warning", "notice"):
+        of_level = [text for lvl, text in lines if lvl == level]
+        shown += of_level[:GITHUB_PER_LEVEL - 1] if len(of_level) > GITHUB_PER_LEVEL else of_level
+        if len(of_level) > GITHUB_PER_LEVEL:
+            hidden[level] = len(of_level) - (GITHUB_PER_LEVEL - 1)
+            where = "the step summary" if summary_file else "--format text, json or sarif"
+            shown.append(f"::{level} title=kvpolicy impact::{hidden[level]} more {level}s than GitHub shows; every one is in {where}")
+    if summary_file and hidden:
+        rows = ["| level | config | message |", "|---|---|---|"]
+        rows += [f"| {lvl} | {_cell(text.split('file=', 1)[1].split('::', 1)[0])} | {_cell(text.split('::', 2)[2])} |" for lvl, text in lines]
+        try:
+            with open(summary_file, "a", encoding="utf-8") as handle:
+                handle.write(f"### kvpolicy impact {old} -> {new}\n\n" + "\n".join(rows) + "\n\n")
+        except OSError:
+            pass  # the annotations stand; the summary is extra
+    return "\n".join(shown)
+
+
+def _cell(text: str) -> str:
+    return text.replace("%0A", " ").replace("%0D", " ").replace("%25", "%").replace("|", "\\|").replace("%3A", ":").replace("%2C", ",")
+
+
+def _github_annotations(results: list[ConfigImpact], old: str, new: str) -> list[tuple[str, str]]:
+    """(level, annotation) for every finding, most important first within a level."""
     lines = []
     for r in results:
         if r.skipped:
             continue
         for p in r.problems:
-            lines.append(_annotation("error", p.path, p.line, p.message))
+            lines.append(("error", _annotation("error", p.path, p.line, p.message)))
         if not r.problems and not r.architecture_known:
             line = r.sections[0].line if r.sections else None
             if r.status == "architecture unknown":
                 level = "error" if r.may_fail else "warning"
                 detail = "; ".join(f"{status} for {', '.join(labels)}" for status, labels in r.possibilities)
-                lines.append(_annotation(level, r.path, line, f"architecture unknown, the outcome depends on the model ({old} -> {new}): {detail}. Give the checkpoint's config.json (--models-root, $LLM_MODELS_ROOT) or --arch-map"))
+                message = (
+                    f"architecture unknown, the outcome depends on the model ({old} -> {new}): {detail}. "
+                    "Give the checkpoint's config.json (--models-root, $LLM_MODELS_ROOT) or --arch-map"
+                )
+                lines.append((level, _annotation(level, r.path, line, message)))
             else:
-                lines.append(_annotation("notice", r.path, line, f"architecture unknown; {r.status} for every architecture ({old} -> {new})"))
+                lines.append(("notice", _annotation("notice", r.path, line, f"architecture unknown; {r.status} for every architecture ({old} -> {new})")))
         for s in r.sections:
             if s.status == "architecture unknown":
                 continue
@@ -430,12 +501,15 @@ def render_github(results: list[ConfigImpact], old: str, new: str) -> str:
                 text += f". {errors[0].id}: {errors[0].message}"
             elif s.new.invalid:
                 text += f". {s.new.invalid}"
-            lines.append(_annotation(level, r.path, s.line, text))
+            lines.append((level, _annotation(level, r.path, s.line, text), status))
         if r.mismatch_new:
             line = r.sections[0].line if r.sections else None
             still = " (already under " + old + ")" if r.mismatch_old else ""
-            lines.append(_annotation("error", r.path, line, f"under {new}: {r.mismatch_new}{still}"))
-    return "\n".join(lines)
+            lines.append(("error", _annotation("error", r.path, line, f"under {new}: {r.mismatch_new}{still}")))
+    # Configs that start failing first, then the other failures; each group in file order.
+    rank = {"starts failing": 0, "fails differently": 1}
+    order = sorted(range(len(lines)), key=lambda i: (rank.get(lines[i][2], 2) if len(lines[i]) > 2 else 2, i))
+    return [(lines[i][0], lines[i][1]) for i in order]
 
 
 
@@ -500,7 +574,12 @@ def render_sarif(results: list[ConfigImpact], old: str, new: str) -> str:
                 "name": "kvpolicy impact",
                 "version": __version__,
                 "rules": [
-                    {"id": rule, "shortDescription": {"text": text}, "defaultConfiguration": {"level": level}}
+                    {
+                        "id": rule,
+                        "shortDescription": {"text": text},
+                        "defaultConfiguration": {"level": level},
+                        "helpUri": f"{DOCS_URL}diff-impact/#what-each-status-means",
+                    }
                     for rule, (level, text) in _SARIF_RULES.items()
                 ],
             }},

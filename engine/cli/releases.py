@@ -78,7 +78,13 @@ def run(args: Any) -> int:
         return 0
     print(f"TensorRT-LLM releases and the policy version that reproduces each ({RELEASES_FILE.name}, shipped with kvpolicy)\n")
     table = [("tag", "date", "policy", "certainty")] + [
-        (("*" if row.tag == tag else " ") + row.tag, row.date, row.policy_version or (f"none (closest {row.closest})" if row.closest else "none"), row.certainty) for row in rows
+        (
+            ("*" if row.tag == tag else " ") + row.tag,
+            row.date,
+            row.policy_version or (f"none (closest {row.closest})" if row.closest else "none"),
+            row.certainty,
+        )
+        for row in rows
     ]
     widths = [max(len(cells[i]) for cells in table) for i in range(4)]
     table[0] = (" " + table[0][0], *table[0][1:])

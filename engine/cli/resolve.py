@@ -6,15 +6,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
-if TYPE_CHECKING:
-    from typing import Any
 
 from ..errors import ContextError
 from ..evaluate.resolution import Resolution
 from ..wording import plural
-from .common import EXIT_UNMODELLED, add_policy_arguments, choose_policies, context_error, fail, models_root_problem
+from .common import EXIT_UNMODELLED, add_policy_arguments, choose_policies, context_error, fail, models_root_problem, read_line
 from .releases import add_accept_argument, add_trtllm_argument, load_for_release
+
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["context_from_args", "register"]
 
@@ -306,11 +307,11 @@ def _run_config(args: Any, policy_set: Any) -> int:
             lines = [f"== {server.name} ({answer.field_location(server, None)[0]}) =="]
             if identity is not None:
                 lines.append(f"model: {identity.describe()}")
-            lines.append(f"read: {'; '.join(server.used)}" if server.used else "read: nothing")
+            lines.append(read_line(server.used, policy_set.env_names()))
             if resolution is None:
                 lines.append(why or "")
             elif verdict is not None and not verdict.known and not resolution.architecture_known:
-                lines.append(_render_side_outcomes(verdict, side, where))
+                lines.append(_render_side_outcomes(verdict, side, where, first=side == 0))
             else:
                 lines.append(render(resolution, explain=args.explain, summary=False, where=where))
             side += resolution is not None
@@ -325,7 +326,8 @@ def _run_config(args: Any, policy_set: Any) -> int:
                         for server, _, resolution, _ in rows
                         if resolution is not None
                     ]
-            tail.append(_summary_line(verdict))
+            depends = not verdict.known and verdict.status == "depends on the model"
+            tail.append(_summary_by_group(verdict) if depends else _summary_line(verdict))
             if not verdict.known:
                 tail.append(_UNKNOWN_HINT)
             blocks.append("\n".join(tail))
@@ -372,14 +374,27 @@ def _summary_line(verdict: Any) -> str:
     return verdict.summary()
 
 
-def _render_side_outcomes(verdict: Any, side: int, where: Any = None) -> str:
-    """One side of a config with an unknown architecture: each outcome's values and errors."""
+def _summary_by_group(verdict: Any) -> str:
+    """The verdict of a config whose model is unknown, by the numbered groups printed above (their
+    models are listed there once)."""
+    parts = {"cannot start": [], "starts": []}
+    for number, outcome in enumerate(verdict.outcomes, 1):
+        parts["starts" if outcome.ok else "cannot start"].append(f"[{number}] ({plural(len(outcome.labels), 'model')})")
+    said = "; ".join(f"{state} for {', '.join(groups)}" for state, groups in parts.items() if groups)
+    return f"depends on the model: {said} (exit 3)"
+
+
+def _render_side_outcomes(verdict: Any, side: int, where: Any = None, *, first: bool = True) -> str:
+    """One side of a config with an unknown architecture: each outcome's values and errors. The
+    groups are the same on every side: the first side lists each group's models, later ones refer to
+    them by number (a list of 30 names is printed once, not once per side and again in the verdict)."""
     lines = []
     for number, outcome in enumerate(verdict.outcomes, 1):
         resolution = outcome.resolutions[side]
         state = "starts" if outcome.ok else "cannot start"
-        lines.append(f"[{number}] {state} for {', '.join(outcome.labels)}:")
-        lines.append(_values_block(resolution, indent="    ", where=where))
+        models = ", ".join(outcome.labels) if first else f"the models of [{number}] above"
+        lines.append(f"[{number}] {state} for {models}:")
+        lines.append(_values_block(resolution, indent="    ", where=where, group=outcome.labels))
     return "\n".join(lines)
 
 
@@ -393,7 +408,7 @@ def render_unknown(resolution: Resolution, verdict: Any, *, explain: bool = Fals
     for number, outcome in enumerate(verdict.outcomes, 1):
         state = "starts" if outcome.ok else "cannot start"
         lines.append(f"[{number}] {state} for {', '.join(outcome.labels)}:")
-        lines.append(_values_block(outcome.resolution, indent="    "))
+        lines.append(_values_block(outcome.resolution, indent="    ", group=outcome.labels))
         if explain:
             lines += ["    trace:", "\n".join("    " + line for line in str(outcome.resolution.trace).splitlines())]
         lines.append("")
@@ -403,15 +418,22 @@ def render_unknown(resolution: Resolution, verdict: Any, *, explain: bool = Fals
     return "\n".join(lines)
 
 
-def _values_block(resolution: Resolution, *, indent: str = "  ", where: Any = None) -> str:
+def _values_block(resolution: Resolution, *, indent: str = "  ", where: Any = None, group: Any = None) -> str:
     """The values, deciding rules and non-info diagnostics; ``where(diagnostic)``, when given, is a
-    line saying where in a serving config the diagnostic points (``config: FILE:LINE:COL: KEY``)."""
+    line saying where in a serving config the diagnostic points (``config: FILE:LINE:COL: KEY``).
+    ``group``: the models this resolution stands for (an unknown architecture's group); a rule of one
+    model's row is then named for the family with its example (``runtime-preference[per model, e.g.
+    DeepseekV32ForCausalLM]``): the resolution shown is one member's, and each other member is
+    decided by its own rule (its values are the same)."""
     if not resolution.enabled:
         return f"{indent}disaggregation is off (backend null)"
     lines = []
     width = max(len(name) for name in resolution.values)
     for name, value in resolution.values.items():
-        lines.append(f"{indent}{name:<{width}}  {value:<7} {resolution.decided_by[name]}")
+        rule = resolution.decided_by[name]
+        if group is not None and len(group) > 1 and rule.endswith("]") and "[" in rule:
+            rule = f"{rule[: rule.index('[')]}[per model, e.g. {rule[rule.index('[') + 1 : -1]}]"
+        lines.append(f"{indent}{name:<{width}}  {value:<7} {rule}")
     for diagnostic in resolution.diagnostics:
         if diagnostic.severity != "info":
             lines.append(f"{indent}{diagnostic.severity}[{diagnostic.id}]: {diagnostic.message}")

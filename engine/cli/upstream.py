@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .common import add_policy_arguments, choose_policies, fail
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-from .common import add_policy_arguments, choose_policies, fail
 
 __all__ = ["register", "run_check", "run_draft"]
 
@@ -52,7 +52,9 @@ def register(sub: Any) -> None:
     draft.add_argument("tree", metavar="TREE", help="a TensorRT-LLM checkout or source tree")
     draft.add_argument("--dir", metavar="DIR", help="the policy folder to add the version to (default: the chosen policies' folder)")
     draft.add_argument("--from", dest="base", metavar="V", help="the version to start from (default: the newest)")
-    draft.add_argument("--as", dest="new_version", metavar="VERSION", help="the new version's id, YYYY.MM.DD[.N] (default: the tree's HEAD commit date, else today)")
+    draft.add_argument(
+        "--as", dest="new_version", metavar="VERSION", help="the new version's id, YYYY.MM.DD[.N] (default: the tree's HEAD commit date, else today)"
+    )
     draft.set_defaults(run=run_draft)
 
 
@@ -185,7 +187,11 @@ def run_draft(args: Any) -> int:
     facts = extract(tree)
     drift = compare(facts, base.policy)
     head = _head(tree.root) if tree.is_git else ""
-    read = f"TensorRT-LLM {'checkout' if tree.is_git else tree.kind} {tree.root.name}" + (f" at {head}" if head else "") + (f" ({tree.release})" if tree.release else "")
+    read = (
+        f"TensorRT-LLM {'checkout' if tree.is_git else tree.kind} {tree.root.name}"
+        + (f" at {head}" if head else "")
+        + (f" ({tree.release})" if tree.release else "")
+    )
     text = read_policy_bytes(Path(base.path), base.path, root=folder).decode("utf-8")
     fresh = next_version_text(text, version)
     if fresh is None:

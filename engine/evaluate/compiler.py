@@ -90,7 +90,8 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
     decision only. Analyses that evaluate every context of a domain (diff, lint) use them.
 
     ``entry`` generates ``make(policy_set)`` instead, which returns that set's
-    ``resolve(config=None, /, **fields) -> Resolution``: the whole public call in one function. The common case (keyword fields among architecture, the decisions
+    ``resolve(config=None, /, **fields) -> Resolution``: the whole public call in one function. The common case (keyword fields
+    among architecture, the decisions
     and the timeout, all plainly valid) is normalised inline; anything else goes through
     :meth:`DecisionIndex.normalise`, which checks and explains.
     """
@@ -116,7 +117,7 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
         _constraint(src, 2, constraint, decided)
     if entry:
         # A name the policy does not name that is one typo away from one it does: say so (an
-        # error under ``strict=True``); the set test is all a named architecture pays.
+        # error unless ``strict=False``); the set test is all a named architecture pays.
         src.emit(1, f"if arch is not None and arch not in {src.const(index.named)}:")
         src.emit(2, "miss = name_diagnostic(arch, strict)")
         src.emit(2, "if miss is not None:")
@@ -186,7 +187,7 @@ def _entry_prologue(src: _Source, index: DecisionIndex) -> None:
     # The common case keeps what it read in locals: the body reads no field back from ``ctx``.
     src.emit(3, "mtype = None")
     src.emit(3, "env = NO_ENV")
-    src.emit(3, "strict = False")
+    src.emit(3, "strict = True")
     src.emit(3, "if feats.__class__ is not frozenset:")
     src.emit(4, "feats = frozenset(feats)")
     src.emit(

@@ -2,8 +2,8 @@
 value the policy never reads as set.
 
 They change nothing in the resolution; the CLI prints them so a typo does not pass silently. (A
-misspelt architecture is a warning diagnostic of the resolution itself, an error under
-``strict=True``: see :meth:`kvpolicy.evaluate.index.DecisionIndex.name_diagnostic`.)
+misspelt architecture is an error diagnostic of the resolution itself, a warning under
+``strict=False``: see :meth:`kvpolicy.evaluate.index.DecisionIndex.name_diagnostic`.)
 """
 
 from __future__ import annotations

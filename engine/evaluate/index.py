@@ -18,13 +18,14 @@ from __future__ import annotations
 from _string import formatter_parser  # what string.Formatter().parse calls
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
-if TYPE_CHECKING:
-    from typing import Any
 
 from ..errors import ContextError
 from ..read.fields import CACHE_TRANSCEIVER_FIELDS, DATED_FIELDS, MAPPING_FIELDS
 from .resolution import Diagnostic
+
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 if TYPE_CHECKING:
     from ..read.model import Condition, Notice, Policy, Rule
@@ -285,7 +286,7 @@ def _check(d: Any) -> None:
             _expect(decision["adopt"] is None and decision["on_not_adopted"] is None)
         else:
             _expect(type(rows) is dict and type(rows["plain"]) is dict and type(rows["qualified"]) is list)
-            for architecture, row in rows["plain"].items():
+            for row in rows["plain"].values():
                 _expect(type(row) is list and len(row) == 2 and type(row[0]) is str and type(row[1]) is str)
             for row in rows["qualified"]:
                 _expect(type(row) is list and len(row) == 4 and all(type(v) is str for v in row))
@@ -429,8 +430,9 @@ class DecisionIndex:
 
     @staticmethod
     def strict_flag(fields: dict[str, Any]) -> bool:
-        """Pop ``strict`` from the caller's fields: True turns a near-miss architecture into an error."""
-        strict = fields.pop("strict", False)
+        """Pop ``strict`` from the caller's fields: True (the default) makes a near-miss architecture an
+        error; ``strict=False`` keeps it a warning (the model then resolves as one without preferences)."""
+        strict = fields.pop("strict", True)
         if strict.__class__ is not bool:
             raise ContextError("strict", f"expected true or false, got {strict!r}")
         return strict  # type: ignore[no-any-return]

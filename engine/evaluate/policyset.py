@@ -6,13 +6,14 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
-if TYPE_CHECKING:
-    from typing import Any
 
 from ..errors import Location, PolicyError, PolicyProblem
 from ..read.policyfile import CASES_SUFFIX, display_path, policy_files, read_policy_bytes, shipped_root, version_key
 from .resolution import Resolution
+
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 if TYPE_CHECKING:
     from .compiler import CompiledIndex
@@ -137,6 +138,10 @@ class PolicySet:
         """For each decision whose field, left out of a config, requests something other than auto
         (upstream's field default): that request and the upstream source that says so."""
         return {d["name"]: (d["omitted"], d["omitted_source"]) for d in self._index.data["decisions"] if d["omitted_source"]}
+
+    def env_names(self) -> frozenset[str]:
+        """The environment variables this version reads (in a condition, or as a feature's switch)."""
+        return frozenset(name for name, _values in self._index.data["known_env"])
 
     @property
     def features(self) -> frozenset[str]:

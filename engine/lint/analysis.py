@@ -417,7 +417,11 @@ def analyse(policy: Policy) -> Analysis:
     _check_budget(states, final_dims, alphabet, "constraints", 1 + len(constraint_tests) + sum(len(rules) for _, _, rules in adjustments))
     # Each input's options in the order the enumeration tried them (architecture classes of the
     # constraints' level), with their weights; model types are tried last, per architecture.
-    options = {d: tuple((v, _weight(d, v, alphabet[d][0])) for v in (members_at[len(steps)] if d == "architecture" else alphabet[d])) for d in final_dims if d != "model_type"}
+    options = {
+        d: tuple((v, _weight(d, v, alphabet[d][0])) for v in (members_at[len(steps)] if d == "architecture" else alphabet[d]))
+        for d in final_dims
+        if d != "model_type"
+    }
 
     def type_options(architecture: str | None) -> tuple[str | None, ...]:
         return alphabet["model_type"] if by_conditions else types_of.get(architecture, (None,))
@@ -534,7 +538,7 @@ class _Inputs:
         for combo in itertools.product(*(self.options[d] for d in plain)):
             values = tuple(v for v, _ in combo)
             if pairs:
-                get = lambda x: values[position[x]] if x in position else witness.get(x)  # noqa: E731
+                get = lambda x, values=values: values[position[x]] if x in position else witness.get(x)  # noqa: E731
                 if any(get(a) == "1" and get(b) is False for a, b in pairs):
                     continue
             weight = sum(w for _, w in combo)
@@ -922,7 +926,10 @@ class _ConstraintsStage:
             self.judged.append([(d, tuple(v for v in sorted(reads_values) if v != d)) for d in judged])
         # ... and on the decided values it and the adjustments read, and on the rules that decided
         # the decisions it judges.
-        self.reads_decided = [(frozenset(reads_values) | adjust_values, frozenset(d for d, _ in judged)) for (_, _, reads_values), judged in zip(constraint_tests, self.judged)]
+        self.reads_decided = [
+            (frozenset(reads_values) | adjust_values, frozenset(d for d, _ in judged))
+            for (_, _, reads_values), judged in zip(constraint_tests, self.judged)
+        ]
         self.plans: dict[tuple[str, ...], _Plan] = {}
         self._evaluated: dict[Any, tuple[list[Any], list[Any]]] = {}
         self._adjusted_in: dict[Any, dict[str, Any]] = {}
@@ -1051,7 +1058,8 @@ class _ConstraintsStage:
                             break
         # New entries are added in the order the enumeration meets them, by context then decision.
         stats = self.result.rules
-        for _, _, rule_id, (values, weight) in sorted((free.rank(group, first[0]), number, rule_id, lightest) for rule_id, (first, number, lightest) in decided.items()):
+        ranked = sorted((free.rank(group, first[0]), number, rule_id, lightest) for rule_id, (first, number, lightest) in decided.items())
+        for _, _, rule_id, (values, weight) in ranked:
             entry = stats.get(rule_id)
             size = free.start + weight + free.others_weight(group)
             if entry is None or entry.held is None or entry.decided is None or size < max(_size(entry.held), _size(entry.decided)):

@@ -54,7 +54,17 @@ Severity = Literal["info", "warning", "error"]
 NULL_REQUEST = "null"
 
 
-_model = dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+try:
+    from typing import dataclass_transform
+except ImportError:  # Python 3.10: only type checkers read it
+    def dataclass_transform(**_: Any) -> Any:  # type: ignore[no-redef]  # a stand-in for the 3.11 decorator
+        return lambda f: f
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def _model(cls: type) -> type:
+    """Every model: a frozen, keyword-only dataclass with slots (declared to type checkers as such)."""
+    return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
 
 
 def as_data(model: Any) -> dict[str, Any]:

@@ -82,6 +82,10 @@ class SourceDocument:
     it was."""
 
     __slots__ = ("path", "raw", "text", "data", "_positions", "_source_map")
+    path: str
+    raw: bytes
+    text: str
+    data: dict[str, Any]
 
     def __init__(
         self,

@@ -3,7 +3,7 @@ drift from a policy version, draft the next one. See docs/upstream.md."""
 
 from __future__ import annotations
 
-__all__ = ["check", "extract", "open_tree"]
+__all__ = ["Drift", "Facts", "TreeError", "UpstreamTree", "check", "compare", "extract", "installed_tree", "open_tree"]
 
 from .drift import Drift, compare
 from .extract import Facts, extract

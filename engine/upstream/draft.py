@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomlkit
-from tomlkit import items as tk
 
 from ..lint.rules import PLACEHOLDER
 from .drift import Drift
@@ -51,7 +50,10 @@ def provenance(root: Path, chain: tuple[Where, ...]) -> Provenance | None:
         try:
             out = subprocess.run(
                 ["git", "-C", str(root), "blame", "--porcelain", "-L", f"{where.line},{where.line}", "--", where.file],
-                capture_output=True, text=True, timeout=_GIT_TIMEOUT, check=False,
+                capture_output=True,
+                text=True,
+                timeout=_GIT_TIMEOUT,
+                check=False,
             )
         except (OSError, subprocess.TimeoutExpired):
             return None

@@ -115,22 +115,95 @@ def _rows(facts: Facts, policy: Policy) -> list[Drift]:
                     continue  # a person read this hook at this fingerprint; the version's rows stand
                 says = ", ".join(_row_text(r) for r in mine) or "no row"
                 todo = f"read {hook.logic} ({hook.where}) and record it (kvpolicy upstream draft)" if hook.logic else "read it by hand"
-                found.append(Drift("row-unreadable", subject, f"{arch}: {hook.why}; the version says {says}; {todo}", _rows_value(mine), None, hook.where, _line(mine), decision, arch))
+                found.append(
+                    Drift(
+                        "row-unreadable",
+                        subject,
+                        f"{arch}: {hook.why}; the version says {says}; {todo}",
+                        _rows_value(mine),
+                        None,
+                        hook.where,
+                        _line(mine),
+                        decision,
+                        arch,
+                    )
+                )
                 continue
             if hook.value is None:
                 for row in mine:
-                    found.append(Drift("row-extra", subject, f"{arch}: the version's row {_row_text(row)} has no hook behind it in the tree ({hook.why})", _row_text(row), None, hook.where, row.location.line, decision, arch))
+                    found.append(
+                        Drift(
+                            "row-extra",
+                            subject,
+                            f"{arch}: the version's row {_row_text(row)} has no hook behind it in the tree ({hook.why})",
+                            _row_text(row),
+                            None,
+                            hook.where,
+                            row.location.line,
+                            decision,
+                            arch,
+                        )
+                    )
                 continue
             for row in mine:
                 if row.model_type is not None:
-                    found.append(Drift("row-extra", subject, f"{arch}: the version branches on model_type {row.model_type!r}; the tree's hook does not ({hook.why})", _row_text(row), hook.value, hook.where, row.location.line, decision, arch))
+                    found.append(
+                        Drift(
+                            "row-extra",
+                            subject,
+                            f"{arch}: the version branches on model_type {row.model_type!r}; the tree's hook does not ({hook.why})",
+                            _row_text(row),
+                            hook.value,
+                            hook.where,
+                            row.location.line,
+                            decision,
+                            arch,
+                        )
+                    )
             if plain is None:
-                found.append(Drift("row-missing", subject, f"{arch} prefers {hook.value} in the tree ({hook.why}); the version has no row", None, hook.value, hook.where, None, decision, arch))
+                found.append(
+                    Drift(
+                        "row-missing",
+                        subject,
+                        f"{arch} prefers {hook.value} in the tree ({hook.why}); the version has no row",
+                        None,
+                        hook.value,
+                        hook.where,
+                        None,
+                        decision,
+                        arch,
+                    )
+                )
             elif plain.value != hook.value:
-                found.append(Drift("row-changed", subject, f"{arch}: the version says {plain.value}, the tree {hook.value} ({hook.why})", plain.value, hook.value, hook.where, plain.location.line, decision, arch))
+                found.append(
+                    Drift(
+                        "row-changed",
+                        subject,
+                        f"{arch}: the version says {plain.value}, the tree {hook.value} ({hook.why})",
+                        plain.value,
+                        hook.value,
+                        hook.where,
+                        plain.location.line,
+                        decision,
+                        arch,
+                    )
+                )
         for arch in sorted(set(rows) - set(facts.architectures)):
             for row in rows[arch]:
-                found.append(Drift("row-extra", f"{decision}: {arch}", f"{arch} is not registered in the tree (no @register_auto_model, not in _arch_index.py); the version's row {_row_text(row)} has nothing behind it", _row_text(row), None, None, row.location.line, decision, arch))
+                found.append(
+                    Drift(
+                        "row-extra",
+                        f"{decision}: {arch}",
+                        f"{arch} is not registered in the tree (no @register_auto_model, not in _arch_index.py); "
+                        f"the version's row {_row_text(row)} has nothing behind it",
+                        _row_text(row),
+                        None,
+                        None,
+                        row.location.line,
+                        decision,
+                        arch,
+                    )
+                )
     return found
 
 
@@ -150,13 +223,38 @@ def _fields(facts: Facts, policy: Policy) -> list[Drift]:
     found: list[Drift] = []
     config = facts.fields.get("CacheTransceiverConfig")
     if config is None:
-        return [Drift("unread", "CacheTransceiverConfig", "no class CacheTransceiverConfig in tensorrt_llm/llmapi/: its fields are unknown, so no drift is claimed for them")]
+        return [
+            Drift(
+                "unread",
+                "CacheTransceiverConfig",
+                "no class CacheTransceiverConfig in tensorrt_llm/llmapi/: its fields are unknown, so no drift is claimed for them",
+            )
+        ]
     accepted = version_fields(policy)
     for name in sorted(set(config) - accepted):
         fact = config[name]
-        found.append(Drift("field-added", f"cache_transceiver_config.{name}", f"the tree's CacheTransceiverConfig has {name} (default {fact.default}); the version refuses a config that sets it: tie it to a feature (config_field) if it changes a verdict, else add it to kvpolicy's read/fields.py", None, name, fact.where))
+        found.append(
+            Drift(
+                "field-added",
+                f"cache_transceiver_config.{name}",
+                f"the tree's CacheTransceiverConfig has {name} (default {fact.default}); the version refuses a config that sets it: "
+                "tie it to a feature (config_field) if it changes a verdict, else add it to kvpolicy's read/fields.py",
+                None,
+                name,
+                fact.where,
+            )
+        )
     for name in sorted(accepted - set(config)):
-        found.append(Drift("field-removed", f"cache_transceiver_config.{name}", f"the version accepts cache_transceiver_config.{name}; the tree's CacheTransceiverConfig has no such field (upstream now refuses it)", name, None, None))
+        found.append(
+            Drift(
+                "field-removed",
+                f"cache_transceiver_config.{name}",
+                f"the version accepts cache_transceiver_config.{name}; the tree's CacheTransceiverConfig has no such field (upstream now refuses it)",
+                name,
+                None,
+                None,
+            )
+        )
     for field_name, decision in (("transceiver_runtime", "transceiver_runtime"), ("backend", "backend")):
         fact = config.get(field_name)
         spec = policy.decisions.get(decision)
@@ -165,7 +263,18 @@ def _fields(facts: Facts, policy: Policy) -> list[Drift]:
         mine = {v.upper() for v in spec.values} | {spec.auto.upper()}
         theirs = {v.upper() for v in fact.literals}
         if mine != theirs:
-            found.append(Drift("field-values", f"cache_transceiver_config.{field_name}", f"{field_name} takes {', '.join(sorted(theirs))} in the tree; the version's decision {decision} takes {', '.join(sorted(mine))}", ", ".join(sorted(mine)), ", ".join(sorted(theirs)), fact.where, spec.location.line, decision))
+            found.append(
+                Drift(
+                    "field-values",
+                    f"cache_transceiver_config.{field_name}",
+                    f"{field_name} takes {', '.join(sorted(theirs))} in the tree; the version's decision {decision} takes {', '.join(sorted(mine))}",
+                    ", ".join(sorted(mine)),
+                    ", ".join(sorted(theirs)),
+                    fact.where,
+                    spec.location.line,
+                    decision,
+                )
+            )
     found += _default(config.get("transceiver_runtime"), policy, "transceiver_runtime", {"auto": None, "null": None})
     kv = facts.fields.get("KvCacheConfig", {}).get("use_kv_cache_manager_v2")
     found += _default(kv, policy, "kv_cache_manager", {"auto": None, "true": "V2", "false": "V1", "null": None})
@@ -181,7 +290,18 @@ def _default(fact, policy: Policy, decision: str, meaning: dict[str, str | None]
     if theirs == mine:
         return []
     shown = mine if mine is not None else "the auto resolution (no omitted)"
-    return [Drift("field-default", f"{fact.owner}.{fact.name}", f"{fact.owner}.{fact.name} defaults to {fact.default} in the tree; in the version a left-out field requests {shown}", mine, theirs, fact.where, spec.location.line, decision)]
+    return [
+        Drift(
+            "field-default",
+            f"{fact.owner}.{fact.name}",
+            f"{fact.owner}.{fact.name} defaults to {fact.default} in the tree; in the version a left-out field requests {shown}",
+            mine,
+            theirs,
+            fact.where,
+            spec.location.line,
+            decision,
+        )
+    ]
 
 
 def _checkpoints(facts: Facts, policy: Policy) -> list[Drift]:
@@ -191,9 +311,29 @@ def _checkpoints(facts: Facts, policy: Policy) -> list[Drift]:
         mine.setdefault(rule.architecture, rule.location.line)
     for arch in sorted(set(facts.checkpoint_targets) - set(mine)):
         where = facts.checkpoint_targets[arch]
-        found.append(Drift("checkpoint-added", arch, f"load_pretrained_config writes architectures = [{arch!r}] ({where}); no checkpoint rule loads a checkpoint as {arch}: read the branch and add one", None, arch, where))
+        found.append(
+            Drift(
+                "checkpoint-added",
+                arch,
+                f"load_pretrained_config writes architectures = [{arch!r}] ({where}); no checkpoint rule loads a checkpoint "
+                f"as {arch}: read the branch and add one",
+                None,
+                arch,
+                where,
+            )
+        )
     for arch in sorted(set(mine) - set(facts.checkpoint_targets)):
-        found.append(Drift("checkpoint-removed", arch, f"the version's checkpoint rule loads {arch}; the tree's config_utils.py never writes it", arch, None, None, mine[arch]))
+        found.append(
+            Drift(
+                "checkpoint-removed",
+                arch,
+                f"the version's checkpoint rule loads {arch}; the tree's config_utils.py never writes it",
+                arch,
+                None,
+                None,
+                mine[arch],
+            )
+        )
     return found
 
 
@@ -202,7 +342,18 @@ def _baseline(facts: Facts, policy: Policy) -> list[Drift]:
     hooks = {h.logic for a in facts.architectures.values() for h in a.hooks.values() if h.logic}
     if base is None:
         rules = sorted(n for n in facts.logic if n not in hooks)
-        return [Drift("no-baseline", "[upstream]", f"version {policy.version} records no [upstream] baseline, so {len(rules)} rule-bearing functions and {len(facts.env)} environment names of the tree are unchecked; after reading them, record them (kvpolicy upstream draft)", None, None, None, None)]
+        return [
+            Drift(
+                "no-baseline",
+                "[upstream]",
+                f"version {policy.version} records no [upstream] baseline, so {len(rules)} rule-bearing functions and "
+                f"{len(facts.env)} environment names of the tree are unchecked; after reading them, record them (kvpolicy upstream draft)",
+                None,
+                None,
+                None,
+                None,
+            )
+        ]
     found: list[Drift] = []
     line = base.location.line
     for name, fp in sorted(base.fingerprints.items()):
@@ -210,15 +361,66 @@ def _baseline(facts: Facts, policy: Policy) -> list[Drift]:
         if fact is None:
             if name in hooks or "." in name and name.rpartition(".")[2].startswith("get_"):
                 continue  # a hook no class of the tree reaches any more: its rows say so
-            found.append(Drift("logic-missing", name, f"{name} is in the baseline ({LOGIC.get(name, 'a validator')}); the tree defines no such function (renamed, moved or removed): find what replaced it and read it", fp, None, None, line))
+            found.append(
+                Drift(
+                    "logic-missing",
+                    name,
+                    f"{name} is in the baseline ({LOGIC.get(name, 'a validator')}); the tree defines no such function "
+                    "(renamed, moved or removed): find what replaced it and read it",
+                    fp,
+                    None,
+                    None,
+                    line,
+                )
+            )
         elif fact.fingerprint != fp:
-            found.append(Drift("logic-changed", name, f"{name} ({fact.where}) changed since the baseline ({fp} -> {fact.fingerprint}): re-read it; what it decides may differ", fp, fact.fingerprint, fact.where, line))
+            found.append(
+                Drift(
+                    "logic-changed",
+                    name,
+                    f"{name} ({fact.where}) changed since the baseline ({fp} -> {fact.fingerprint}): re-read it; what it decides may differ",
+                    fp,
+                    fact.fingerprint,
+                    fact.where,
+                    line,
+                )
+            )
     for name in sorted(set(facts.logic) - set(base.fingerprints) - hooks):
         fact = facts.logic[name]
-        found.append(Drift("logic-added", name, f"{name} ({fact.where}) decides part of the start-up path and is not in the baseline: read it", None, fact.fingerprint, fact.where, line))
+        found.append(
+            Drift(
+                "logic-added",
+                name,
+                f"{name} ({fact.where}) decides part of the start-up path and is not in the baseline: read it",
+                None,
+                fact.fingerprint,
+                fact.where,
+                line,
+            )
+        )
     recorded = set(base.env)
     for name in sorted(set(facts.env) - recorded):
-        found.append(Drift("env-added", name, f"{name} is read by the decision area ({facts.env[name]}) and not in the baseline: read what it switches", None, name, facts.env[name], line))
+        found.append(
+            Drift(
+                "env-added",
+                name,
+                f"{name} is read by the decision area ({facts.env[name]}) and not in the baseline: read what it switches",
+                None,
+                name,
+                facts.env[name],
+                line,
+            )
+        )
     for name in sorted((recorded | version_env(policy)) - set(facts.env)):
-        found.append(Drift("env-removed", name, f"{name} is {'modelled' if name in version_env(policy) else 'in the baseline'}; the tree's decision area no longer names it", name, None, None, line))
+        found.append(
+            Drift(
+                "env-removed",
+                name,
+                f"{name} is {'modelled' if name in version_env(policy) else 'in the baseline'}; the tree's decision area no longer names it",
+                name,
+                None,
+                None,
+                line,
+            )
+        )
     return found

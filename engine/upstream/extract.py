@@ -530,7 +530,12 @@ def extract(tree: UpstreamTree) -> Facts:
             if not read:
                 missing.setdefault(module, []).append(arch)
     for module, archs in sorted(missing.items()):
-        facts.problems.append((Where(_INDEX_FILE, indexed[archs[0]][1]), f"{module} (named by _arch_index.py for {', '.join(archs)}) is not in the tree: those architectures' hooks are unknown"))
+        facts.problems.append(
+            (
+                Where(_INDEX_FILE, indexed[archs[0]][1]),
+                f"{module} (named by _arch_index.py for {', '.join(archs)}) is not in the tree: those architectures' hooks are unknown",
+            )
+        )
     _fields(tree, facts)
     _env(tree, facts)
     _checkpoints(tree, facts)

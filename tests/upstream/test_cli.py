@@ -154,6 +154,11 @@ def test_the_installed_console_script_runs_check(matching):
     exe = Path(sys.executable).with_name("kvpolicy")
     if not exe.is_file():
         pytest.skip("no kvpolicy console script beside this interpreter")
-    result = subprocess.run([str(exe), "upstream", "check", str(matching), "--policy", str(POLICIES), "--version", "2026.10.22", "--format", "json"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(exe), "upstream", "check", str(matching), "--policy", str(POLICIES), "--version", "2026.10.22", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr
     assert [d["code"] for d in json.loads(result.stdout)["drift"]] == ["UPS050"]

@@ -73,7 +73,9 @@ def test_a_drafted_row_cites_the_pr_and_date_of_the_commit_that_added_its_hook(t
     assert f"NVIDIA/TensorRT-LLM #12345 (merged 2027-01-05, commit {head[:8]})" in row
     assert f"{MODELS}/modeling_novel.py" in row and "TODO" not in row
     policy = kvpolicy.load(str(folder), version="2027.02.01").policy
-    assert [(r.architecture, r.value) for r in policy.decisions["transceiver_runtime"].preference.rows if r.architecture == "NovelForCausalLM"] == [("NovelForCausalLM", "PYTHON")]
+    assert [(r.architecture, r.value) for r in policy.decisions["transceiver_runtime"].preference.rows if r.architecture == "NovelForCausalLM"] == [
+        ("NovelForCausalLM", "PYTHON")
+    ]
     cases = (folder / "2027.02.01.cases.toml").read_text()
     assert 'name = "NovelForCausalLM prefers PYTHON (transceiver_runtime; drafted by kvpolicy upstream)"' in cases
 
@@ -167,7 +169,14 @@ def test_an_alias_registered_later_cites_the_commit_that_registered_it(tmp_path,
     trees.write(root, NOVEL)
     commit_all(root, "Novel (#12345)", SECOND)
     text = (root / MODELS / "modeling_novel.py").read_text()
-    trees.write(root, {f"{MODELS}/modeling_novel.py": text.replace('@register_auto_model("NovelForCausalLM")', '@register_auto_model("NovelForCausalLM")\n@register_auto_model("NovelAliasForCausalLM")')})
+    trees.write(
+        root,
+        {
+            f"{MODELS}/modeling_novel.py": text.replace(
+                '@register_auto_model("NovelForCausalLM")', '@register_auto_model("NovelForCausalLM")\n@register_auto_model("NovelAliasForCausalLM")'
+            )
+        },
+    )
     commit_all(root, "Register the Novel alias (#22222)", "2027-01-20T12:00:00+00:00")
     folder = policy_folder(tmp_path / "policies")
     assert cli(capsys, "upstream", "draft", root, "--dir", folder, "--as", "2027.02.01")[0] == 0

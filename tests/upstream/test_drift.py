@@ -107,7 +107,10 @@ def test_row_extra_when_the_class_has_no_hook_behind_the_row(tmp_path, shipped):
 def test_row_extra_for_both_decisions_when_the_architecture_is_not_registered(tmp_path, shipped):
     root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": None})
     drift = [d for d in drift_of(root, shipped) if d.kind != "no-baseline"]
-    assert [(d.kind, d.decision, d.architecture, d.where) for d in drift] == [("row-extra", RT, "LlamaForCausalLM", None), ("row-extra", KV, "LlamaForCausalLM", None)]
+    assert [(d.kind, d.decision, d.architecture, d.where) for d in drift] == [
+        ("row-extra", RT, "LlamaForCausalLM", None),
+        ("row-extra", KV, "LlamaForCausalLM", None),
+    ]
     assert all("is not registered in the tree" in d.message for d in drift)
     assert drift[1].policy_line == policy_line('architecture = "LlamaForCausalLM", value = "V2"')
 
@@ -141,7 +144,10 @@ def test_row_unreadable_when_a_hook_branches_and_no_one_recorded_reading_it(tmp_
     assert (item.decision, item.architecture, item.old, item.new) == (RT, "BranchyForCausalLM", None, None)
     assert not item.draftable
     assert "def get_preferred_transceiver_runtime" in text_at(root, item.where)
-    assert "read tensorrt_llm._torch.models.modeling_branchy.Branchy.get_preferred_transceiver_runtime" in item.message and "the version says no row" in item.message
+    assert (
+        "read tensorrt_llm._torch.models.modeling_branchy.Branchy.get_preferred_transceiver_runtime" in item.message
+        and "the version says no row" in item.message
+    )
 
 
 def test_an_unknown_hook_whose_fingerprint_the_baseline_records_is_not_drift(tmp_path, shipped):
@@ -167,7 +173,7 @@ def test_a_same_named_class_in_another_module_with_different_logic_is_still_unre
     first = {f"{MODELS}/modeling_aaa.py": module(IMPORTS, model_class("MultimodalModel", ["AaaForConditionalGeneration"], runtime=BRANCHY))}
     root = tree_matching(shipped, tmp_path / "tree", extra=first)
     policy = trees.load_policy(trees.policy_folder(tmp_path / "p", upstream=trees.baseline_of(trees.facts_of(root))))
-    other = Code("if pretrained_config is None:\n    return \"CPP\"\nreturn \"PYTHON\"\n")
+    other = Code('if pretrained_config is None:\n    return "CPP"\nreturn "PYTHON"\n')
     trees.write(root, {f"{MODELS}/modeling_zzz.py": module(IMPORTS, model_class("MultimodalModel", ["ZzzForConditionalGeneration"], runtime=other))})
     drift = drift_of(root, policy)
     assert ("row-unreadable", "ZzzForConditionalGeneration") in [(d.kind, d.architecture) for d in drift]

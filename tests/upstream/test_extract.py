@@ -262,7 +262,10 @@ def test_a_base_in_a_tensorrt_llm_module_not_read_makes_a_later_hook_unknown(tmp
 
 
 def test_bases_from_outside_tensorrt_llm_carry_no_hooks(tmp_path):
-    text = module("from transformers import PreTrainedModel\nfrom .modeling_utils import register_auto_model", model_class("Hf", ["HfForCausalLM"], bases=("PreTrainedModel",)))
+    text = module(
+        "from transformers import PreTrainedModel\nfrom .modeling_utils import register_auto_model",
+        model_class("Hf", ["HfForCausalLM"], bases=("PreTrainedModel",)),
+    )
     hook = facts_of(simple_tree(tmp_path, {"modeling_hf.py": text})).architectures["HfForCausalLM"].hooks[RT]
     assert (hook.value, hook.known) == (None, True)
 
@@ -335,7 +338,7 @@ def test_arch_index_entries_are_read_and_a_decorator_wins_over_them(tmp_path):
 
 # -- config fields --
 
-CONFIG_SOURCE = '''
+CONFIG_SOURCE = """
 from typing import ClassVar, Dict, Literal, Optional
 
 from pydantic import Field
@@ -356,7 +359,7 @@ class CacheTransceiverConfig(StrictBaseModel):
 
 class KvCacheConfig(StrictBaseModel):
     use_kv_cache_manager_v2: bool | Literal["auto"] = Field(default="auto")
-'''
+"""
 
 
 def test_config_fields_are_read_with_their_literals_defaults_and_lines(tmp_path):
@@ -364,7 +367,15 @@ def test_config_fields_are_read_with_their_literals_defaults_and_lines(tmp_path)
     write(root, {ARGS: CONFIG_SOURCE})
     fields = facts_of(root).fields
     config = fields["CacheTransceiverConfig"]
-    assert set(config) == {"backend", "transceiver_runtime", "kv_transfer_timeout_ms", "max_tokens_in_buffer", "agent_bounce_params", "enable_pipelined_transfer", "required_number"}
+    assert set(config) == {
+        "backend",
+        "transceiver_runtime",
+        "kv_transfer_timeout_ms",
+        "max_tokens_in_buffer",
+        "agent_bounce_params",
+        "enable_pipelined_transfer",
+        "required_number",
+    }
     assert config["backend"].literals == ("DEFAULT", "UCX", "NIXL", "MOONCAKE", "MPI")
     assert config["backend"].default == "null"
     assert str(config["backend"].where) == where(root, ARGS, "backend:")
@@ -408,7 +419,7 @@ def test_env_names_are_read_from_the_decision_area_only(tmp_path):
 
 
 def test_every_form_of_writing_architectures_in_config_utils_is_a_checkpoint_target(tmp_path):
-    source = '''
+    source = """
     def load_pretrained_config(path, config, model_type):
         if model_type == "kimi_k3":
             config.architectures = ["KimiLinearForCausalLM"]
@@ -420,7 +431,7 @@ def test_every_form_of_writing_architectures_in_config_utils_is_a_checkpoint_tar
             config.update({"architectures": ["KimiK3ForConditionalGeneration"]})
         config.architectures = [config.architectures[0]]
         return config
-    '''
+    """
     root = simple_tree(tmp_path)
     write(root, {CONFIG_UTILS: source})
     targets = facts_of(root).checkpoint_targets
@@ -432,7 +443,9 @@ def test_every_form_of_writing_architectures_in_config_utils_is_a_checkpoint_tar
 
 def test_the_default_checkpoint_branch_sets_kimi_linear(tmp_path):
     root = simple_tree(tmp_path)
-    assert {a: str(w) for a, w in facts_of(root).checkpoint_targets.items()} == {"KimiLinearForCausalLM": where(root, CONFIG_UTILS, 'config.architectures = ["KimiLinearForCausalLM"]')}
+    assert {a: str(w) for a, w in facts_of(root).checkpoint_targets.items()} == {
+        "KimiLinearForCausalLM": where(root, CONFIG_UTILS, 'config.architectures = ["KimiLinearForCausalLM"]')
+    }
 
 
 # -- rule-bearing functions --
@@ -468,7 +481,7 @@ def test_a_rule_function_that_moved_is_found_in_its_new_file(tmp_path):
 
 
 def test_validators_are_module_functions_of_the_transceiver_files_named_as_checks(tmp_path):
-    extra = '''
+    extra = """
 
 def check_layerwise(config):
     return True
@@ -485,9 +498,15 @@ def validated_helper(config):
 class Gate:
     def _validate(self):
         return True
-'''
+"""
     root = simple_tree(tmp_path)
-    write(root, {TRANSCEIVER: (root / TRANSCEIVER).read_text() + extra, CONFIG_UTILS: (root / CONFIG_UTILS).read_text() + "\n\ndef _validate_elsewhere():\n    return 1\n"})
+    write(
+        root,
+        {
+            TRANSCEIVER: (root / TRANSCEIVER).read_text() + extra,
+            CONFIG_UTILS: (root / CONFIG_UTILS).read_text() + "\n\ndef _validate_elsewhere():\n    return 1\n",
+        },
+    )
     logic = facts_of(root).logic
     module = TRANSCEIVER[:-3].replace("/", ".")
     assert str(logic[f"{module}.check_layerwise"].where) == where(root, TRANSCEIVER, "def check_layerwise(")
@@ -512,7 +531,12 @@ def test_the_release_is_read_from_version_py(tmp_path):
 
 def test_the_model_loader_is_part_of_the_decision_area(tmp_path):
     root = simple_tree(tmp_path)
-    write(root, {MODEL_LOADER: 'import os\n\n\ndef load_config_and_apply_defaults(checkpoint_dir, llm_args):\n    if os.environ.get("TRTLLM_SKIP_MODEL_DEFAULTS") == "1":\n        return llm_args\n    return llm_args\n'})
+    write(
+        root,
+        {
+            MODEL_LOADER: 'import os\n\n\ndef load_config_and_apply_defaults(checkpoint_dir, llm_args):\n    if os.environ.get("TRTLLM_SKIP_MODEL_DEFAULTS") == "1":\n        return llm_args\n    return llm_args\n'
+        },
+    )
     facts = facts_of(root)
     assert str(facts.logic["load_config_and_apply_defaults"].where) == where(root, MODEL_LOADER, "def load_config_and_apply_defaults(")
     assert str(facts.env["TRTLLM_SKIP_MODEL_DEFAULTS"]) == where(root, MODEL_LOADER, "TRTLLM_SKIP_MODEL_DEFAULTS")

@@ -39,7 +39,7 @@ def test_a_fingerprint_is_sixteen_hex_digits_and_stable():
     "variant",
     [
         # comments
-        BASE.replace('    if backend', '    # the fallback comes first\n    if backend').replace('"CPP")', '"CPP")  # C++'),
+        BASE.replace("    if backend", "    # the fallback comes first\n    if backend").replace('"CPP")', '"CPP")  # C++'),
         # blank lines
         BASE.replace('\n    return "PYTHON"', '\n\n\n    return "PYTHON"').replace('"""\n', '"""\n\n'),
         # reformatting: line breaks inside brackets, spacing, indentation width
@@ -111,17 +111,15 @@ print(module.fingerprint(ast.parse(sys.stdin.read()).body[0]))
 
 @pytest.mark.parametrize(
     "version",
-    [
-        v
-        for v in ((3, 10), (3, 11), (3, 12), (3, 13))
-        if v != _HERE
-    ],
+    [v for v in ((3, 10), (3, 11), (3, 12), (3, 13)) if v != _HERE],
     ids=lambda v: f"python{v[0]}.{v[1]}",
 )
 def test_the_fingerprint_is_the_same_under_every_supported_python(version):
     """requires-python is >=3.10: a baseline must mean the same under each."""
     for exe in _interpreters(version):
-        probe = subprocess.run([exe, "-c", _PROBE, str(REPO / "engine/upstream/fingerprint.py")], input=textwrap.dedent(BASE), capture_output=True, text=True, timeout=60)
+        probe = subprocess.run(
+            [exe, "-c", _PROBE, str(REPO / "engine/upstream/fingerprint.py")], input=textwrap.dedent(BASE), capture_output=True, text=True, timeout=60
+        )
         if probe.returncode == 0:
             assert probe.stdout.strip() == fp(BASE)
             return

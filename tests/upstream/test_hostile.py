@@ -214,7 +214,9 @@ def test_a_delegation_cycle_is_an_unknown_hook(tmp_path):
 
 def test_an_import_cycle_is_an_unknown_base_not_a_recursion_error(tmp_path):
     files = {
-        "modeling_a.py": module("from .modeling_b import Base\nfrom .modeling_utils import register_auto_model", model_class("A", ["AForCausalLM"], bases=("Base",))),
+        "modeling_a.py": module(
+            "from .modeling_b import Base\nfrom .modeling_utils import register_auto_model", model_class("A", ["AForCausalLM"], bases=("Base",))
+        ),
         "modeling_b.py": "from .modeling_a import Base\n",
     }
     hook = _hook(simple_tree(tmp_path, files), "AForCausalLM")
@@ -231,10 +233,15 @@ def test_a_file_of_many_classes_is_read_in_one_go(tmp_path):
 
 def test_nothing_is_read_outside_the_scope(tmp_path):
     root = simple_tree(tmp_path, {"modeling_foo.py": _foo()})
-    write(root, {"tensorrt_llm/_torch/pyexecutor/py_executor.py": "x = (", "setup.py": "raise SystemExit(1)\n", "tensorrt_llm/llmapi/llm.py": "import os\nos.environ['TRTLLM_X'] = '1'\n"})
+    write(
+        root,
+        {
+            "tensorrt_llm/_torch/pyexecutor/py_executor.py": "x = (",
+            "setup.py": "raise SystemExit(1)\n",
+            "tensorrt_llm/llmapi/llm.py": "import os\nos.environ['TRTLLM_X'] = '1'\n",
+        },
+    )
     tree = open_tree(root)
     assert all(rel.startswith(("tensorrt_llm/_torch/models/", "tensorrt_llm/_torch/disaggregation/")) or rel in upstream_source.SCOPE for rel in tree.files)
     assert extract(tree).problems == []
     assert os.path.isfile(root / "setup.py")
-
-

@@ -13,7 +13,7 @@ import pytest
 
 KVPOLICY = Path(sys.executable).with_name("kvpolicy")
 
-MODELING = '''
+MODELING = """
 def register_auto_model(name):
     def wrap(cls):
         return cls
@@ -25,7 +25,7 @@ class LlamaForCausalLM:
     @classmethod
     def get_preferred_transceiver_runtime(cls, pretrained_config=None):
         return "CPP"
-'''
+"""
 
 
 def _site(tmp_path: Path, version: str = "1.4.0rc1") -> Path:

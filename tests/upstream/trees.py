@@ -199,7 +199,7 @@ def llm_args(
             lines.append(f'    backend: Optional[Literal[{literals}]] = Field(\n        default=None, description="The transfer backend.")\n')
         elif field_name == "transceiver_runtime":
             literals = ", ".join(f'"{v}"' for v in runtime_literals)
-            lines.append(f'    transceiver_runtime: Optional[Literal[{literals}]] = Field(default={_py(runtime_default)})\n')
+            lines.append(f"    transceiver_runtime: Optional[Literal[{literals}]] = Field(default={_py(runtime_default)})\n")
         elif field_name.startswith(("enable_", "agent_bounce_buffer")):
             lines.append(f"    {field_name}: bool = Field(default=False)\n")
         elif field_name == "agent_bounce_params":
@@ -216,10 +216,8 @@ def llm_args(
         f"_CACHE_TRANSCEIVER_BACKEND_ENV_VARS = ({names}{',' if len(env) == 1 else ''})\n\n\n"
         "class CacheTransceiverConfig(StrictBaseModel):\n"
         '    """How KV-cache blocks move between servers."""\n\n'
-        '    _env_order: ClassVar[tuple] = ("NIXL", "UCX")\n'
-        + "".join(lines)
-        + "\n\nclass KvCacheConfig(StrictBaseModel):\n"
-        f"    use_kv_cache_manager_v2: bool | Literal[\"auto\"] = Field(default={_py(kv_default)})\n"
+        '    _env_order: ClassVar[tuple] = ("NIXL", "UCX")\n' + "".join(lines) + "\n\nclass KvCacheConfig(StrictBaseModel):\n"
+        f'    use_kv_cache_manager_v2: bool | Literal["auto"] = Field(default={_py(kv_default)})\n'
         "    tokens_per_block: int = 32\n"
     )
 
@@ -264,13 +262,14 @@ def llm_utils(extra: str = "") -> str:
 
 def config_utils(checkpoints: Mapping[str, str] = DEFAULT_CHECKPOINTS) -> str:
     """``config_utils.py``: load_pretrained_config rewriting ``architectures`` per model_type."""
-    branches = "".join(f'    {"if" if i == 0 else "elif"} model_type == "{mt}":\n        config.architectures = ["{arch}"]\n' for i, (mt, arch) in enumerate(checkpoints.items()))
+    branches = "".join(
+        f'    {"if" if i == 0 else "elif"} model_type == "{mt}":\n        config.architectures = ["{arch}"]\n'
+        for i, (mt, arch) in enumerate(checkpoints.items())
+    )
     return (
         '"""Checkpoint loading (kvpolicy test fixture)."""\n\n\n'
         "def load_pretrained_config(path, config):\n"
-        '    model_type = getattr(config, "model_type", None)\n'
-        + (branches or "    pass\n")
-        + "    return config\n\n\n"
+        '    model_type = getattr(config, "model_type", None)\n' + (branches or "    pass\n") + "    return config\n\n\n"
         "def resolve_cache_transceiver_config(cache_config, pipelined):\n"
         "    if pipelined and cache_config.transceiver_runtime is None:\n"
         '        cache_config.transceiver_runtime = "PYTHON"\n'
@@ -313,7 +312,14 @@ def base_files(
         "tensorrt_llm/__init__.py": '"""TensorRT-LLM (kvpolicy test fixture)."""\n',
         f"{MODELS}/__init__.py": "",
         UTILS_MODULE: modeling_utils(),
-        ARGS: llm_args(fields, backend_literals=backend_literals, runtime_literals=runtime_literals, runtime_default=runtime_default, kv_default=kv_default, env=backend_env),
+        ARGS: llm_args(
+            fields,
+            backend_literals=backend_literals,
+            runtime_literals=runtime_literals,
+            runtime_default=runtime_default,
+            kv_default=kv_default,
+            env=backend_env,
+        ),
         LLM_UTILS: llm_utils(),
         CONFIG_UTILS: config_utils(checkpoints),
         TRANSCEIVER: transceiver(gate_env),
@@ -498,8 +504,24 @@ def git(root: Path, *args: str, date: str | None = None) -> str:
     if date is not None:
         env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = date
     out = subprocess.run(
-        ["git", "-c", "user.name=kvpolicy tests", "-c", "user.email=tests@kvpolicy.invalid", "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *args],
-        cwd=root, env=env, capture_output=True, text=True, check=True, timeout=60,
+        [
+            "git",
+            "-c",
+            "user.name=kvpolicy tests",
+            "-c",
+            "user.email=tests@kvpolicy.invalid",
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "commit.gpgsign=false",
+            *args,
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     return out.stdout
 
@@ -516,7 +538,9 @@ POLICIES = REPO / "policies"
 SHIPPED = "2026.10.22"
 
 
-def policy_folder(folder: Path, version: str = SHIPPED, *, upstream: Mapping[str, object] | None = None, cases: bool = False, edit: Mapping[str, str] | None = None) -> Path:
+def policy_folder(
+    folder: Path, version: str = SHIPPED, *, upstream: Mapping[str, object] | None = None, cases: bool = False, edit: Mapping[str, str] | None = None
+) -> Path:
     """A policy folder holding a copy of a shipped version (and the schema), with ``edit``'s
     replacements made (old text -> new, each must occur) and an ``[upstream]`` table appended."""
     folder.mkdir(parents=True, exist_ok=True)
