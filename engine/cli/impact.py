@@ -468,7 +468,7 @@ def _cell(text: str) -> str:
 
 def _github_annotations(results: list[ConfigImpact], old: str, new: str) -> list[tuple[str, str]]:
     """(level, annotation) for every finding, most important first within a level."""
-    lines = []
+    lines: list[tuple[str, ...]] = []
     for r in results:
         if r.skipped:
             continue

@@ -377,7 +377,7 @@ def _summary_line(verdict: Any) -> str:
 def _summary_by_group(verdict: Any) -> str:
     """The verdict of a config whose model is unknown, by the numbered groups printed above (their
     models are listed there once)."""
-    parts = {"cannot start": [], "starts": []}
+    parts: dict[str, list[str]] = {"cannot start": [], "starts": []}
     for number, outcome in enumerate(verdict.outcomes, 1):
         parts["starts" if outcome.ok else "cannot start"].append(f"[{number}] ({plural(len(outcome.labels), 'model')})")
     said = "; ".join(f"{state} for {', '.join(groups)}" for state, groups in parts.items() if groups)

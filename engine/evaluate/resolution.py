@@ -85,7 +85,7 @@ class ResolutionError(ValueError):
         super().__init__("the configuration cannot start:\n" + "\n".join(lines))
 
 
-class Resolution(tuple):  # type: ignore[type-arg]
+class Resolution(tuple):
     """The answer to one context under one policy version. Immutable.
 
     ``values`` maps each decision to its value (empty when disaggregation is off),

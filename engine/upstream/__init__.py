@@ -3,6 +3,8 @@ drift from a policy version, draft the next one. See docs/upstream.md."""
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["Drift", "Facts", "TreeError", "UpstreamTree", "check", "compare", "extract", "installed_tree", "open_tree"]
 
 from .drift import Drift, compare
@@ -17,5 +19,5 @@ def check(tree: str | None = None, *, policy: object = None) -> list[Drift]:
 
     source = installed_tree() if tree is None else open_tree(tree)
     chosen = load() if policy is None else policy
-    model = getattr(chosen, "policy", chosen)
+    model: Any = getattr(chosen, "policy", chosen)
     return compare(extract(source), model)

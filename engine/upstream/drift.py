@@ -256,12 +256,12 @@ def _fields(facts: Facts, policy: Policy) -> list[Drift]:
             )
         )
     for field_name, decision in (("transceiver_runtime", "transceiver_runtime"), ("backend", "backend")):
-        fact = config.get(field_name)
+        literal_fact = config.get(field_name)
         spec = policy.decisions.get(decision)
-        if fact is None or spec is None or fact.literals is None:
+        if literal_fact is None or spec is None or literal_fact.literals is None:
             continue
         mine = {v.upper() for v in spec.values} | {spec.auto.upper()}
-        theirs = {v.upper() for v in fact.literals}
+        theirs = {v.upper() for v in literal_fact.literals}
         if mine != theirs:
             found.append(
                 Drift(
@@ -270,7 +270,7 @@ def _fields(facts: Facts, policy: Policy) -> list[Drift]:
                     f"{field_name} takes {', '.join(sorted(theirs))} in the tree; the version's decision {decision} takes {', '.join(sorted(mine))}",
                     ", ".join(sorted(mine)),
                     ", ".join(sorted(theirs)),
-                    fact.where,
+                    literal_fact.where,
                     spec.location.line,
                     decision,
                 )

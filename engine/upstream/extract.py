@@ -183,6 +183,7 @@ class _Graph:
         self.imports: dict[str, dict[str, tuple[str, str | None]]] = {}
         self.constants: dict[str, dict[str, str]] = {}
         for module, source in self.modules.items():
+            assert source.tree is not None  # (only parsed files are modules)
             self._index(module, source.rel, source.tree)
         self._mro: dict[str, list[_Class | _Outside] | None] = {}
 
@@ -347,14 +348,14 @@ class _Hooks:
         where = Where(owner.file, member.lineno)
         if isinstance(member, ast.Assign):  # hook = Other.hook
             return self._delegate(owner, member.value, hook, chain + (where,), depth, member)
-        body = _strip_docstring(list(member.body))
+        body = _strip_docstring(list(getattr(member, "body", [])))
         if len(body) == 1 and isinstance(body[0], ast.Return):
             ret = body[0]
             chain = chain + (Where(owner.file, ret.lineno),)
             if hook == _DEFAULTS:
                 return self._defaults(owner, ret.value, rest, chain, depth, member)
             literal = self._literal(module, ret.value)
-            if literal is not _NOT:
+            if literal is None or isinstance(literal, str):
                 return Hook(literal, True, f"{owner.name}.{hook} returns {literal!r}", chain[-1], chain)
             if isinstance(ret.value, ast.Call):
                 func = ret.value.func
@@ -406,7 +407,7 @@ class _Hooks:
             if found is not None:
                 value, line = found
                 chain = chain + (Where(owner.file, line),)
-                if value is _NOT:
+                if not (value is None or isinstance(value, str)):
                     return self._unknown(owner, member, f"{owner.name}.{_DEFAULTS} computes {_V2_FIELD} (read it)", chain)
                 return Hook(value, True, f"{owner.name}.{_DEFAULTS} sets {_V2_FIELD} = {_V2_SHOWN[value]}", chain[-1], chain)
             spreads = [v for k, v in zip(expr.keys, expr.values) if k is None]
@@ -677,7 +678,7 @@ def _logic(tree: UpstreamTree, facts: Facts) -> None:
         if not places:
             continue
         rel, node = next(((r, n) for r, n in places if r == expected), places[0])
-        facts.logic[qualname] = LogicFact(qualname, fingerprint(node), Where(rel, node.lineno))
+        facts.logic[qualname] = LogicFact(qualname, fingerprint(node), Where(rel, getattr(node, "lineno", 1)))
 
 
 def _functions(module: ast.Module):

@@ -186,3 +186,20 @@ def test_a_new_checkpoint_rule_is_part_of_the_diff(capsys) -> None:
     assert data["checkpoint_rules"] == [
         {"change": "+", "rule": "kimi-k3-text-checkpoint: model_type kimi_k3 or kimi_linear loads as KimiLinearForCausalLM"}
     ]
+
+
+def test_a_diff_is_answered_from_the_cache_the_second_time(capsys, tmp_path, monkeypatch) -> None:
+    """The diff of two files depends only on their bytes, their paths and kvpolicy's code: the second
+    run reads the rendered result back (the README's example: seconds cold, ~0.1 s warm)."""
+    from kvpolicy.analyse import diff as diff_module
+
+    monkeypatch.setenv("KVPOLICY_CACHE_DIR", str(tmp_path / "cache"))
+    code, first, _ = run(capsys, "diff", "2026.09.10", "2026.09.15", "--exit-code")
+    calls = []
+    original = diff_module.diff_policies
+    monkeypatch.setattr("kvpolicy.cli.diff.diff_policies", lambda *a, **k: calls.append(a) or original(*a, **k))
+    again_code, again, _ = run(capsys, "diff", "2026.09.10", "2026.09.15", "--exit-code")
+    assert (again_code, again) == (code, first) and code == 1
+    assert calls == []  # not computed again
+    code, as_json, _ = run(capsys, "diff", "2026.09.10", "2026.09.15", "--format", "json")
+    assert json.loads(as_json)["edit"] and len(calls) == 1  # another format is another entry

@@ -220,3 +220,47 @@ def test_a_config_only_the_new_version_rejects_starts_failing_and_the_other_way_
     (report,) = json.loads(out)["configs"]
     assert report["status"] == "stops failing" and code == 0
     assert {s["status"] for s in report["sections"]} == {"stops failing"}
+
+
+def test_output_files_in_several_formats_from_one_run(capsys, in_repo, tmp_path) -> None:
+    """-o FILE takes the --format report; -o FORMAT=FILE writes others from the same run (as lint)."""
+    sarif, text = tmp_path / "impact.sarif", tmp_path / "impact.txt"
+    code, out, err = run(
+        capsys, "impact", "--configs", EXAMPLES, "--from", "2026.08.11", "--to", "2026.08.24", "--arch-map", ARCH_MAP,
+        "--format", "github", "-o", f"sarif={sarif}", "-o", f"text={text}",
+    )
+    assert code == 1
+    assert out.startswith("::error file=examples/configs/disaggregated/llama-3.1-8b-ucx-metrics.yaml,line=10::")
+    document = json.loads(sarif.read_text())
+    rules = document["runs"][0]["tool"]["driver"]["rules"]
+    assert all(rule["helpUri"].endswith("diff-impact/#what-each-status-means") for rule in rules)
+    assert text.read_text().splitlines()[-1] == "gate: fails (exit 1) on 1 config starts failing (--fail-on failing)"
+    assert "gate: fails" in err
+    code, out, err = run(capsys, "impact", "--configs", EXAMPLES, "--from", "2026.08.11", "--to", "2026.08.24", "-o", "a", "-o", "b")
+    assert code == 2 and "already goes to a" in err
+
+
+def test_github_annotations_stay_within_what_github_shows(capsys, tmp_path, monkeypatch) -> None:
+    """GitHub shows 10 annotations of a level per step: with 14 configs starting to fail, nine are
+    annotated (in file order), one says how many more, and the step summary gets every one."""
+    from kvpolicy.cli.impact import GITHUB_PER_LEVEL
+
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    for n in range(14):
+        (configs / f"c{n:02d}.yaml").write_text(DISAGG.format(model="/m", ctx_backend="UCX", gen_backend="UCX"))
+    arch_map = tmp_path / "map.yaml"
+    arch_map.write_text('"*": LlamaForCausalLM\n')
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, _ = run(
+        capsys, "impact", "--configs", str(configs), "--from", "2026.08.11", "--to", "2026.08.24", "--arch-map", str(arch_map),
+        "--format", "github",
+    )
+    assert code == 1
+    errors = [line for line in out.splitlines() if line.startswith("::error")]
+    assert len(errors) == GITHUB_PER_LEVEL == 10
+    assert errors[-1].endswith(f"{28 - 9} more errors than GitHub shows; every one is in the step summary")  # two sides each
+    assert "c00.yaml" in errors[0]
+    table = summary.read_text()
+    assert table.count("| error |") == 28 and "c13.yaml" in table
