@@ -327,6 +327,17 @@ class Connections:
         for message in messages:
             if isinstance(message, control.Welcome):
                 self._on_welcome(conn, message.rank)
+            elif isinstance(message, control.Refused) and conn.peer is None:
+                # The sender is busy (its metadata probes are full): fail this connect now, with its
+                # hint, rather than at the connect timeout.
+                if not conn.future.done():
+                    conn.future.set_exception(
+                        ConnectionRefusedError(
+                            f"the sender at {conn.endpoint} is busy ({message.reason}); retry in about {message.retry_after_ms} ms"
+                        )
+                    )
+                self.close_connection(conn)
+                return
             elif conn.peer is None:
                 self.local.drop("unknown_peer", f"{message.kind} from {conn.endpoint} before its welcome")
             elif isinstance(message, control.Result):

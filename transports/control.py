@@ -38,7 +38,8 @@ __all__ = ["MAX_METADATA", "MAX_NAME", "MAX_POOL_BLOCKS", "ControlMessageError",
 #: 5: offers and releases (receivers may read, issue 13); 6: timeouts as durations, not Unix
 #: deadlines (each side measures them on its own monotonic clock), a cancel says whether it ends the
 #: request or one attempt, and a receiver proves that the NIXL metadata of its hello is its own
-#: (*proof*, issue 26); 7: the proof nonce is 128 random bits as 32 hex digits, not a count (issue 38).
+#: (*proof*, issue 26); 7: the proof nonce is 128 random bits as 32 hex digits, not a count, and a
+#: busy sender answers a hello with *refused* and a retry hint (issue 38).
 PROTOCOL_VERSION = 7
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
@@ -148,6 +149,17 @@ class Release(NamedTuple):
     kind = "release"
 
 
+class Refused(NamedTuple):
+    """Sender -> receiver, instead of a welcome: the hello was turned away for now (the sender is busy
+    proving other peers' metadata), so the receiver's connect fails at once with the reason and a
+    retry hint instead of waiting for its timeout. Only ``busy`` refusals are answered: a hello
+    refused for what it is (a wrong agent name, metadata that failed the probe) gets silence."""
+
+    reason: str
+    retry_after_ms: int
+    kind = "refused"
+
+
 class Proof(NamedTuple):
     """Receiver -> sender, before the welcome: the nonce the sender sent as a NIXL notification to
     the agent of the hello's metadata. Only the process that owns that agent receives it, so a peer
@@ -158,7 +170,7 @@ class Proof(NamedTuple):
     kind = "proof"
 
 
-Message = Hello | Welcome | Request | Cancel | Result | Offer | Release | Proof
+Message = Hello | Welcome | Request | Cancel | Result | Offer | Release | Proof | Refused
 
 RESULT_STATUSES = ("ok", "error", "cancelled", "aborted")
 RELEASE_STATUSES = ("ok", "declined", "cancelled", "error")
@@ -178,6 +190,7 @@ _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
     "offer": (Offer, (("request_id", str), ("token", int), ("blocks", list), ("timeout_ms", int))),
     "release": (Release, (("request_id", str), ("token", int), ("status", str), ("reason", str), ("nbytes", int), ("transfer_us", int))),
     "proof": (Proof, (("nonce", str),)),
+    "refused": (Refused, (("reason", str), ("retry_after_ms", int))),
 }
 """Each kind's class and its fields, in wire order, with their types."""
 
@@ -321,6 +334,11 @@ def _check_body(body: Any) -> Message:
     if kind == "proof":
         if not PROOF_NONCE.fullmatch(data["nonce"]):
             raise ControlMessageError("proof.nonce is not 32 lowercase hex digits")
+        return cls(**data)
+    if kind == "refused":
+        check_text("refused.reason", data["reason"], 500)
+        if not 0 < data["retry_after_ms"] <= 600_000:
+            raise ControlMessageError(f"refused.retry_after_ms {data['retry_after_ms']} out of range")
         return cls(**data)
     check_text(f"{kind}.request_id", data["request_id"])
     nonce = "token" if kind in ("offer", "release") else "nonce"

@@ -56,6 +56,10 @@ PROOF_S = 5.0
 """Longest a receiver may take to echo the proof nonce (less if the transceiver's timeout is)."""
 
 
+BUSY_RETRY_MS = 500
+"""The retry hint a busy sender gives (a probe takes ~50-700 ms here)."""
+
+
 @dataclass
 class Proving:
     """A hello whose NIXL metadata was loaded, waiting for the receiver to echo the nonce sent as a
@@ -369,7 +373,7 @@ class Remotes:
             except RuntimeError:
                 pass  # closed meanwhile
 
-        self.local.probe.start(blob, done)
+        self.local.probe.start(blob, done, owner=key)  # per-key slots: one key's burst cannot crowd out first connects
 
     def _on_probed(self, identity: bytes, key: bytes, token: object, rank: control.RankInfo, blob: bytes, segments: BlockSegments, verdict: str | None) -> None:
         if self._probing.get(key) is not token:
@@ -378,6 +382,14 @@ class Remotes:
         self._admit_probed(identity, key, rank, blob, segments, verdict)
 
     def _admit_probed(self, identity: bytes, key: bytes, rank: control.RankInfo, blob: bytes, segments: BlockSegments, verdict: str | None) -> None:
+        if verdict is not None and verdict.startswith("busy"):
+            # Not a verdict on the peer: tell it, with a hint, instead of leaving it to its timeout.
+            refused = control.Refused(verdict[:500], BUSY_RETRY_MS)
+            try:
+                self.router.send_multipart([identity, control.encode(refused)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # its queue is full or it is gone: it times out as before
+            return self._refuse(key, rank, f"its NIXL metadata could not be probed now: {verdict}")
         if verdict is not None:
             if "crashed" in verdict:
                 # An honest peer never sends such metadata, and a crash that did not happen in the

@@ -136,6 +136,8 @@ class _Probe:
     """When it was handed to its helper (monotonic); None while queued."""
     dispatched: bool = False
     """Holds one of the ``max_running`` slots (else it waits for one)."""
+    owner: object = None
+    """Who asked first (a peer's key): counted against :attr:`MetadataProbe.per_owner`."""
 
 
 class MetadataProbe:
@@ -146,6 +148,10 @@ class MetadataProbe:
         mode: ``"fork"`` (default), ``"server"`` or ``"spawn"``.
         max_running: distinct blobs probed at once (children alive at once).
         max_waiting: distinct blobs that wait for a slot; beyond these, ``"busy: ..."`` at once.
+        per_owner: probes (running and waiting) one owner (``start(owner=...)``: a peer's key) may
+            have at once; beyond these its next blob is ``"busy: ..."`` at once, so one key's burst of
+            distinct blobs cannot fill every slot ahead of other peers' first connects. Default: a
+            quarter of the slots (at least one).
         timeout_s: default hard timeout of one child's load, from when its child starts loading.
         cache_size: verdicts remembered, by SHA-256 of the blob (least recently used forgotten).
         start_timeout_s: longest a helper (or a spawned child) may take to import NIXL and load its
@@ -166,6 +172,7 @@ class MetadataProbe:
         mode: str = "fork",
         max_running: int = 4,
         max_waiting: int = 16,
+        per_owner: int | None = None,
         timeout_s: float = 5.0,
         cache_size: int = 1024,
         start_timeout_s: float = 60.0,
@@ -186,6 +193,11 @@ class MetadataProbe:
         self.mode = mode
         self.max_running = max_running
         self.max_waiting = max_waiting
+        self.per_owner = per_owner if per_owner is not None else max(1, (max_running + max_waiting) // 4)
+        if isinstance(self.per_owner, bool) or not isinstance(self.per_owner, int) or self.per_owner < 1:
+            raise ValueError(f"per_owner must be an int >= 1, got {per_owner!r}")
+        self._owned: dict[object, int] = {}
+        """Probes not answered yet, by owner."""
         self.timeout_s = float(timeout_s)
         self.cache_size = cache_size
         self.start_timeout_s = float(start_timeout_s)
@@ -220,7 +232,9 @@ class MetadataProbe:
                 return True, self._cache[digest]
         return False, None
 
-    def start(self, blob: bytes, on_done: Callable[[str | None], None], timeout_s: float | None = None) -> bool:
+    def start(
+        self, blob: bytes, on_done: Callable[[str | None], None], timeout_s: float | None = None, owner: object = None
+    ) -> bool:
         """Probe ``blob`` without blocking; ``on_done(verdict)`` is called exactly once: None (safe
         to load) or why the peer is refused.
 
@@ -250,12 +264,17 @@ class MetadataProbe:
                 return True
             elif len(blob) > MAX_BLOB:
                 at_once = (f"its metadata is {len(blob)} bytes (the probe takes at most {MAX_BLOB})",)
+            elif owner is not None and self._owned.get(owner, 0) >= self.per_owner:
+                self.stats["busy"] += 1
+                at_once = (f"busy: this peer has {self._owned[owner]} metadata probes in flight already (at most {self.per_owner})",)
             elif len(self._running) >= self.max_running + self.max_waiting:
                 self.stats["busy"] += 1
                 at_once = (f"busy: {self._active} metadata probes running and {len(self._waiting)} waiting",)
             else:
                 self._ids = self._ids % 0xFFFFFFFE + 1
-                probe = self._running[digest] = _Probe(self._ids, digest, blob, timeout, [on_done])
+                probe = self._running[digest] = _Probe(self._ids, digest, blob, timeout, [on_done], owner=owner)
+                if owner is not None:
+                    self._owned[owner] = self._owned.get(owner, 0) + 1
                 if self._active < self.max_running:
                     self._active += 1
                     probe.dispatched = True
@@ -333,6 +352,12 @@ class MetadataProbe:
             if self._running.get(probe.digest) is not probe:
                 return  # answered already
             del self._running[probe.digest]
+            if probe.owner is not None:
+                left = self._owned.get(probe.owner, 1) - 1
+                if left > 0:
+                    self._owned[probe.owner] = left
+                else:
+                    self._owned.pop(probe.owner, None)
             callbacks, probe.callbacks = probe.callbacks, []
             following = None
             if probe.dispatched:

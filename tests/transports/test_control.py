@@ -23,6 +23,7 @@ RANK = control.RankInfo("decode", "agent-1", b"\x00meta", LAYOUT, 1 << 40, 64, "
         control.Cancel("r1", 0),
         control.Cancel("r1", 9, 0),
         control.Proof("0123456789abcdef" * 2),
+        control.Refused("busy: 4 metadata probes running and 16 waiting", 500),
         control.Result("r1", 9, "ok", "", 4096, 64, 1, 12, 34),
         control.Result("r1", 9, "error", "boom"),
         control.Result("r1", 9, "aborted", "deadline"),

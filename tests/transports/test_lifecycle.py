@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 from conftest import requires_nixl
@@ -176,3 +177,36 @@ def test_a_connect_for_another_key_at_a_live_endpoint_never_ends_the_session(wor
     honest.call("send", "in-flight", [5, 6], to=decode.key_name)
     assert decode.call("wait", "in-flight")["state"] == "completed"
     assert decode.call("digests", [1, 2]) == honest.call("digests", [5, 6])
+
+
+def test_a_busy_sender_answers_a_hello_with_a_retry_hint_instead_of_silence(workers):
+    """Issue 38, item 6: when the sender's metadata probes are full, a receiver's first connect fails at
+    once with why and when to retry (a `refused` frame), not at its connect timeout; the retry works."""
+    import threading
+
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, probe=(1, 0, 1))  # one probe at a time
+    first = workers("decode-a", layout=LAYOUT.to_wire(), seed=2, timeout_s=30.0)
+    second = workers("decode-b", layout=LAYOUT.to_wire(), seed=3, timeout_s=30.0)
+    outcomes: dict[str, object] = {}
+
+    def connect(worker, label):
+        started = time.monotonic()
+        try:
+            outcomes[label] = (worker.call("connect", prefill.address), time.monotonic() - started)
+        except WorkerError as exc:
+            outcomes[label] = (str(exc), time.monotonic() - started)
+
+    threads = [threading.Thread(target=connect, args=(w, label)) for w, label in ((first, "a"), (second, "b"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    refused = [(text, took) for text, took in outcomes.values() if "is busy" in str(text)]
+    welcomed = [text for text, _ in outcomes.values() if "is busy" not in str(text)]
+    assert len(refused) == 1 and len(welcomed) == 1, outcomes
+    text, took = refused[0]
+    assert "ConnectionRefusedError" in text and "retry in about 500 ms" in text
+    assert took < 10.0  # at once, not at the 30 s connect timeout
+    late = first if outcomes["a"][0] is text else second
+    time.sleep(0.5)
+    assert late.call("connect", prefill.address) == prefill.key_name  # the retry is welcomed

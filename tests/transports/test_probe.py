@@ -196,6 +196,33 @@ def test_beyond_the_running_bound_a_few_wait_for_a_slot(peer):
         assert probe.stats["children"] == 2 and probe.stats["busy"] == 1
 
 
+def test_one_owners_burst_cannot_take_every_slot(peer):
+    """Issue 38, item 6: one key's distinct blobs get at most ``per_owner`` probes at once; its next is
+    busy at once, while another key's first hello still finds a slot (and waits in turn)."""
+    _, agent, blob = peer
+    with MetadataProbe(NixlSettings(), max_running=1, max_waiting=4, per_owner=2) as probe:
+        assert probe.per_owner == 2
+        answers: dict[str, list] = {c: [] for c in "ghijk"}
+        done = threading.Semaphore(0)
+
+        def on(char):
+            return lambda v: (answers[char].append(v), done.release())
+
+        assert probe.start(renamed(blob, agent, "g"), on("g"), owner="insider") is True
+        assert probe.start(renamed(blob, agent, "h"), on("h"), owner="insider") is True
+        assert probe.start(renamed(blob, agent, "i"), answers["i"].append, owner="insider") is False
+        assert answers["i"][0].startswith("busy: this peer has 2 metadata probes in flight already"), answers
+        assert probe.start(renamed(blob, agent, "j"), on("j"), owner="honest") is True  # a slot is left for others
+        for _ in range(3):
+            assert done.acquire(timeout=60)
+        assert answers["g"] == answers["h"] == answers["j"] == [None]
+        # Once its probes are answered, the owner may probe again.
+        assert probe.check(renamed(blob, agent, "k")) is None
+    assert MetadataProbe(NixlSettings(), max_running=4, max_waiting=16).per_owner == 5
+    with pytest.raises(ValueError, match="per_owner"):
+        MetadataProbe(NixlSettings(), per_owner=0)
+
+
 def test_a_child_that_overruns_its_timeout_is_killed_and_not_remembered(peer, probe):
     _, agent, blob = peer
     sample = renamed(blob, agent, "t")

@@ -94,6 +94,12 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
         # Defaults only for what the test's environment leaves alone (e.g. no CMA tuning over TCP).
         settings=NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in config.get("env", {}))),
     )
+    if config.get("probe"):  # smaller metadata-probe slots than the default: (max_running, max_waiting, per_owner)
+        from kvpolicy.transports.probe import MetadataProbe
+
+        running, waiting, per_owner = config["probe"]
+        tx._local.probe.close()
+        tx._local.probe = MetadataProbe(tx.settings, max_running=running, max_waiting=waiting, per_owner=per_owner)
     handles: dict[str, Any] = {}
     registry = None
     delayed_results: list[float] = []
