@@ -25,6 +25,7 @@ __all__ = [
     "models_root_problem",
     "own_policies",
     "read_line",
+    "split_outputs",
     "with_policies",
 ]
 
@@ -172,3 +173,21 @@ def _plural(count: int, noun: str) -> str:
     from ..wording import plural
 
     return plural(count, noun)
+
+
+def split_outputs(values: list[str], formats: tuple[str, ...]) -> tuple[str | None, list[tuple[str, str]]] | str:
+    """``-o`` values of a command with report formats (lint, impact): the file the ``--format``
+    report goes to (``-o FILE``, at most one) and the other reports (``-o FORMAT=FILE``); a message
+    saying what is wrong instead, for the caller to report (exit 2)."""
+    main_file, extra = None, []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if sep and name in formats:
+            if not path:
+                return f"--output {name}=: name the file to write"
+            extra.append((name, path))
+        elif main_file is None:
+            main_file = value
+        else:
+            return f"--output {value}: the --format report already goes to {main_file}; name another report FORMAT=FILE ({', '.join(formats)})"
+    return main_file, extra

@@ -12,7 +12,7 @@ from typing import Any
 from ..analyse.difftext import edit_lines
 from ..analyse.edit import PolicyEdit, edit_between
 from ..analyse.impact import ConfigImpact, SectionImpact, Side, impact_of, load_architecture_map
-from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem, read_line
+from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem, read_line, split_outputs
 from ..wording import plural
 from .policies import load_policy_argument
 from ..read.releases import UnmodelledRelease
@@ -148,15 +148,10 @@ def run(args: Any) -> int:
         results = [r for r in results if not _same_file(r.path, arch_map.path)]
     edit = edit_between(old, new)
     line = gate_line(results, args.fail_on)
-    main_file, extra = None, []
-    for value in args.output:
-        name, sep, path = value.partition("=")
-        if sep and name in FORMATS:
-            extra.append((name, path))
-        elif main_file is None:
-            main_file = value
-        else:
-            return fail(f"--output {value}: the --format report already goes to {main_file}; name another report FORMAT=FILE ({', '.join(FORMATS)})")
+    outputs = split_outputs(args.output, FORMATS)
+    if isinstance(outputs, str):
+        return fail(outputs)
+    main_file, extra = outputs
 
     def report(fmt: str) -> str:
         if fmt == "json":
@@ -173,8 +168,6 @@ def run(args: Any) -> int:
     for fmt, path in [(args.format, main_file), *extra]:
         if path is None:
             continue
-        if not path:
-            return fail(f"--output {fmt}=: name the file to write")
         try:
             Path(path).write_text(report(fmt), encoding="utf-8")
         except OSError as exc:

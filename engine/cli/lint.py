@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..wording import plural
-from .common import add_colour_argument, fail, own_policies, use_colour, with_policies
+from .common import add_colour_argument, fail, own_policies, split_outputs, use_colour, with_policies
 
 __all__ = ["register"]
 
@@ -103,20 +103,13 @@ def run_lint(args: Any) -> int:
         result = lint_paths(paths, config, base=args.base, cache=not args.no_cache)
     except LintUsageError as exc:
         return fail(str(exc))
-    main_file, extra = None, []
-    for value in args.output:
-        name, sep, path = value.partition("=")
-        if sep and name in FORMATS:
-            extra.append((name, path))
-        elif main_file is None:
-            main_file = value
-        else:
-            return fail(f"--output {value}: the --format report already goes to {main_file}; name another report FORMAT=FILE ({', '.join(FORMATS)})")
+    outputs = split_outputs(args.output, FORMATS)
+    if isinstance(outputs, str):
+        return fail(outputs)
+    main_file, extra = outputs
     for name, path in [(args.format, main_file), *extra]:
         if path is None:
             continue
-        if not path:
-            return fail(f"--output {name}=: name the file to write")
         report = render(result, name)
         if source is not None:
             report = with_policies(report, name, source)

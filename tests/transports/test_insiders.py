@@ -24,6 +24,14 @@ pytestmark = requires_nixl
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
 
 
+def rename_agent(metadata: bytes, agent: str, own: str) -> bytes:
+    """A peer's NIXL metadata with its agent name (a length-prefixed string) replaced by ``own``."""
+    import struct
+
+    at = metadata.index(agent.encode()) - 8
+    return metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+
+
 def served(prefill, decode, request_id, src, dst, **receive) -> None:
     prefill.call("send", request_id, src, to=decode.key_name)
     decode.call("receive", request_id, dst, **receive)
@@ -253,8 +261,6 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
     """The insider takes the victim decoder's NIXL metadata, renames the agent in it to one bound to
     its own key, and says hello: the name checks pass, but the metadata reaches the victim's memory.
     The sender's proof nonce goes to that agent (the victim), so the insider cannot echo it."""
-    import struct
-
     from attackers import allowed_dealer, recv
     from test_security import fake_rank
 
@@ -263,8 +269,7 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
     victim.call("connect", prefill.address)
     agent, metadata = victim.call("metadata")
     sock, own = allowed_dealer(prefill.address, "renamer")
-    at = metadata.index(agent.encode()) - 8
-    renamed = metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+    renamed = rename_agent(metadata, agent, own)
     try:
         sock.send(control.encode(control.Hello(fake_rank(own, renamed))))
         time.sleep(0.5)
@@ -285,8 +290,6 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     hello with the victim's metadata renamed and echoes what a counter would give next (and, in
     further hellos, other guesses). Nonces are 128 random bits per hello and the first wrong echo ends
     each proving: no guess, in any number of hellos, is welcomed, and nothing is written to the victim."""
-    import struct
-
     from attackers import allowed_dealer, recv
     from test_security import fake_rank
 
@@ -295,8 +298,7 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     victim.call("connect", prefill.address)
     agent, metadata = victim.call("metadata")
     sock, own = allowed_dealer(prefill.address, "guesser")
-    at = metadata.index(agent.encode()) - 8
-    renamed = metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+    renamed = rename_agent(metadata, agent, own)
     before = victim.call("digests", list(range(8)))
     guesses = [f"{n:032x}" for n in range(1, 6)] + ["f" * 32, "0123456789abcdef" * 2]
     try:
@@ -327,10 +329,7 @@ def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_l
     sock, own = allowed_dealer(prefill.address, "crasher")
     helper = workers("crasher", layout=LAYOUT.to_wire(), seed=3)  # a real agent whose metadata gets mutated
     agent, metadata = helper.call("metadata")
-    at = metadata.index(agent.encode()) - 8
-    import struct
-
-    renamed = metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+    renamed = rename_agent(metadata, agent, own)
     try:
         for _name, _at, _byte, blob, _signal in mutants(renamed):
             sock.send(control.encode(control.Hello(fake_rank(own, blob))))
