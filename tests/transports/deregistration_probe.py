@@ -9,7 +9,6 @@ key can end its access to memory at the data plane; docs/trust-model.md states t
 """
 import multiprocessing as mp
 import os
-import sys
 import time
 
 import numpy as np
