@@ -214,11 +214,21 @@ def _architecture(result: ConfigImpact) -> str:
     return result.architecture + (f" ({result.model_type})" if result.model_type else "")
 
 
+#: How a status reads after a count: the ones that name what changed read as nouns ("1 runtime
+#: change", "2 runtime changes"), not as a plural after one ("1 runtime changes").
+_COUNTED = {
+    "runtime changes": ("runtime change", "runtime changes"),
+    "backend changes": ("backend change", "backend changes"),
+    "changes": ("change", "changes"),
+    "new warning": ("new warning", "new warnings"),
+}
+
+
 def _counts(results: list[ConfigImpact]) -> str:
     counts = Counter(r.status for r in results if not r.skipped)
     order = ("starts failing", "fails differently", "malformed", "architecture unknown", "runtime changes", "backend changes",
              "changes", "new warning", "stops failing", "still failing", "unchanged")
-    return ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+    return ", ".join(f"{counts[s]} {_COUNTED.get(s, (s, s))[counts[s] != 1]}" for s in order if counts[s])
 
 
 def _unknown_line(results: list[ConfigImpact]) -> str | None:

@@ -264,3 +264,20 @@ def test_github_annotations_stay_within_what_github_shows(capsys, tmp_path, monk
     assert "c00.yaml" in errors[0]
     table = summary.read_text()
     assert table.count("| error |") == 28 and "c13.yaml" in table
+
+
+def test_counts_read_as_nouns_after_one_and_many() -> None:
+    """Issue 35: "1 runtime changes" read as a plural after one; what changed reads as a noun."""
+    from types import SimpleNamespace
+
+    from kvpolicy.cli.impact import _counts
+
+    def results(*statuses):
+        return [SimpleNamespace(status=s, skipped=None) for s in statuses]
+
+    assert _counts(results("runtime changes", "changes", "new warning", "unchanged")) == (
+        "1 runtime change, 1 change, 1 new warning, 1 unchanged"
+    )
+    assert _counts(results("runtime changes", "runtime changes", "backend changes", "starts failing")) == (
+        "1 starts failing, 2 runtime changes, 1 backend change"
+    )
