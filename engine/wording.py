@@ -1,11 +1,18 @@
-"""How messages read: counted nouns ("1 file", "2 files", never "1 files" or "file(s)"), and
-"did you mean" hints for misspelt names."""
+"""How messages read: counted nouns ("1 file", "2 files", never "1 files" or "file(s)"), "did you
+mean" hints for misspelt names, and messages escaped for GitHub's workflow commands."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["plural", "suggest"]
+__all__ = ["github_escape", "plural", "suggest"]
+
+
+def github_escape(value: str, *, prop: bool = False) -> str:
+    """``value`` as a GitHub workflow command (``::error file=...::message``) carries it: ``%``, CR and
+    LF escaped; in a property (``prop``: ``file=``, ``title=``) also ``:`` and ``,``."""
+    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return value.replace(":", "%3A").replace(",", "%2C") if prop else value
 
 
 def plural(count: int, noun: str, nouns: str | None = None, *, grouped: bool = False) -> str:

@@ -395,6 +395,14 @@ class Receiver:
                 total += sum(len(self.fences[k].handle.block_ids) for k in fence_keys if k in self.fences)
         return total
 
+    def quarantined_over_bound(self, names: Iterable[str]) -> dict[str, int]:
+        """(Caller's thread.) Blocks each of ``names`` keeps quarantined beyond
+        ``Limits.quarantined_per_peer``, read under :attr:`state` (the service thread changes it)."""
+        bound = self.local.limits.quarantined_per_peer
+        with self.state:
+            held = {name: self.quarantined_blocks(name) for name in names}
+        return {name: blocks for name, blocks in held.items() if blocks > bound}
+
     def quarantine_by_sender(self) -> dict[str, int]:
         """Sender name -> blocks it keeps quarantined (what an operator may release)."""
         names = {sender for sender, _agent in self.quarantined}

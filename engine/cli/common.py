@@ -10,6 +10,7 @@ import sys
 from ..errors import ContextError, PolicyError
 from ..read.policyroot import DEFAULT_FOLDER, PolicySource, policy_source
 from ..evaluate.policyset import PolicySet, load
+from ..wording import plural
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
@@ -165,14 +166,8 @@ def read_line(used: Any, env_names: frozenset[str]) -> str:
         shown.append(entry)
     text = f"read: {'; '.join(shown)}" if shown else "read: nothing"
     if skipped:
-        text += f" ({_plural(skipped, 'environment variable')} set that the policy never reads not shown)"
+        text += f" ({plural(skipped, 'environment variable')} set that the policy never reads not shown)"
     return text
-
-
-def _plural(count: int, noun: str) -> str:
-    from ..wording import plural
-
-    return plural(count, noun)
 
 
 def split_outputs(values: list[str], formats: tuple[str, ...]) -> tuple[str | None, list[tuple[str, str]]] | str:

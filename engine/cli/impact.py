@@ -7,7 +7,7 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..analyse.difftext import edit_lines
 from ..analyse.edit import PolicyEdit, edit_between
@@ -17,7 +17,7 @@ from ..wording import plural
 from .policies import load_policy_argument
 from ..read.releases import UnmodelledRelease
 from .releases import add_accept_argument, add_trtllm_argument, release_lines, unmodelled
-from ..lint.report import DOCS_URL
+from ..wording import github_escape
 
 __all__ = ["register", "render_github", "render_sarif", "render_text", "to_json"]
 
@@ -418,17 +418,19 @@ def to_json(results: list[ConfigImpact], old: str, new: str) -> dict[str, Any]:
     }
 
 
-def _escape(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+class _Note(NamedTuple):
+    """One GitHub annotation before it is written: its place in the file order and its rank (configs
+    that start failing first, then those that fail differently, then the rest)."""
 
+    level: str
+    path: str
+    line: int | None
+    message: str
+    rank: int = 2
 
-def _property(text: str) -> str:
-    return _escape(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def _annotation(level: str, path: str, line: int | None, message: str) -> str:
-    where = f"file={_property(path)}" + (f",line={line}" if line else "")
-    return f"::{level} {where}::{_escape(message)}"
+    def annotation(self) -> str:
+        where = f"file={github_escape(self.path, prop=True)}" + (f",line={self.line}" if self.line else "")
+        return f"::{self.level} {where}::{github_escape(self.message)}"
 
 
 #: GitHub shows at most 10 annotations of each level per step (50 per job); more are dropped silently.
@@ -444,11 +446,11 @@ def render_github(results: list[ConfigImpact], old: str, new: str, *, summary_fi
     first ones are kept (configs that start failing first, then other failures, in file order) and
     one annotation per level says how many more there are; with ``summary_file`` (the step summary,
     ``$GITHUB_STEP_SUMMARY``) every annotation is also appended there as a Markdown table."""
-    lines = _github_annotations(results, old, new)
+    notes = _github_notes(results, old, new)
     shown: list[str] = []
     hidden: dict[str, int] = {}
     for level in ("error", "warning", "notice"):
-        of_level = [text for lvl, text in lines if lvl == level]
+        of_level = [note.annotation() for note in notes if note.level == level]
         shown += of_level[:GITHUB_PER_LEVEL - 1] if len(of_level) > GITHUB_PER_LEVEL else of_level
         if len(of_level) > GITHUB_PER_LEVEL:
             hidden[level] = len(of_level) - (GITHUB_PER_LEVEL - 1)
@@ -456,7 +458,7 @@ def render_github(results: list[ConfigImpact], old: str, new: str, *, summary_fi
             shown.append(f"::{level} title=kvpolicy impact::{hidden[level]} more {level}s than GitHub shows; every one is in {where}")
     if summary_file and hidden:
         rows = ["| level | config | message |", "|---|---|---|"]
-        rows += [f"| {lvl} | {_cell(text.split('file=', 1)[1].split('::', 1)[0])} | {_cell(text.split('::', 2)[2])} |" for lvl, text in lines]
+        rows += [f"| {note.level} | {_cell(note.path)} | {_cell(note.message)} |" for note in notes]
         try:
             with open(summary_file, "a", encoding="utf-8") as handle:
                 handle.write(f"### kvpolicy impact {old} -> {new}\n\n" + "\n".join(rows) + "\n\n")
@@ -466,17 +468,18 @@ def render_github(results: list[ConfigImpact], old: str, new: str, *, summary_fi
 
 
 def _cell(text: str) -> str:
-    return text.replace("%0A", " ").replace("%0D", " ").replace("%25", "%").replace("|", "\\|").replace("%3A", ":").replace("%2C", ",")
+    """Text as one Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
-def _github_annotations(results: list[ConfigImpact], old: str, new: str) -> list[tuple[str, str]]:
-    """(level, annotation) for every finding, most important first within a level."""
-    lines: list[tuple[str, ...]] = []
+def _github_notes(results: list[ConfigImpact], old: str, new: str) -> list[_Note]:
+    """Every annotation, most important first (the sort is stable: file order within a rank)."""
+    lines: list[_Note] = []
     for r in results:
         if r.skipped:
             continue
         for p in r.problems:
-            lines.append(("error", _annotation("error", p.path, p.line, p.message)))
+            lines.append(_Note("error", p.path, p.line, p.message))
         if not r.problems and not r.architecture_known:
             line = r.sections[0].line if r.sections else None
             if r.status == "architecture unknown":
@@ -486,9 +489,9 @@ def _github_annotations(results: list[ConfigImpact], old: str, new: str) -> list
                     f"architecture unknown, the outcome depends on the model ({old} -> {new}): {detail}. "
                     "Give the checkpoint's config.json (--models-root, $LLM_MODELS_ROOT) or --arch-map"
                 )
-                lines.append((level, _annotation(level, r.path, line, message)))
+                lines.append(_Note(level, r.path, line, message))
             else:
-                lines.append(("notice", _annotation("notice", r.path, line, f"architecture unknown; {r.status} for every architecture ({old} -> {new})")))
+                lines.append(_Note("notice", r.path, line, f"architecture unknown; {r.status} for every architecture ({old} -> {new})"))
         for s in r.sections:
             if s.status == "architecture unknown":
                 continue
@@ -504,15 +507,12 @@ def _github_annotations(results: list[ConfigImpact], old: str, new: str) -> list
                 text += f". {errors[0].id}: {errors[0].message}"
             elif s.new.invalid:
                 text += f". {s.new.invalid}"
-            lines.append((level, _annotation(level, r.path, s.line, text), status))
+            lines.append(_Note(level, r.path, s.line, text, {"starts failing": 0, "fails differently": 1}.get(status, 2)))
         if r.mismatch_new:
             line = r.sections[0].line if r.sections else None
             still = " (already under " + old + ")" if r.mismatch_old else ""
-            lines.append(("error", _annotation("error", r.path, line, f"under {new}: {r.mismatch_new}{still}")))
-    # Configs that start failing first, then the other failures; each group in file order.
-    rank = {"starts failing": 0, "fails differently": 1}
-    order = sorted(range(len(lines)), key=lambda i: (rank.get(lines[i][2], 2) if len(lines[i]) > 2 else 2, i))
-    return [(lines[i][0], lines[i][1]) for i in order]
+            lines.append(_Note("error", r.path, line, f"under {new}: {r.mismatch_new}{still}"))
+    return sorted(lines, key=lambda note: note.rank)
 
 
 
@@ -531,6 +531,7 @@ def render_sarif(results: list[ConfigImpact], old: str, new: str) -> str:
     """SARIF 2.1.0 for code scanning: one result per config that fails, may fail for an unknown
     model (level error when some model would start failing, warning otherwise) or changes."""
     from .. import __version__
+    from ..lint.report import DOCS_URL  # (here: lint's report module pulls in the rule catalogue)
 
     found: list[dict[str, Any]] = []
 

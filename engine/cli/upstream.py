@@ -130,21 +130,16 @@ def run_check(args: Any) -> int:
     return result.exit_code
 
 
-def _head_date(root: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%cs"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = out.stdout.strip()
-    return text.replace("-", ".") if out.returncode == 0 and re.match(r"^\d{4}-\d{2}-\d{2}$", text) else None
-
-
-def _head(root: Path) -> str:
+def _head(root: Path) -> tuple[str, str | None]:
+    """The checkout's HEAD as ``"abbrev date"`` and its commit date as a version id (YYYY.MM.DD);
+    ``("", None)`` when git cannot say."""
     try:
         out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %cs"], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
+        return "", None
+    text = out.stdout.strip()
+    match = re.match(r"^\S+ (\d{4})-(\d{2})-(\d{2})$", text)
+    return (text, ".".join(match.groups())) if out.returncode == 0 and match else ("", None)
 
 
 def run_draft(args: Any) -> int:
@@ -176,7 +171,8 @@ def run_draft(args: Any) -> int:
         newest = load(folder)
     except PolicyError as exc:
         return fail(str(exc))
-    version = args.new_version or (_head_date(tree.root) if tree.is_git else None) or datetime.date.today().strftime("%Y.%m.%d")
+    head, head_date = _head(tree.root) if tree.is_git else ("", None)
+    version = args.new_version or head_date or datetime.date.today().strftime("%Y.%m.%d")
     if not _VERSION.match(version):
         return fail(f"--as {version!r} is not a version: write a date, YYYY.MM.DD (optionally .N)")
     if version_key(version) <= version_key(newest.version):
@@ -186,7 +182,6 @@ def run_draft(args: Any) -> int:
         return fail(f"{target} already exists")
     facts = extract(tree)
     drift = compare(facts, base.policy)
-    head = _head(tree.root) if tree.is_git else ""
     read = (
         f"TensorRT-LLM {'checkout' if tree.is_git else tree.kind} {tree.root.name}"
         + (f" at {head}" if head else "")

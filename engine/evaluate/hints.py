@@ -16,16 +16,29 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     from ..read.model import Policy
 
-__all__ = ["context_notes", "known_env", "notes"]
+__all__ = ["context_notes", "known_env", "notes", "read_env"]
+
+
+def _conditions(policy: Policy) -> list[Any]:
+    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
+    return conditions + [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
+
+
+def read_env(policy: Policy) -> frozenset[str]:
+    """Every variable the policy reads: in a condition (one tested as "any value but X" too) or as a
+    feature's switch."""
+    names = {f.env for f in policy.features.values() if f.env}
+    for condition in _conditions(policy):
+        names.update(condition.env)
+    return frozenset(names)
 
 
 def known_env(policy: Policy) -> dict[str, set[str]]:
-    """Variables the policy reads -> the values it tests for (a feature's variable: "1")."""
+    """Variables the policy reads -> the values it tests for (a feature's variable: "1"); a variable
+    tested as "any value but X" is left out (every value of it is read, so none is a typo)."""
     known: dict[str, set[str]] = {}
     negated: set[str] = set()
-    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
-    conditions += [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
-    for condition in conditions:
+    for condition in _conditions(policy):
         for variable, matcher in condition.env.items():
             if matcher.negate:  # "any value but X": every other value is read
                 negated.add(variable)

@@ -141,7 +141,9 @@ class PolicySet:
 
     def env_names(self) -> frozenset[str]:
         """The environment variables this version reads (in a condition, or as a feature's switch)."""
-        return frozenset(name for name, _values in self._index.data["known_env"])
+        from .hints import read_env
+
+        return read_env(self.policy)
 
     @property
     def features(self) -> frozenset[str]:

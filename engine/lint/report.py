@@ -13,6 +13,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from .. import __version__
+from ..wording import github_escape
 from .rules import CATEGORIES, RULES, Finding
 from .runner import LintResult
 
@@ -161,14 +162,6 @@ def as_json(result: LintResult) -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
-def _escape_data(value: str) -> str:
-    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _escape_property(value: str) -> str:
-    return _escape_data(value).replace(":", "%3A").replace(",", "%2C")
-
-
 def github(result: LintResult) -> str:
     """GitHub Actions workflow commands: one ``::error``/``::warning`` annotation per finding."""
     out = []
@@ -177,13 +170,13 @@ def github(result: LintResult) -> str:
         title = f"{finding.code} {RULES[finding.code].name}"
         properties = ",".join(
             [
-                f"file={_escape_property(loc.path)}",
+                f"file={github_escape(loc.path, prop=True)}",
                 f"line={loc.line}",
                 f"col={loc.column}",
-                f"title={_escape_property(title)}",
+                f"title={github_escape(title, prop=True)}",
             ]
         )
-        out.append(f"::{finding.severity} {properties}::{_escape_data(finding.message)}")
+        out.append(f"::{finding.severity} {properties}::{github_escape(finding.message)}")
     return "\n".join(out) + ("\n" if out else "")
 
 

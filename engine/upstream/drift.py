@@ -73,13 +73,10 @@ def version_fields(policy: Policy) -> set[str]:
 
 
 def version_env(policy: Policy) -> set[str]:
-    """Every environment name the version models (features and conditions)."""
-    names = {f.env for f in policy.features.values() if f.env}
-    conditions = [r.when for r in policy.rules()] + [c.when for c in policy.constraints]
-    conditions += [d.preference.adopt_when for d in policy.decisions.values() if d.preference]
-    for condition in conditions:
-        names |= set(condition.env)
-    return names
+    """Every environment name the version models (features and conditions): what the resolver reads."""
+    from ..evaluate.hints import read_env
+
+    return set(read_env(policy))
 
 
 def compare(facts: Facts, policy: Policy) -> list[Drift]:
@@ -411,12 +408,13 @@ def _baseline(facts: Facts, policy: Policy) -> list[Drift]:
                 line,
             )
         )
-    for name in sorted((recorded | version_env(policy)) - set(facts.env)):
+    modelled = version_env(policy)
+    for name in sorted((recorded | modelled) - set(facts.env)):
         found.append(
             Drift(
                 "env-removed",
                 name,
-                f"{name} is {'modelled' if name in version_env(policy) else 'in the baseline'}; the tree's decision area no longer names it",
+                f"{name} is {'modelled' if name in modelled else 'in the baseline'}; the tree's decision area no longer names it",
                 name,
                 None,
                 None,

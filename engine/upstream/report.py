@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from ..wording import github_escape
 from .drift import KINDS, Drift
 from .extract import Facts
 
@@ -103,23 +104,18 @@ def _json(result: CheckResult) -> str:
     return json.dumps(body, indent=2) + "\n"
 
 
-def _escape(value: str, prop: bool = False) -> str:
-    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    return value.replace(":", "%3A").replace(",", "%2C") if prop else value
-
-
 def _github(result: CheckResult) -> str:
     out = []
     for drift in result.drift:
         where = f" [{drift.where}]" if drift.where else ""
         props = ",".join(
             [
-                f"file={_escape(result.policy_path, True)}",
+                f"file={github_escape(result.policy_path, prop=True)}",
                 f"line={drift.policy_line or 1}",
-                f"title={_escape(f'{drift.code} {drift.kind}', True)}",
+                f"title={github_escape(f'{drift.code} {drift.kind}', prop=True)}",
             ]
         )
-        out.append(f"::error {props}::{_escape(drift.message + where)}")
+        out.append(f"::error {props}::{github_escape(drift.message + where)}")
     return "\n".join(out) + ("\n" if out else "")
 
 

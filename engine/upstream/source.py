@@ -140,7 +140,7 @@ def record_hash() -> str | None:
     return None
 
 
-def _candidates(root: Path, tree: UpstreamTree) -> list[Path]:
+def _candidates(root: Path) -> list[Path]:
     found: list[Path] = []
     for entry in SCOPE:
         target = root / entry
@@ -176,7 +176,7 @@ def _read(root: Path, kind: str) -> UpstreamTree:
 
 def _read_files(root: Path, kind: str) -> UpstreamTree:
     tree = UpstreamTree(root=root, kind=kind)
-    for path in _candidates(root, tree):
+    for path in _candidates(root):
         rel = path.relative_to(root).as_posix()
         try:
             info = os.lstat(path)

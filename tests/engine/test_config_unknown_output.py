@@ -46,3 +46,15 @@ def test_an_unknown_models_groups_are_listed_once_and_named_by_rule_family(tmp_p
     # the verdict by group, without the lists again
     verdict = [line for line in out.splitlines() if line.startswith("depends on the model")]
     assert verdict and verdict[0].startswith("depends on the model: cannot start for [1] (") and verdict[0].endswith("(exit 3)")
+
+
+def test_read_shows_a_variable_the_policy_reads_through_an_any_value_but_test():
+    """TRTLLM_NIXL_KVCACHE_BACKEND is read by the in-flight-cancel gate as "any value but UCX": it
+    must stay in `read:` (the notes' list of tested values leaves it out on purpose)."""
+    import kvpolicy
+    from kvpolicy.cli.common import read_line
+
+    names = kvpolicy.load(version="2026.10.22").env_names()
+    assert "TRTLLM_NIXL_KVCACHE_BACKEND" in names
+    line = read_line(("context_servers.env_overrides.TRTLLM_NIXL_KVCACHE_BACKEND = LIBFABRIC",), names)
+    assert line == "read: context_servers.env_overrides.TRTLLM_NIXL_KVCACHE_BACKEND = LIBFABRIC"
