@@ -231,7 +231,7 @@ def _rank(
             kind: NixlTransceiver(
                 pool, name=f"{role}-{kind}-{mode}", timeout_s=60, host=host, settings=settings,
                 identity=keys[role], allowed_peers={r: public for r, (public, _) in keys.items()},
-                allow_reads=mode == "reads", _plaintext=plaintext,
+                allow_reads=mode == "reads", allow_roleless_peers=True, _plaintext=plaintext,
             )
             for kind, pool in pools.items()
         }

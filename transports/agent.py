@@ -55,6 +55,19 @@ def import_nixl(settings: NixlSettings | None = None) -> Any:
     return nixl_api
 
 
+def nixl_version() -> str:
+    """The installed NIXL release (its distribution's version: ``nixl``, or the ``nixl-cu12`` /
+    ``nixl-cu13`` wheel it installs); :class:`RuntimeError` when none is installed as a package."""
+    from importlib import metadata
+
+    for distribution in ("nixl", "nixl-cu13", "nixl-cu12"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    raise RuntimeError("NIXL is not installed as a package (pip install nixl): its release decides which metadata format kvpolicy reads")
+
+
 def nixl_available() -> tuple[bool, str]:
     """Whether NIXL can load here, and why not if it cannot."""
     try:

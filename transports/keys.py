@@ -44,7 +44,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -354,6 +354,10 @@ class AllowList:
         self._unreadable = False
         self._version = 0
         self._since: dict[bytes, set[str | None]] = {}
+        self.roleless: Callable[[bytes], bool] = lambda public: True
+        """Whether a key without a role may act in a role asked for (:meth:`name_of`,
+        :meth:`contains`); a transceiver accepts one only from its own process, or with
+        ``allow_roleless_peers`` (tests and tools)."""
         if spec is None:
             raise KeyMaterialError(
                 "allowed_peers is required: the control plane talks only to peers whose public keys it knows. "
@@ -501,14 +505,19 @@ class AllowList:
         with self._lock:
             self._look()
             peer = self._peers.get(public)
-        return peer.name if peer is not None and _role_allows(peer.role, role) else None
+        return peer.name if peer is not None and self._allows(peer, role) else None
+
+    def _allows(self, peer: PeerKey, role: str | None) -> bool:
+        if peer.role is None and role is not None:
+            return self.roleless(peer.public)
+        return _role_allows(peer.role, role)
 
     def contains(self, public: bytes, role: str | None = None) -> bool:
         """Whether ``public`` was allowed (for ``role``, as :meth:`name_of`) when last looked at: no
         I/O, for per-frame checks; :meth:`refresh` (or any :meth:`name_of`) brings it up to date."""
         _check_role(role)
         peer = self._peers.get(public)
-        return peer is not None and _role_allows(peer.role, role)
+        return peer is not None and self._allows(peer, role)
 
     def role_of(self, public: bytes) -> str | None:
         """The role an allowed key carries (``prefill`` or ``decode``) as last read; None for a key

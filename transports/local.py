@@ -21,6 +21,7 @@ import zmq
 from . import control
 from .keys import AllowList, Identity
 from .loop import ServiceLoop
+from .metadata import Expected, MetadataError, admit, read_metadata
 from .pool import BlockPool
 from .request import TransferHandle
 
@@ -48,6 +49,9 @@ STAT_NAMES = (
     "refused_proofs",
     "closed_removed_keys",
     "refused_metadata",
+    "malformed_metadata",
+    "proofs_asked",
+    "superseded_hellos",
 )
 
 ALLOW_LIST_CHECK_S = 0.1
@@ -86,6 +90,17 @@ class Limits:
     frame_burst: int = 10_000
     hellos_per_s: float = 5.0
     hello_burst: int = 20
+    unproved_per_peer: int = 4
+    """Hellos of one key whose metadata is loaded and whose proof of memory is still awaited; a newer
+    one supersedes the oldest, which counts as a failed proof. Loading a hello's metadata makes this
+    process connect to the agent it describes (a third party, if the metadata is not the peer's own):
+    this bounds how many such connections one key has open at once (as many as the live hellos a key
+    may keep, ``remotes_per_peer``: the ranks of one key connect at once)."""
+    proof_ban_s: float = 60.0
+    """After a failed proof (a wrong echo, none in time, or superseded unproved) a key's hellos are
+    refused before their metadata is read: 1 s after the first failure, doubling to at most this.
+    A proof that succeeds clears it. So 1,000 unproved hellos from one key make this process load
+    (and connect to) about ``log2(proof_ban_s) + elapsed / proof_ban_s`` agents, not 1,000."""
     fetches: int = 8
     """Metadata reads from etcd in flight at once (one per peer key at most)."""
     offers_per_peer: int = 4096
@@ -136,8 +151,13 @@ class LocalSide:
         log_requests: bool,
         plaintext: bool = False,
         reads: bool = False,
+        backends: tuple[str, ...] = ("UCX",),
     ) -> None:
         self.name = name
+        self.backends = backends
+        """The NIXL backends this side configured: a peer's metadata must offer exactly these."""
+        self._own_ucx: bytes | None = None
+        """This side's own UCX worker address (a peer's must have its form), read at the first hello."""
         self.pool = pool
         self.layout = pool.layout
         self.agent = agent
@@ -197,6 +217,23 @@ class LocalSide:
         self._agents[loaded] = self._agents.get(loaded, 0) + 1
         self._blobs[loaded] = blob
         return loaded
+
+    def check_metadata(self, rank: control.RankInfo, blob: bytes) -> str | None:
+        """None when ``blob`` is NIXL metadata NIXL may read: exactly NIXL's format, the agent the
+        hello named, this side's backends, and one region, the pool the hello announced
+        (:func:`.metadata.admit`); else why not (counted in ``malformed_metadata``). Nothing a peer
+        sends reaches NIXL's own parser without passing this."""
+        if self._own_ucx is None:
+            self._own_ucx = dict(read_metadata(self.agent.get_agent_metadata()).connections).get("UCX", b"")
+        expected = Expected(
+            rank.agent, self.backends, rank.memory_type, rank.base_address, rank.num_blocks * rank.layout.block_bytes, rank.device_id, self._own_ucx
+        )
+        try:
+            admit(blob, expected)
+        except MetadataError as exc:
+            self.stats["malformed_metadata"] += 1
+            return f"its NIXL metadata is not what this deployment expects ({exc})"
+        return None
 
     def agent_loaded(self, blob: bytes) -> bool:
         """Whether exactly this metadata is loaded already (in use or idle): no probe needed."""
@@ -319,7 +356,8 @@ _METADATA_HEADER = b"nixlSerDes|Agent"
 
 
 def agent_of_metadata(blob: bytes) -> str | None:
-    """The agent name NIXL metadata declares (its first field), read without loading it."""
+    """The agent name NIXL metadata declares (its first field), read without loading it (the whole
+    blob is read strictly by :meth:`LocalSide.check_metadata` before NIXL sees it)."""
     start = len(_METADATA_HEADER)
     if not blob.startswith(_METADATA_HEADER) or len(blob) < start + 8:
         return None

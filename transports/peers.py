@@ -72,6 +72,7 @@ class Proving:
     stale: list
     nonce: str
     timer: Any = None
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -155,11 +156,13 @@ class Remotes:
         self._hellos: dict[bytes, Bucket] = {}
         self._fetching: dict[bytes, object] = {}
         self._proving: dict[bytes, Proving] = {}
+        """Hellos waiting for their proof echo, by connection."""
         self._probing: dict[bytes, object] = {}
         """Hellos whose metadata is being loaded in a probe child, by key (the newest wins)."""
         self._crashed: dict[bytes, float] = {}
         """Keys whose metadata crashed a probe, until when they are refused."""
-        """Hellos waiting for their proof echo, by connection."""
+        self._unproved: dict[bytes, tuple[int, float]] = {}
+        """Keys whose last proof failed: (failures in a row, until when their hellos are refused)."""
         self._outbox: dict[bytes, list[bytes]] = {}
         """Encoded results queued per receiver connection this iteration (sent by :meth:`flush`)."""
         self.frames_sent = self.messages_sent = 0
@@ -348,6 +351,7 @@ class Remotes:
 
     def _on_fetched(self, identity: bytes, key: bytes, token: object, rank: control.RankInfo, segments: BlockSegments, blob: bytes | None, error: str) -> None:
         if self._fetching.get(key) is not token:
+            self.local.stats["superseded_hellos"] += 1
             return
         del self._fetching[key]
         if not blob or len(blob) > control.MAX_METADATA:
@@ -357,9 +361,19 @@ class Remotes:
     def _admit(self, identity: bytes, key: bytes, rank: control.RankInfo, blob: bytes, segments: BlockSegments) -> None:
         if agent_of_metadata(blob) != rank.agent:
             return self._refuse(key, rank, "its NIXL metadata names another agent")
+        # Nothing a peer sends reaches NIXL's parser (here, in a probe child or in load_agent) unread:
+        # the whole blob is read strictly against what this hello announced (:mod:`.metadata`).
+        problem = self.local.check_metadata(rank, blob)
+        if problem is not None:
+            return self._refuse(key, rank, problem)
         banned = self._crashed.get(key, 0.0) - time.monotonic()
         if banned > 0:
             return self._refuse(key, rank, f"its metadata crashed the NIXL parser in a probe; refused for {banned:.0f} s more")
+        failures, until = self._unproved.get(key, (0, 0.0))
+        if until > time.monotonic():
+            # Loading a hello's metadata connects to the agent it describes, before any proof: a key
+            # whose proofs fail waits, so it cannot make this process a deputy against a third party.
+            return self._refuse(key, rank, f"its last {failures} proof(s) of memory failed; refused for {until - time.monotonic():.1f} s more")
         # NIXL's parser is not hardened: metadata this process has not loaded before is loaded first
         # in a short-lived child (:mod:`.probe`); a hello whose metadata kills the child is refused.
         known, verdict = self.local.probe.cached(blob)
@@ -377,6 +391,7 @@ class Remotes:
 
     def _on_probed(self, identity: bytes, key: bytes, token: object, rank: control.RankInfo, blob: bytes, segments: BlockSegments, verdict: str | None) -> None:
         if self._probing.get(key) is not token:
+            self.local.stats["superseded_hellos"] += 1  # a newer hello of this key is probed instead
             return
         del self._probing[key]
         self._admit_probed(identity, key, rank, blob, segments, verdict)
@@ -424,6 +439,10 @@ class Remotes:
             self.local.unload_agent(loaded)
             return self._refuse(key, rank, f"no NIXL notification reaches its agent: {exc}")
         self._drop_proving(identity)
+        same_key = sorted((p for p in self._proving.values() if p.key == key), key=lambda p: p.started)
+        for old in same_key[: max(0, len(same_key) - self.local.limits.unproved_per_peer + 1)]:
+            self._failed_proof(old, "a newer hello of its key superseded it before its proof of memory came")
+        self.local.stats["proofs_asked"] += 1
         proving = Proving(identity, key, rank, segments, stale, nonce)
         proving.timer = self.local.loop.call_at(
             time.monotonic() + min(self.local.timeout_s, PROOF_S), lambda: self._proof_expired(proving)
@@ -436,11 +455,21 @@ class Remotes:
             old.timer.cancel()
             self.local.unload_agent(old.rank.agent)
 
-    def _proof_expired(self, proving: Proving) -> None:
+    def _failed_proof(self, proving: Proving, why: str) -> None:
+        """End ``proving`` as failed: its agent unloaded, the key refused for a while (doubling)."""
         if self._proving.get(proving.identity) is proving:
             self._drop_proving(proving.identity)
-            self.local.stats["refused_proofs"] += 1
-            self._refuse(proving.key, proving.rank, "it did not echo the nonce sent to the agent of its NIXL metadata in time (is that metadata its own?)")
+        self.local.stats["refused_proofs"] += 1
+        failures = self._unproved.get(proving.key, (0, 0.0))[0] + 1
+        ban = min(self.local.limits.proof_ban_s, 2.0 ** min(failures - 1, 30))
+        self._unproved[proving.key] = (failures, time.monotonic() + ban)
+        if len(self._unproved) > 4096:  # bounded: the oldest entries go (keys come from the allow-list)
+            self._unproved.pop(next(iter(self._unproved)))
+        self._refuse(proving.key, proving.rank, f"{why}; its key's hellos are refused for {ban:g} s")
+
+    def _proof_expired(self, proving: Proving) -> None:
+        if self._proving.get(proving.identity) is proving:
+            self._failed_proof(proving, "it did not echo the nonce sent to the agent of its NIXL metadata in time (is that metadata its own?)")
 
     def _on_proof(self, identity: bytes, key: bytes, proof: control.Proof) -> None:
         proving = self._proving.get(identity)
@@ -449,12 +478,11 @@ class Remotes:
         elif not secrets.compare_digest(proof.nonce, proving.nonce):
             # The first wrong echo ends the proving (a guess gets one try per hello, and hellos are
             # rate-limited per key) and counts against the key.
-            self.local.stats["refused_proofs"] += 1
-            self._drop_proving(identity)
-            self._refuse(key, proving.rank, "it echoed a wrong proof nonce (is the NIXL metadata of its hello its own?)")
+            self._failed_proof(proving, "it echoed a wrong proof nonce (is the NIXL metadata of its hello its own?)")
         else:
             del self._proving[identity]
             proving.timer.cancel()
+            self._unproved.pop(key, None)
             self._welcome(proving)
 
     def _welcome(self, proving: Proving) -> None:

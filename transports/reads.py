@@ -233,6 +233,8 @@ class Reads:
             problem = f"its agent name {rank.agent!r} does not carry its key's fingerprint"
         elif agent_of_metadata(rank.metadata) != rank.agent:
             problem = "its NIXL metadata names another agent"
+        elif (malformed := self.local.check_metadata(rank, rank.metadata)) is not None:
+            problem = malformed
         elif not len(segments.runs):
             problem = "it holds none of this side's layers and heads"
         elif not self.local.agent_loaded(rank.metadata) and not self.local.probe.cached(rank.metadata)[0]:

@@ -21,6 +21,8 @@ Flow of one request::
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 import os
 import threading
@@ -30,17 +32,36 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .agent import NixlSettings, create_agent
+from .agent import NixlSettings, create_agent, nixl_version
 from .connections import Connections, Peer
-from .keys import AllowList, Identity, IdentitySpec, address_with_key, check_nixl_etcd, split_address
+from .keys import AllowList, Identity, IdentitySpec, address_with_key, check_nixl_etcd, fingerprint, split_address
 from .local import Limits, LocalSide
 from .loop import ServiceLoop
+from .metadata import format_supported
 from .peers import Remotes
 from .pool import BlockPool
 from .probe import MetadataProbe
 from .receiver import Receive, Receiver
 from .request import TransferHandle
 from .sender import Sender
+
+_IN_PROCESS: collections.Counter[bytes] = collections.Counter()
+"""Public keys of the transceivers alive in this process (a role-less key of one of them is accepted)."""
+_WARNED: set[bytes] = set()
+
+
+def _roleless_allowed(allowed: bool, name: str, public: bytes) -> bool:
+    if allowed or public in _IN_PROCESS:
+        return True
+    if public not in _WARNED and len(_WARNED) < 1024:
+        _WARNED.add(public)
+        log.warning(
+            "transceiver %s: peer key %s has no role and is not of this process: refused (make it again with "
+            "`kvpolicy keys new DIR --name NAME --role prefill|decode`, or pass allow_roleless_peers=True in tests)",
+            name, fingerprint(public),
+        )
+    return False
+
 
 PROBE_TIMEOUT_S = 10.0
 """Shortest time a peer's metadata may take to load in a probe child (a loaded host forks slowly)."""
@@ -73,6 +94,10 @@ class NixlTransceiver:
         allow_reads: receivers named in ``send(to=...)`` read the blocks themselves (NIXL READ), so
             no control message is on a request's path. They get this side's NIXL metadata, and with
             it access to the whole pool: allow it only for receivers trusted that far (:mod:`.reads`).
+        allow_roleless_peers: accept peer keys without a role (``--role any``) from other processes.
+            By default such a key is accepted only from a transceiver of this process (single-process
+            tests and tools): across processes a role-less key could act as both sides (issue 38,
+            item 8). For multi-process tests and benchmarks only; give real keys a role.
         _plaintext: for bench/transfer.py only, to measure what CURVE costs: no authentication, no
             encryption, no per-receiver binding. Never use it on a network.
     """
@@ -95,6 +120,7 @@ class NixlTransceiver:
         metadata: str = "inline",
         limits: Limits | None = None,
         allow_reads: bool = False,
+        allow_roleless_peers: bool = False,
         _plaintext: bool = False,
     ) -> None:
         if not isinstance(pool, BlockPool):
@@ -107,14 +133,21 @@ class NixlTransceiver:
             check_nixl_etcd(os.environ.get("NIXL_ETCD_ENDPOINTS", ""))
             if allow_reads:
                 raise ValueError("allow_reads needs metadata='inline' (the welcome carries the metadata a reader loads)")
+        # Peers' metadata is read strictly before NIXL sees it (:mod:`.metadata`): only in a format
+        # this kvpolicy reads, i.e. with a NIXL release whose format it was checked against.
+        unreadable = format_supported(nixl_version())
+        if unreadable is not None:
+            raise RuntimeError(unreadable)
         allowed = AllowList(allowed_peers)
         me = Identity.load(identity)
+        allowed.roleless = functools.partial(_roleless_allowed, bool(allow_roleless_peers), name or "kv")
         self.pool = pool
         self.layout = pool.layout
         self.timeout_s = float(timeout_s)
         self.name = name or "kv"
         self.metadata = metadata
         self.settings = settings or NixlSettings()
+        self._public = me.public
         self.public_key: str = me.public.decode()
         """This side's public key (z85): what peers put on their allow-lists."""
         self._closed = False
@@ -131,7 +164,7 @@ class NixlTransceiver:
         self._local = local = LocalSide(
             name=self.name, pool=pool, agent=agent, agent_name=agent_name, identity=me, allowed=allowed,
             timeout_s=self.timeout_s, limits=limits or Limits(), metadata=metadata, loop=loop, log_requests=log_requests,
-            plaintext=bool(_plaintext), reads=bool(allow_reads),
+            plaintext=bool(_plaintext), reads=bool(allow_reads), backends=tuple(self.settings.backends),
         )
         local.handle_ended = self._forget_handle
         # (its helper process starts with the first hello; a probe may take as long as a request)
@@ -155,6 +188,7 @@ class NixlTransceiver:
             raise
         self.address: str = self._remotes.address
         """Where senders are reached, with their public key: pass it to a receiver's :meth:`connect`."""
+        _IN_PROCESS[me.public] += 1  # (close() takes it back)
         loop.start(on_exit=self._on_loop_exit)
         loop.submit(self._remotes.start).result(10.0)
 
@@ -354,6 +388,9 @@ class NixlTransceiver:
             if self._closed:
                 return
             self._closed = True
+        _IN_PROCESS[self._public] -= 1
+        if _IN_PROCESS[self._public] <= 0:
+            _IN_PROCESS.pop(self._public, None)
         try:
             self._loop.submit(self._begin_close)
         except RuntimeError:

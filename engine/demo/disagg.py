@@ -273,7 +273,7 @@ def run_model(
     """
     for role in ("prefill", "decode"):
         if not os.path.exists(os.path.join(keys_dir, f"{role}.key_secret")):
-            create_keys(keys_dir, role)
+            create_keys(keys_dir, role, role)  # keys with their role: the workers are two processes
     prefill_info = prefill.call("setup", settings, keys_dir)
     decode_info = decode.call("setup", settings, keys_dir)
     if prefill_info["digest"] != decode_info["digest"]:

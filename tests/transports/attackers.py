@@ -90,3 +90,51 @@ class RogueSender:
 
     def close(self) -> None:
         self.socket.close(0)
+
+
+_HOLDER = """
+import os, sys
+out = os.dup(1)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # UCX's log lines must not fill the pipe
+import numpy as np
+from kvpolicy.transports.agent import NixlSettings, create_agent
+agent = create_agent(sys.argv[1], NixlSettings())
+pool = np.zeros(int(sys.argv[2]), dtype=np.uint8)
+agent.register_memory([(pool.ctypes.data, pool.nbytes, 0, "")], "DRAM")
+blob = agent.get_agent_metadata()
+os.write(out, len(blob).to_bytes(8, "little") + blob)
+os.close(out)
+while sys.stdin.read(1):
+    pass
+"""
+
+
+class LiveAgent:
+    """A bare NIXL agent in its own process, holding one DRAM region of ``nbytes``, alive until
+    :meth:`close`: the agent a fuzzed copy of metadata describes, so that loading a copy connects
+    to a live agent as a real load would. Its exit status is not judged: UCX may abort a process
+    whose peers connect with mutated copies of its address and vanish (docs/trust-model.md)."""
+
+    def __init__(self, name: str, nbytes: int) -> None:
+        import subprocess
+        import sys
+
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, name, str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        assert self.process.stdout is not None
+        size = int.from_bytes(self.process.stdout.read(8) or b"\0", "little")
+        self.metadata = self.process.stdout.read(size)
+        assert self.metadata.startswith(b"nixlSerDes|"), "the agent process did not start"
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.process.stdin:
+            self.process.stdin.close()  # it exits when its stdin closes
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -317,8 +317,8 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
 
 def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_lives(workers):
     """An allowed peer sends NIXL metadata that kills NIXL's parser (one byte changed, found by
-    bench/probe.py --search): the sender loads it in a probe child first, refuses the hello, bans the
-    key for a while, and goes on serving."""
+    bench/probe.py --search): the sender's strict reader refuses it before any NIXL call (no probe
+    child is even started), and the sender goes on serving."""
     from attackers import allowed_dealer, recv
     from test_probe import mutants
     from test_security import fake_rank
@@ -330,12 +330,146 @@ def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_l
     helper = workers("crasher", layout=LAYOUT.to_wire(), seed=3)  # a real agent whose metadata gets mutated
     agent, metadata = helper.call("metadata")
     renamed = rename_agent(metadata, agent, own)
+    crashers = mutants(renamed)
+    probed = prefill.call("probe_stats")["children"]  # (the honest decoder's metadata was probed)
     try:
-        for _name, _at, _byte, blob, _signal in mutants(renamed):
+        for _name, _at, _byte, blob, _signal in crashers:
             sock.send(control.encode(control.Hello(fake_rank(own, blob))))
             assert recv(sock, 500) is None
-        eventually(lambda: prefill.call("stats")["refused_metadata"] >= 1, timeout_s=30)
+        eventually(lambda: prefill.call("stats")["malformed_metadata"] >= len(crashers), timeout_s=30)
     finally:
         sock.close(0)
     assert prefill.process.is_alive()
+    assert prefill.call("probe_stats")["children"] == probed  # refused before a probe child loaded anything
     served(prefill, decode, "alive", [1, 2], [3, 4])
+
+
+def ended(stats: dict) -> int:
+    """Hellos a sender is done with: each ends as a proof asked, a refusal, a frame dropped as
+    malformed, or superseded by a newer hello of its key before its metadata probe answered."""
+    return stats["proofs_asked"] + stats["refused_hellos"] + stats["dropped_malformed"] + stats["superseded_hellos"]
+
+
+MUTATIONS = (lambda b: b ^ 0xFF, lambda b: 0x00, lambda b: 0x80, lambda b: b ^ 0x01, lambda b: 0x7F)
+"""The byte values a fuzzed offset takes (the issue's scan used these)."""
+
+
+def one_byte_mutations(blob: bytes, count: int) -> list[tuple[int, int]]:
+    """``count`` distinct one-byte mutations of ``blob`` as (offset, index into :data:`MUTATIONS`):
+    every offset with the first value, then every offset with the next, and so on."""
+    out: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for index, value in enumerate(MUTATIONS):
+        for at, old in enumerate(blob):
+            new = value(old)
+            if new != old and (at, new) not in seen and len(out) < count:
+                seen.add((at, new))
+                out.append((at, index))
+    return out
+
+
+def test_a_thousand_hellos_with_mutated_metadata_leave_the_prefill_serving_bit_exactly(workers):
+    """Issue 40's bar: 1,000 hellos from an allowed key, each with a real agent's metadata renamed to
+    a new agent of the key (so nothing is loaded already) and one byte changed (every offset, several
+    values), announcing whatever pool the mutated metadata describes. Each is refused by the strict
+    reader, or probed and loaded by NIXL in the prefill itself; the prefill never crashes and serves
+    an honest decoder bit-exactly after."""
+    from attackers import LiveAgent, allowed_dealer
+    from test_security import fake_rank
+
+    from kvpolicy.transports.metadata import Expected, MetadataError, admit
+
+    # No rate limit and (almost) no wait after a failed proof: every hello is read, and every one the
+    # reader lets through is loaded (the next one supersedes its proving).
+    limits = {"hellos_per_s": 100_000.0, "hello_burst": 100_000, "proof_ban_s": 0.001, "unproved_per_peer": 1}
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, limits=limits, probe=(4, 1100, 1100))
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    decode.call("connect", prefill.address)
+    sock, own = allowed_dealer(prefill.address, "fuzzer")
+    stem = own.rsplit("-", 1)[0]
+    helper = LiveAgent("fuzzed-0", 64 * LAYOUT.block_bytes)  # a live agent: loads connect to it as real ones would
+    agent, metadata = helper.name, helper.metadata
+    schedule = one_byte_mutations(rename_agent(metadata, agent, own), 1000)
+    assert len(schedule) == 1000
+
+    def answered() -> int:
+        return ended(prefill.call("stats"))
+
+    start, malformed, loaded = prefill.call("stats"), 0, 0
+    first = answered()  # each hello ends as one of: a proof asked, a refusal, a frame dropped as malformed
+    # (each waits for the one before it to end: a newer hello of a key supersedes an older one's probe)
+    try:
+        for n, (at, index) in enumerate(schedule):
+            name = f"{stem}-{n:04x}"  # (as long as the name the schedule was made for)
+            base = rename_agent(metadata, agent, name)
+            blob = base[:at] + bytes([MUTATIONS[index](base[at])]) + base[at + 1 :]
+            rank = fake_rank(name, blob)
+            try:
+                admit(blob, Expected(name, ("UCX",), "DRAM", rank.base_address, rank.num_blocks * LAYOUT.block_bytes, 0))
+                loaded += 1
+            except MetadataError:
+                malformed += 1
+            sock.send(control.encode(control.Hello(rank)))
+            eventually(lambda: answered() - first > n, timeout_s=30, seen=lambda: prefill.call("stats"))
+    finally:
+        sock.close(0)
+        helper.close()
+    stats, probes = prefill.call("stats"), prefill.call("probe_stats")
+    assert prefill.process.is_alive() and prefill.process.exitcode is None
+    assert malformed >= 500 and loaded >= 100, (malformed, loaded)  # most never reach NIXL; a few hundred do
+    assert stats["malformed_metadata"] - start["malformed_metadata"] >= 400, stats  # (others fail earlier checks: the name)
+    assert probes["crashed"] == 0, probes
+    print(f"1,000 mutated hellos: {malformed} refused by the reader, {loaded} read by NIXL; {stats['proofs_asked']} proofs asked, prefill alive")
+    served(prefill, decode, "after-fuzz", [1, 2, 3], [4, 5, 6])
+
+
+def test_a_thousand_unproved_hellos_cost_neither_the_sender_nor_a_third_party_descriptors(workers):
+    """Issue 38, item 2: an insider says hello 1,000 times with the victim decoder's metadata renamed
+    to agents of its own key (a new agent name each time, so nothing is loaded already). Loading
+    metadata connects to the agent it describes, before any proof; after a failed proof the key's
+    hellos are refused before their metadata is read (1 s, doubling), so only a handful are loaded:
+    the victim's and the sender's descriptors stay flat, and both still serve."""
+    from attackers import allowed_dealer
+    from test_security import fake_rank
+
+    unlimited = {"hellos_per_s": 100_000.0, "hello_burst": 100_000}
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, limits=unlimited, timeout_s=2.0)
+    victim = workers("victim", layout=LAYOUT.to_wire(), seed=2)
+    victim.call("connect", prefill.address)
+    served(prefill, victim, "before", [1, 2], [3, 4])
+    agent, metadata = victim.call("metadata")
+    sock, own = allowed_dealer(prefill.address, "deputy")
+    stem = own.rsplit("-", 1)[0]
+    before = {"prefill": prefill.call("resources")["fds"], "victim": victim.call("resources")["fds"]}
+    try:
+        for n in range(1000):
+            name = f"{stem}-{n:04x}"
+            sock.send(control.encode(control.Hello(fake_rank(name, rename_agent(metadata, agent, name)))))
+            time.sleep(0.005)
+        eventually(lambda: ended(prefill.call("stats")) >= 1000 + 1, timeout_s=60, seen=lambda: prefill.call("stats"))
+    finally:
+        sock.close(0)
+    stats = prefill.call("stats")
+    assert stats["proofs_asked"] - 1 <= 12, stats  # the first few, then one per ban (1 s, 2 s, 4 s ...)
+    time.sleep(0.5)
+    after = {"prefill": prefill.call("resources")["fds"], "victim": victim.call("resources")["fds"]}
+    assert after["prefill"] <= before["prefill"] + 16 and after["victim"] <= before["victim"] + 16, (before, after)
+    print(f"1,000 unproved hellos: {stats['proofs_asked'] - 1} loaded, descriptors {before} -> {after}")
+    served(prefill, victim, "after", [5, 6], [7, 8])
+
+
+def test_a_key_without_a_role_is_refused_across_processes_unless_allowed(workers):
+    """Issue 38, item 8: a role-less key (``--role any``) could act as both sides. A transceiver
+    accepts one only from its own process, or with ``allow_roleless_peers`` (the tests' workers)."""
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, roleless=False)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)  # a role-less key, as every test key
+    with pytest.raises(WorkerError, match="allowed_peers"):
+        decode.call("connect", prefill.address, timeout_s=3.0)
+    assert prefill.call("stats")["refused_handshakes"] >= 1
+    strict_decode = workers("strict-decode", layout=LAYOUT.to_wire(), seed=3, roleless=False)
+    other = workers("other-prefill", layout=LAYOUT.to_wire(), seed=4)
+    with pytest.raises(WorkerError, match="allowed_peers"):
+        strict_decode.call("connect", other.address, timeout_s=3.0)
+    other_decode = workers("other-decode", layout=LAYOUT.to_wire(), seed=5)  # allows role-less keys: as before
+    other_decode.call("connect", other.address)
+    served(other, other_decode, "roleless-allowed", [1], [2])

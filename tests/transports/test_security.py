@@ -41,8 +41,20 @@ def served(prefill, decode, request_id, src, dst):
     assert decode.call("digests", dst) == prefill.call("digests", src)
 
 
-def fake_rank(agent: str, metadata: bytes = b"", num_blocks: int = 64) -> control.RankInfo:
-    return control.RankInfo("attacker", agent, metadata, LAYOUT, 1 << 30, num_blocks, "DRAM", 0)
+def fake_rank(agent: str, metadata: bytes = b"", num_blocks: int | None = None) -> control.RankInfo:
+    """A hello's rank for ``agent``. With metadata that registers one region, the rank announces that
+    region as its pool (as a peer copying another's metadata would copy its rank too: the sender
+    refuses metadata whose region is not the announced pool before anything else)."""
+    from kvpolicy.transports.metadata import MetadataError, read_metadata
+
+    base, blocks = 1 << 30, 64
+    try:
+        regions = [r for s in read_metadata(metadata).sections for r in s.regions] if metadata else []
+    except MetadataError:
+        regions = []
+    if len(regions) == 1:
+        base, blocks = regions[0].address, max(1, regions[0].length // LAYOUT.block_bytes)
+    return control.RankInfo("attacker", agent, metadata, LAYOUT, base, blocks if num_blocks is None else num_blocks, "DRAM", 0)
 
 
 def metadata_header(agent: str) -> bytes:

@@ -91,6 +91,9 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
         allowed_peers=config["allowed_peers"],
         limits=Limits(**config["limits"]) if config.get("limits") else None,
         allow_reads=config.get("allow_reads", False),
+        # The tests' keys are role-less (each worker acts as both sides in some test); a test of
+        # roles passes keys with roles, or roleless=False.
+        allow_roleless_peers=config.get("roleless", True),
         # Defaults only for what the test's environment leaves alone (e.g. no CMA tuning over TCP).
         settings=NixlSettings(ucx_env=tuple((k, v) for k, v in NixlSettings().ucx_env if k not in config.get("env", {}))),
     )
@@ -206,6 +209,8 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
             elif op == "fill":
                 fill_pattern(pool, args[0])
                 result = None
+            elif op == "probe_stats":  # the metadata probe's counters (children, crashed, busy, ...)
+                result = dict(tx._local.probe.stats)
             elif op == "stats":
                 reads = tx._receiver.reads
                 result = {**tx.stats, "registrations": tx.registrations, "reads": reads.done, "read_sources": len(reads.sources)}
