@@ -438,7 +438,9 @@ class Remotes:
         except Exception as exc:
             self.local.unload_agent(loaded)
             return self._refuse(key, rank, f"no NIXL notification reaches its agent: {exc}")
-        self._drop_proving(identity)
+        earlier = self._proving.get(identity)
+        if earlier is not None:  # a hello again on the same connection, before the proof of the last one
+            self._failed_proof(earlier, "a newer hello on its connection superseded it before its proof of memory came")
         same_key = sorted((p for p in self._proving.values() if p.key == key), key=lambda p: p.started)
         for old in same_key[: max(0, len(same_key) - self.local.limits.unproved_per_peer + 1)]:
             self._failed_proof(old, "a newer hello of its key superseded it before its proof of memory came")

@@ -447,14 +447,22 @@ def test_a_thousand_unproved_hellos_cost_neither_the_sender_nor_a_third_party_de
             sock.send(control.encode(control.Hello(fake_rank(name, rename_agent(metadata, agent, name)))))
             time.sleep(0.005)
         eventually(lambda: ended(prefill.call("stats")) >= 1000 + 1, timeout_s=60, seen=lambda: prefill.call("stats"))
+        stats = prefill.call("stats")
+        loaded_fast = stats["proofs_asked"] - 1  # (a probe takes ~50 ms: most are superseded by the next hello)
+        # Slower than a probe, each hello would be loaded; after the first failed proofs the key waits.
+        for n in range(40):
+            name = f"{stem}-{n + 1000:04x}"
+            sock.send(control.encode(control.Hello(fake_rank(name, rename_agent(metadata, agent, name)))))
+            time.sleep(0.1)
+        time.sleep(0.5)
     finally:
         sock.close(0)
     stats = prefill.call("stats")
-    assert stats["proofs_asked"] - 1 <= 12, stats  # the first few, then one per ban (1 s, 2 s, 4 s ...)
-    time.sleep(0.5)
+    loaded_slow = stats["proofs_asked"] - 1 - loaded_fast
+    assert loaded_fast + loaded_slow <= 12 and stats["refused_proofs"] >= 1, stats  # without the ban: ~40 loaded
     after = {"prefill": prefill.call("resources")["fds"], "victim": victim.call("resources")["fds"]}
     assert after["prefill"] <= before["prefill"] + 16 and after["victim"] <= before["victim"] + 16, (before, after)
-    print(f"1,000 unproved hellos: {stats['proofs_asked'] - 1} loaded, descriptors {before} -> {after}")
+    print(f"1,000 unproved hellos: {loaded_fast} loaded; 40 paced: {loaded_slow} loaded; descriptors {before} -> {after}")
     served(prefill, victim, "after", [5, 6], [7, 8])
 
 
