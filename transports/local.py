@@ -156,6 +156,8 @@ class LocalSide:
         self.name = name
         self.backends = backends
         """The NIXL backends this side configured: a peer's metadata must offer exactly these."""
+        self._workers: dict[int, str] = {}
+        """UCX worker uuid -> the proved agent loaded in NIXL with it (in use or idle)."""
         self._own_ucx: bytes | None = None
         """This side's own UCX worker address (a peer's must have its form), read at the first hello."""
         self.pool = pool
@@ -218,6 +220,15 @@ class LocalSide:
         self._blobs[loaded] = blob
         return loaded
 
+    def bind_worker(self, agent: str) -> None:
+        """``agent`` proved it owns the memory its metadata describes (or is a sender this side
+        authenticated): its UCX worker is its, and a copy of it under another name is refused by
+        :meth:`check_metadata` from now on (until NIXL forgets the agent). Only proved agents bind a
+        worker: an unproved copy loaded first cannot lock the owner out."""
+        worker = _worker_of(self._blobs.get(agent, b""))
+        if worker is not None:
+            self._workers[worker] = agent
+
     def check_metadata(self, rank: control.RankInfo, blob: bytes) -> str | None:
         """None when ``blob`` is NIXL metadata NIXL may read: exactly NIXL's format, the agent the
         hello named, this side's backends, and one region, the pool the hello announced
@@ -233,6 +244,17 @@ class LocalSide:
         except MetadataError as exc:
             self.stats["malformed_metadata"] += 1
             return f"its NIXL metadata is not what this deployment expects ({exc})"
+        # A copy of a loaded agent's worker (or of this side's own) under another agent name is
+        # refused before NIXL connects to it: a peer cannot use this side to reach a process it
+        # already serves, or itself.
+        worker = _worker_of(blob)
+        owner = self._workers.get(worker) if worker is not None else None
+        if owner is not None and owner != rank.agent:
+            self.stats["malformed_metadata"] += 1
+            return f"its UCX worker address is that of agent {owner!r}, loaded here already (is that metadata its own?)"
+        if worker is not None and self._own_ucx and worker == _worker_of_address(self._own_ucx):
+            self.stats["malformed_metadata"] += 1
+            return "its UCX worker address is this side's own (is that metadata its own?)"
         return None
 
     def agent_loaded(self, blob: bytes) -> bool:
@@ -252,7 +274,9 @@ class LocalSide:
             self._idle[name] = None
         while len(self._idle) > IDLE_AGENTS:
             oldest, _ = self._idle.popitem(last=False)
-            del self._blobs[oldest]
+            worker = _worker_of(self._blobs.pop(oldest))
+            if worker is not None and self._workers.get(worker) == oldest:
+                del self._workers[worker]
             try:
                 self.agent.remove_remote_agent(oldest)
             except Exception as exc:
@@ -353,6 +377,23 @@ class LocalSide:
 
 
 _METADATA_HEADER = b"nixlSerDes|Agent"
+
+
+def _worker_of(blob: bytes) -> int | None:
+    """The uuid of the UCX worker NIXL metadata describes (None if it has no readable UCX part)."""
+    try:
+        return _worker_of_address(dict(read_metadata(blob).connections).get("UCX", b""))
+    except MetadataError:
+        return None
+
+
+def _worker_of_address(address: bytes) -> int | None:
+    from .ucx_wire import UcxWireError, read_worker_address
+
+    try:
+        return read_worker_address(address).uuid if address else None
+    except UcxWireError:
+        return None
 
 
 def agent_of_metadata(blob: bytes) -> str | None:

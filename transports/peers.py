@@ -485,6 +485,7 @@ class Remotes:
             del self._proving[identity]
             proving.timer.cancel()
             self._unproved.pop(key, None)
+            self.local.bind_worker(proving.rank.agent)
             self._welcome(proving)
 
     def _welcome(self, proving: Proving) -> None:

@@ -262,6 +262,8 @@ class Reads:
             if loaded and loaded != rank.agent:
                 self.local.unload_agent(loaded)
                 problem = f"NIXL loaded agent {loaded!r}, not {rank.agent!r}"
+            elif loaded:
+                self.local.bind_worker(loaded)  # (a sender this side authenticated and connected to)
         if problem:
             self._log_refused(peer, problem)
             return
