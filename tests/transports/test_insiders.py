@@ -265,8 +265,9 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
     from test_security import fake_rank
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof
+    # (test_a_copy_of_a_peers_worker_under_another_agent_costs_that_peer_nothing); here the proof decides.
     victim = workers("victim", layout=LAYOUT.to_wire(), seed=2)
-    victim.call("connect", prefill.address)
     agent, metadata = victim.call("metadata")
     sock, own = allowed_dealer(prefill.address, "renamer")
     renamed = rename_agent(metadata, agent, own)
@@ -282,6 +283,7 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
         assert recv(sock, 500) is None
     finally:
         sock.close(0)
+    victim.call("connect", prefill.address)
     served(prefill, victim, "unharmed", [1, 2], [3, 4])
 
 
@@ -294,8 +296,9 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     from test_security import fake_rank
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof
+    # (test_a_copy_of_a_peers_worker_under_another_agent_costs_that_peer_nothing); here the proof decides.
     victim = workers("victim", layout=LAYOUT.to_wire(), seed=2)
-    victim.call("connect", prefill.address)
     agent, metadata = victim.call("metadata")
     sock, own = allowed_dealer(prefill.address, "guesser")
     renamed = rename_agent(metadata, agent, own)
@@ -312,6 +315,7 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     stats = prefill.call("stats")
     assert stats["refused_proofs"] >= 1 and stats["refused_hellos"] >= len(guesses) // 2
     assert victim.call("digests", list(range(8))) == before  # nothing landed in the victim's blocks
+    victim.call("connect", prefill.address)
     served(prefill, victim, "unharmed", [1, 2], [3, 4])
 
 

@@ -245,3 +245,12 @@ def test_fuzz_every_one_byte_mutation_and_truncation_of_live_metadata_is_refused
     live.close()
     crashed = {name: verdict for name, verdict in verdicts.items() if verdict and ("crashed" in verdict or "exited" in verdict)}
     assert not crashed, f"{len(crashed)} of {len(passed)} accepted mutations crashed NIXL: {dict(list(crashed.items())[:5])}"
+
+
+@requires_nixl
+def test_a_transceiver_refuses_to_start_under_a_nixl_whose_format_it_does_not_read(monkeypatch, tmp_path):
+    from kvpolicy.transports import BlockPool, NixlTransceiver, transceiver
+
+    monkeypatch.setattr(transceiver, "nixl_version", lambda: "1.6.0")
+    with pytest.raises(RuntimeError, match=r"NIXL 1\.6\.0 is installed; kvpolicy reads the metadata format of NIXL 1\.5 only"):
+        NixlTransceiver(BlockPool(LAYOUT, 4, huge_pages=False), name="pinned", allowed_peers=[])
