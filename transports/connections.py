@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import control
 from .keys import agent_carries_key, fingerprint, split_address
@@ -80,6 +81,9 @@ class Connection:
     closed: bool = False
     awaiting_proof: bool = False
     """No welcome yet: a proof nonce from this sender is echoed on this connection."""
+    monitor: zmq.Socket | None = None
+    """ZeroMQ's event socket of :attr:`socket`: a CURVE handshake after the first is a reconnect."""
+    handshakes: int = 0
 
 
 class Connections:
@@ -188,11 +192,13 @@ class Connections:
             socket.curve_secretkey = self.local.identity.secret
             socket.curve_publickey = self.local.identity.public
             socket.curve_serverkey = key
+        monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         socket.connect(endpoint)
-        conn = Connection(endpoint, key, key_name, socket, future)
+        conn = Connection(endpoint, key, key_name, socket, future, monitor=monitor)
         conn.fd = socket.getsockopt(zmq.FD)
         self.connections[endpoint] = conn
         self.local.loop.register(conn.fd, functools.partial(self._on_dealer, conn))
+        self.local.loop.register(monitor, functools.partial(self._on_monitor, conn))
         conn.timer = self.local.loop.call_at(deadline, lambda: self._connect_expired(conn))
         conn.awaiting_proof = True
         self.local.proofs_wanted += 1
@@ -273,6 +279,25 @@ class Connections:
                 self.local.loop.post(lambda: self._on_dealer(conn))
             except RuntimeError:
                 pass  # the loop has stopped: nothing reads this connection any more
+
+    def _on_monitor(self, conn: Connection) -> None:
+        """ZeroMQ's events of a connection: a CURVE handshake after the first means ZeroMQ
+        reconnected after a reset; what was asked of that sender and not answered may have been lost
+        with the old TCP connection (a frame ZeroMQ had handed to it), so the receiver asks again
+        (the sender answers a repeated ask once: :meth:`.sender.Sender.on_request`)."""
+        if conn.closed or conn.monitor is None:
+            return
+        for _ in range(64):
+            try:
+                event = recv_monitor_message(conn.monitor, zmq.NOBLOCK)
+            except (zmq.Again, zmq.ZMQError):
+                return
+            if event.get("event") != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                continue
+            conn.handshakes += 1
+            if conn.handshakes > 1 and conn.peer is not None and self._receiver is not None:
+                self.local.stats["reconnects"] += 1
+                self._receiver.on_reconnected(conn.peer.name)
 
     def _on_dealer(self, conn: Connection) -> None:
         self.local.check_allow_list()  # (a sender taken off the list loses its connection first)
@@ -457,8 +482,16 @@ class Connections:
             del self.connections[conn.endpoint]
         self._done_waiting(conn)
         self.local.loop.unregister(conn.fd)
+        if conn.monitor is not None:
+            self.local.loop.unregister(conn.monitor)
         with conn.lock:
             conn.closed = True
+            if conn.monitor is not None:
+                try:
+                    conn.socket.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                conn.monitor.close(0)
             conn.socket.close(0)
         if conn.timer is not None:
             conn.timer.cancel()

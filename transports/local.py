@@ -52,6 +52,9 @@ STAT_NAMES = (
     "malformed_metadata",
     "proofs_asked",
     "superseded_hellos",
+    "held_for_reconnect",
+    "reconnects",
+    "repeated_asks",
 )
 
 ALLOW_LIST_CHECK_S = 0.1

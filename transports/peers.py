@@ -56,6 +56,12 @@ PROOF_S = 5.0
 """Longest a receiver may take to echo the proof nonce (less if the transceiver's timeout is)."""
 
 
+REMEMBERED_RESULTS = 4096
+"""Results remembered for asks repeated after a reconnect."""
+_HOLD_RETRY_S = 0.02
+_HOLD_FRAMES = 4096
+"""Frames held at most per receiver while its connection is down."""
+
 BUSY_RETRY_MS = 500
 """The retry hint a busy sender gives (a probe takes ~50-700 ms here)."""
 
@@ -137,7 +143,12 @@ class Remotes:
         # ROUTER_HANDOVER: a receiver whose TCP connection was reset reconnects with its own routing
         # id (see .connections); its session (hello, NIXL state) carries over to the new pipe. Every
         # frame is still checked against the key that authenticated the pipe it came on.
-        for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, _MAX_FRAME), (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS), (zmq.ROUTER_HANDOVER, 1)):
+        # ROUTER_MANDATORY: a send to a receiver whose pipe is down (its TCP connection was reset and
+        # ZeroMQ is reconnecting) fails instead of vanishing, so the frame is held and sent again once
+        # the handed-over pipe is up (:meth:`_send`): a result is not lost to a reset.
+        for option, value in (
+            (zmq.LINGER, 0), (zmq.MAXMSGSIZE, _MAX_FRAME), (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS), (zmq.ROUTER_HANDOVER, 1), (zmq.ROUTER_MANDATORY, 1)
+        ):
             self.router.setsockopt(option, value)
         if not local.plaintext:
             self.zap.bind(_ZAP_ENDPOINT)
@@ -163,6 +174,10 @@ class Remotes:
         """Keys whose metadata crashed a probe, until when they are refused."""
         self._unproved: dict[bytes, tuple[int, float]] = {}
         """Keys whose last proof failed: (failures in a row, until when their hellos are refused)."""
+        self._results: OrderedDict[tuple[bytes, str, int], bytes] = OrderedDict()
+        """The last results sent, by (key, request id, nonce): an ask repeated after a reconnect gets it again."""
+        self._held: dict[bytes, tuple[float, list[bytes]]] = {}
+        """Frames for receivers whose pipe is down (a TCP reset), with until when they are kept."""
         self._outbox: dict[bytes, list[bytes]] = {}
         """Encoded results queued per receiver connection this iteration (sent by :meth:`flush`)."""
         self.frames_sent = self.messages_sent = 0
@@ -515,7 +530,7 @@ class Remotes:
             return
         # With reads allowed, the welcome carries this side's metadata: the receiver reads offers itself.
         welcome = control.Welcome(self.local.rank_info(with_metadata=self.local.reads))
-        self.router.send_multipart([remote.identity, control.encode(welcome)])
+        self._send(remote.identity, [control.encode(welcome)])
 
     def forget(self, remote: Remote) -> None:
         """Forget a receiver: its asks end now; its NIXL state goes once no write uses it."""
@@ -530,11 +545,25 @@ class Remotes:
         """Drop a forgotten receiver's kept handles, prepared list and its use of its NIXL agent."""
         release_remote(self.local, remote)
 
+    def resend_result(self, remote: Remote, ask: tuple[bytes, str, int]) -> bool:
+        """Send again the result this side sent for ``ask`` (key, request id, nonce), if it still
+        remembers it (the last :data:`REMEMBERED_RESULTS`); False if not."""
+        encoded = self._results.get(ask)
+        if encoded is None:
+            return False
+        self._outbox.setdefault(remote.identity, []).append(encoded)
+        return True
+
     def reply(self, remote: Remote, message: control.Message) -> None:
         """Queue one message to a receiver; the loop sends what was queued at the end of this
         iteration, several messages per frame (:meth:`flush`)."""
         parts = self._outbox.setdefault(remote.identity, [])
-        parts.append(control.encode(message))
+        encoded = control.encode(message)
+        parts.append(encoded)
+        if isinstance(message, control.Result):
+            self._results[(remote.key, message.request_id, message.nonce)] = encoded
+            if len(self._results) > REMEMBERED_RESULTS:
+                self._results.popitem(last=False)
         if self._alone:  # the frame held one request: its result leaves now, before the bookkeeping
             self._send(remote.identity, self._outbox.pop(remote.identity))
         elif len(parts) >= RESULTS_PER_FRAME:
@@ -552,14 +581,54 @@ class Remotes:
 
     def _send(self, identity: bytes, parts: list[bytes]) -> None:
         self.messages_sent += len(parts)
-        for frame in parts if len(parts) == 1 else control.frames(parts):
+        frames = parts if len(parts) == 1 else list(control.frames(parts))
+        if identity in self._held:  # (behind what is held already: order kept)
+            self._hold(identity, frames)
+            return
+        for n, frame in enumerate(frames):
             self.frames_sent += 1
             try:
                 self.router.send(identity, _SNDMORE_NOBLOCK)
                 self.router.send(frame, _NOBLOCK)
             except zmq.ZMQError as exc:
-                log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
+                if exc.errno == zmq.EHOSTUNREACH and identity in self.remotes:
+                    self._hold(identity, frames[n:])  # its pipe is down: a reset, reconnecting
+                else:
+                    log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
                 break
+
+    def _hold(self, identity: bytes, frames: list[bytes]) -> None:
+        """Keep ``frames`` for a receiver whose pipe is down and try again every 20 ms, until its
+        pipe is back (ZeroMQ hands the reconnected one over), it is forgotten, or the transceiver's
+        timeout passes (then they are dropped: the receiver's own deadlines cover that)."""
+        held = self._held.get(identity)
+        if held is None:
+            held = self._held[identity] = (time.monotonic() + self.local.timeout_s, [])
+            self.local.loop.call_at(time.monotonic() + _HOLD_RETRY_S, lambda: self._retry_held(identity))
+        if len(held[1]) + len(frames) > _HOLD_FRAMES:
+            log.warning("transceiver %s: more than %d frames held for a receiver whose connection is down; dropped", self.local.name, _HOLD_FRAMES)
+            return
+        held[1].extend(frames)
+        self.local.stats["held_for_reconnect"] += len(frames)
+
+    def _retry_held(self, identity: bytes) -> None:
+        deadline, frames = self._held.pop(identity, (0.0, []))
+        if not frames:
+            return
+        if identity not in self.remotes or time.monotonic() >= deadline:
+            log.warning("transceiver %s: %d frame(s) for a receiver whose connection did not come back were dropped", self.local.name, len(frames))
+            return
+        for n, frame in enumerate(frames):
+            try:
+                self.router.send(identity, _SNDMORE_NOBLOCK)
+                self.router.send(frame, _NOBLOCK)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    self._held[identity] = (deadline, frames[n:])
+                    self.local.loop.call_at(time.monotonic() + _HOLD_RETRY_S, lambda: self._retry_held(identity))
+                else:
+                    log.warning("transceiver %s: could not send %d held frame(s) to a receiver: %s", self.local.name, len(frames) - n, exc)
+                return
 
     def close(self) -> None:
         """Forget every receiver and close the sockets (after the loop stopped)."""

@@ -172,6 +172,16 @@ class Receiver:
             receive.timer = self.local.loop.call_at(handle.deadline, lambda: self._expired(receive))
             self._settle(receive)
 
+    def on_reconnected(self, name: str) -> None:
+        """(Service thread.) ZeroMQ reconnected to sender ``name`` after a reset: ask again for every
+        receive still waiting on it (an ask, or its result, may have gone down with the old TCP
+        connection); the sender answers a repeated ask once (it repeats a result it sent, and ignores
+        an ask it is serving)."""
+        with self.state:
+            again = [receive for receive in self.receives.values() if name in receive.pending and not receive.reads and not receive.handle.done]
+            for receive in again:
+                self.connections.send_to(name, self._request(receive))
+
     def _start_reads(self, receive: Receive) -> bool:
         """Read the request if every sender announced it; False if not (the receive asks instead)."""
         handle = receive.handle

@@ -124,6 +124,18 @@ class Sender:
         """A receiver's ask (an authenticated frame, schema-checked)."""
         # The ask's time left counts from now on this side's monotonic clock: clocks of the two hosts
         # are never compared (the receiver keeps its blocks fenced until this side's result).
+        # An ask again (the receiver asks again after a reconnect: it or its result may have been
+        # lost with the old TCP connection): the result already sent goes again; one being served
+        # or parked is not served twice.
+        again = (remote.key, request.request_id, request.nonce)
+        if self.remotes.resend_result(remote, again):
+            self.local.stats["repeated_asks"] += 1
+            return
+        if any(w.ask.remote.key == remote.key and (w.ask.request.request_id, w.ask.request.nonce) == again[1:] for w in self.writes) or any(
+            a.remote.key == remote.key and a.request.nonce == request.nonce for a in self.parked.get(request.request_id, ())
+        ):
+            self.local.stats["repeated_asks"] += 1
+            return
         now = time.monotonic()
         ask = Ask(remote, request, time.perf_counter(), now + min(request.timeout_ms / 1000.0, self.local.timeout_s))
         offer = self.offers.get(request.request_id)

@@ -64,6 +64,34 @@ def test_a_session_survives_a_tcp_reset(workers):
         proxy.close()
 
 
+@pytest.mark.parametrize("gap_s", [0.0, 0.2], ids=["reset at once", "reset 0.2 s later"])
+def test_a_tcp_reset_while_an_ask_waits_loses_no_request(workers, gap_s):
+    """Issue 38, item 7: the receiver asks, the TCP connection is reset, then the sender serves. The
+    result (or the ask) may go down with the old connection; the sender holds what it cannot send
+    while the receiver's pipe is down, and the receiver asks again once ZeroMQ reconnected (the
+    sender answers a repeated ask once). Before: 0 of 8 such requests completed."""
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
+    endpoint, _ = split_address(prefill.address)
+    proxy = TcpProxy(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])))
+    try:
+        decode.call("connect", through(proxy, prefill.address))
+        served(prefill, decode, "before", [1, 2], [3, 4])
+        for trial in range(4):
+            request_id, dst = f"reset-{trial}", [5 + 2 * trial, 6 + 2 * trial]
+            decode.call("receive", request_id, dst, timeout_s=10)  # the ask goes out; no offer yet
+            time.sleep(gap_s)
+            assert proxy.reset() >= 1
+            prefill.call("send", request_id, [1, 2])
+            outcome = decode.call("wait", request_id)
+            assert outcome["state"] == "completed", (trial, outcome)
+            assert decode.call("digests", dst) == prefill.call("digests", [1, 2])
+            eventually(lambda: proxy.connections() == 1)
+    finally:
+        proxy.close()
+    assert decode.call("stats")["reconnects"] >= 4
+
+
 def test_a_cancel_at_a_timeout_ends_the_attempt_and_leaves_the_offer_for_a_retry(workers):
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
