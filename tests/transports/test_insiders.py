@@ -46,7 +46,10 @@ def through(proxy: TcpProxy, address: str) -> str:
     return address_with_key(f"tcp://127.0.0.1:{proxy.port}", key)
 
 
-def test_a_session_survives_a_tcp_reset(workers):
+@pytest.fixture
+def proxied(workers):
+    """A prefill and a decoder connected to it through a TCP proxy that can reset the connection,
+    served once; the proxy is closed at teardown."""
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
     endpoint, _ = split_address(prefill.address)
@@ -54,41 +57,38 @@ def test_a_session_survives_a_tcp_reset(workers):
     try:
         decode.call("connect", through(proxy, prefill.address))
         served(prefill, decode, "before", [1, 2], [3, 4])
-        assert proxy.reset() == 1  # both ends get RST
-        eventually(lambda: proxy.connections() == 1)  # ZeroMQ reconnected (a new CURVE handshake)
-        # The same session: no new hello, no frame dropped as from a peer that never said one.
-        before = prefill.call("stats")["dropped_unknown_peer"]
-        served(prefill, decode, "after", [5, 6], [7, 8], timeout_s=10)
-        assert prefill.call("stats")["dropped_unknown_peer"] == before
+        yield prefill, decode, proxy
     finally:
         proxy.close()
 
 
+def test_a_session_survives_a_tcp_reset(proxied):
+    prefill, decode, proxy = proxied
+    assert proxy.reset() == 1  # both ends get RST
+    eventually(lambda: proxy.connections() == 1)  # ZeroMQ reconnected (a new CURVE handshake)
+    # The same session: no new hello, no frame dropped as from a peer that never said one.
+    before = prefill.call("stats")["dropped_unknown_peer"]
+    served(prefill, decode, "after", [5, 6], [7, 8], timeout_s=10)
+    assert prefill.call("stats")["dropped_unknown_peer"] == before
+
+
 @pytest.mark.parametrize("gap_s", [0.0, 0.2], ids=["reset at once", "reset 0.2 s later"])
-def test_a_tcp_reset_while_an_ask_waits_loses_no_request(workers, gap_s):
+def test_a_tcp_reset_while_an_ask_waits_loses_no_request(proxied, gap_s):
     """Issue 38, item 7: the receiver asks, the TCP connection is reset, then the sender serves. The
     result (or the ask) may go down with the old connection; the sender holds what it cannot send
     while the receiver's pipe is down, and the receiver asks again once ZeroMQ reconnected (the
     sender answers a repeated ask once). Before: 0 of 8 such requests completed."""
-    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
-    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
-    endpoint, _ = split_address(prefill.address)
-    proxy = TcpProxy(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])))
-    try:
-        decode.call("connect", through(proxy, prefill.address))
-        served(prefill, decode, "before", [1, 2], [3, 4])
-        for trial in range(4):
-            request_id, dst = f"reset-{trial}", [5 + 2 * trial, 6 + 2 * trial]
-            decode.call("receive", request_id, dst, timeout_s=10)  # the ask goes out; no offer yet
-            time.sleep(gap_s)
-            assert proxy.reset() >= 1
-            prefill.call("send", request_id, [1, 2])
-            outcome = decode.call("wait", request_id)
-            assert outcome["state"] == "completed", (trial, outcome)
-            assert decode.call("digests", dst) == prefill.call("digests", [1, 2])
-            eventually(lambda: proxy.connections() == 1)
-    finally:
-        proxy.close()
+    prefill, decode, proxy = proxied
+    for trial in range(4):
+        request_id, dst = f"reset-{trial}", [5 + 2 * trial, 6 + 2 * trial]
+        decode.call("receive", request_id, dst, timeout_s=10)  # the ask goes out; no offer yet
+        time.sleep(gap_s)
+        assert proxy.reset() >= 1
+        prefill.call("send", request_id, [1, 2])
+        outcome = decode.call("wait", request_id)
+        assert outcome["state"] == "completed", (trial, outcome)
+        assert decode.call("digests", dst) == prefill.call("digests", [1, 2])
+        eventually(lambda: proxy.connections() == 1)
     assert decode.call("stats")["reconnects"] >= 4
 
 
