@@ -163,6 +163,8 @@ class LocalSide:
         """UCX worker uuid -> the proved agent loaded in NIXL with it (in use or idle)."""
         self._own_ucx: bytes | None = None
         """This side's own UCX worker address (a peer's must have its form), read at the first hello."""
+        self._own_worker: int | None = None
+        """The uuid in it (a peer's metadata naming this side's own worker is refused)."""
         self.pool = pool
         self.layout = pool.layout
         self.agent = agent
@@ -239,6 +241,7 @@ class LocalSide:
         sends reaches NIXL's own parser without passing this."""
         if self._own_ucx is None:
             self._own_ucx = dict(read_metadata(self.agent.get_agent_metadata()).connections).get("UCX", b"")
+            self._own_worker = _worker_of_address(self._own_ucx)
         expected = Expected(
             rank.agent, self.backends, rank.memory_type, rank.base_address, rank.num_blocks * rank.layout.block_bytes, rank.device_id, self._own_ucx
         )
@@ -255,7 +258,7 @@ class LocalSide:
         if owner is not None and owner != rank.agent:
             self.stats["malformed_metadata"] += 1
             return f"its UCX worker address is that of agent {owner!r}, loaded here already (is that metadata its own?)"
-        if worker is not None and self._own_ucx and worker == _worker_of_address(self._own_ucx):
+        if worker is not None and worker == self._own_worker:
             self.stats["malformed_metadata"] += 1
             return "its UCX worker address is this side's own (is that metadata its own?)"
         return None

@@ -585,17 +585,24 @@ class Remotes:
         if identity in self._held:  # (behind what is held already: order kept)
             self._hold(identity, frames)
             return
+        sent, exc = self._send_frames(identity, frames)
+        if exc is None:
+            return
+        if exc.errno == zmq.EHOSTUNREACH and identity in self.remotes:
+            self._hold(identity, frames[sent:])  # its pipe is down: a reset, reconnecting
+        else:
+            log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
+
+    def _send_frames(self, identity: bytes, frames: list[bytes]) -> tuple[int, zmq.ZMQError | None]:
+        """Send ``frames`` to ``identity`` until one fails: how many went, and the error."""
         for n, frame in enumerate(frames):
-            self.frames_sent += 1
             try:
                 self.router.send(identity, _SNDMORE_NOBLOCK)
                 self.router.send(frame, _NOBLOCK)
             except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH and identity in self.remotes:
-                    self._hold(identity, frames[n:])  # its pipe is down: a reset, reconnecting
-                else:
-                    log.warning("transceiver %s: could not send %d message(s) to a receiver: %s", self.local.name, len(parts), exc)
-                break
+                return n, exc
+            self.frames_sent += 1
+        return len(frames), None
 
     def _hold(self, identity: bytes, frames: list[bytes]) -> None:
         """Keep ``frames`` for a receiver whose pipe is down and try again every 20 ms, until its
@@ -618,17 +625,12 @@ class Remotes:
         if identity not in self.remotes or time.monotonic() >= deadline:
             log.warning("transceiver %s: %d frame(s) for a receiver whose connection did not come back were dropped", self.local.name, len(frames))
             return
-        for n, frame in enumerate(frames):
-            try:
-                self.router.send(identity, _SNDMORE_NOBLOCK)
-                self.router.send(frame, _NOBLOCK)
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH:
-                    self._held[identity] = (deadline, frames[n:])
-                    self.local.loop.call_at(time.monotonic() + _HOLD_RETRY_S, lambda: self._retry_held(identity))
-                else:
-                    log.warning("transceiver %s: could not send %d held frame(s) to a receiver: %s", self.local.name, len(frames) - n, exc)
-                return
+        sent, exc = self._send_frames(identity, frames)
+        if exc is not None and exc.errno == zmq.EHOSTUNREACH:
+            self._held[identity] = (deadline, frames[sent:])
+            self.local.loop.call_at(time.monotonic() + _HOLD_RETRY_S, lambda: self._retry_held(identity))
+        elif exc is not None:
+            log.warning("transceiver %s: could not send %d held frame(s) to a receiver: %s", self.local.name, len(frames) - sent, exc)
 
     def close(self) -> None:
         """Forget every receiver and close the sockets (after the loop stopped)."""

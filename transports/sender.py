@@ -127,13 +127,7 @@ class Sender:
         # An ask again (the receiver asks again after a reconnect: it or its result may have been
         # lost with the old TCP connection): the result already sent goes again; one being served
         # or parked is not served twice.
-        again = (remote.key, request.request_id, request.nonce)
-        if self.remotes.resend_result(remote, again):
-            self.local.stats["repeated_asks"] += 1
-            return
-        if any(w.ask.remote.key == remote.key and (w.ask.request.request_id, w.ask.request.nonce) == again[1:] for w in self.writes) or any(
-            a.remote.key == remote.key and a.request.nonce == request.nonce for a in self.parked.get(request.request_id, ())
-        ):
+        if self.remotes.resend_result(remote, (remote.key, request.request_id, request.nonce)) or self._asked_already(remote.key, request):
             self.local.stats["repeated_asks"] += 1
             return
         now = time.monotonic()
@@ -157,6 +151,18 @@ class Sender:
         # The receiver may ask before prefill has finished: hold the ask, within its deadline.
         ask.deadline = min(ask.deadline, now + self.local.limits.park_s)
         self._park(ask)
+
+    def _asked_already(self, key: bytes, request: control.Request) -> bool:
+        """Whether this very attempt (key, request id, nonce) is parked or being written: a repeat.
+        Off the common path: writes are looked through only when the offer was served to that key."""
+        if any(a.remote.key == key and a.request.nonce == request.nonce for a in self.parked.get(request.request_id, ())):
+            return True
+        offer = self.offers.get(request.request_id)
+        return (
+            offer is not None
+            and key in offer.served_by
+            and any(w.offer is offer and w.ask.remote.key == key and w.ask.request.nonce == request.nonce for w in self.writes)
+        )
 
     def _park(self, ask: Ask) -> None:
         self.parked.setdefault(ask.request.request_id, []).append(ask)

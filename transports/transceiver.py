@@ -45,6 +45,8 @@ from .receiver import Receive, Receiver
 from .request import TransferHandle
 from .sender import Sender
 
+log = logging.getLogger("kvpolicy.transports")
+
 _IN_PROCESS: collections.Counter[bytes] = collections.Counter()
 """Public keys of the transceivers alive in this process (a role-less key of one of them is accepted)."""
 _WARNED: set[bytes] = set()
@@ -66,8 +68,6 @@ def _roleless_allowed(allowed: bool, name: str, public: bytes) -> bool:
 PROBE_TIMEOUT_S = 10.0
 """Shortest time a peer's metadata may take to load in a probe child (a loaded host forks slowly)."""
 
-
-log = logging.getLogger("kvpolicy.transports")
 
 __all__ = ["Limits", "NixlTransceiver", "Peer"]
 
