@@ -11,6 +11,9 @@ One run measures, in CPU time (these machines are shared and noisy) and bytes:
   ways, exact sub-groups, bytes of the text, of the JSON and of the JSON with ``--contexts``.
 - **structural diff**: 2026.08.18 -> 2026.08.24 (a new default, new conditional rules, an adopt
   condition), diff plus text, against the one-row edit's.
+- **the README's example**: ``kvpolicy diff 2026.08.11 2026.08.24`` in a fresh process, with no
+  results cache (cold) and again (cached), against ``python -c pass``; and every adjacent pair of
+  shipped versions, diff plus text, in one process (the slowest and all together).
 
 ``--pairs`` adds the old table: every pair of shipped versions, the symbolic diff with grouping
 and text against brute-force evaluation of every context (minutes).
@@ -24,6 +27,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,6 +138,31 @@ def one_row_and_structural(repeat: int, folder: Path) -> dict[str, Any]:
     return figures
 
 
+def readme_example(repeat: int) -> dict[str, Any]:
+    """``kvpolicy diff 2026.08.11 2026.08.24`` as a user runs it, and every adjacent shipped pair."""
+    command = [sys.executable, "-m", "kvpolicy", "diff", "2026.08.11", "2026.08.24", "--policy", str(shipped_root())]
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "KVPOLICY_CACHE_DIR": cache}
+        times = []
+        for _ in range(repeat):  # cold: an empty cache each time
+            shutil.rmtree(cache)
+            os.mkdir(cache)
+            times.append(child_cpu(command, 1, env)[0])
+        figures["cold_s"] = statistics.median(times)
+        figures["cached_s"], _ = child_cpu(command, repeat, env)
+    figures["bare_python_s"], _ = child_cpu([sys.executable, "-c", "pass"], repeat, dict(os.environ))
+    sets = {v: kvpolicy.load(version=v) for v in kvpolicy.load().versions()}
+    each = []
+    for old_version, new_version in itertools.pairwise(sets):
+        seconds, _ = cpu(lambda a=sets[old_version], b=sets[new_version]: render_text(diff_policies(a, b)), 1)
+        each.append((seconds, f"{old_version} -> {new_version}"))
+    figures["pairs"] = len(each)
+    figures["pairs_s"] = sum(s for s, _ in each)
+    figures["slowest_s"], figures["slowest"] = max(each)
+    return figures
+
+
 def brute_force(old: kvpolicy.PolicySet, new: kvpolicy.PolicySet) -> int:
     changed = 0
     for ctx in domain_of(old.policy, new.policy).contexts():
@@ -164,6 +193,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         big = edit_sized(args.rows, args.repeat, Path(folder) / "big")
         small = one_row_and_structural(args.repeat, Path(folder))
+    example = readme_example(args.repeat)
     print(f"{big['rows']:,}-row versions, 1% of rows flipped (CPU seconds, median of {args.repeat}; load without the cache):")
     print(f"  load one version                 {big['load_s']:8.3f} s   1.00x")
     for label, key in (("diff (after loading)", "diff"), ("diff --format json", "json"), ("diff (text)", "text"),
@@ -180,6 +210,11 @@ def main() -> None:
     print("structural diff 2026.08.18 -> 2026.08.24:")
     print(f"  {small['structural_ways']} ways ({small['structural_subgroups']} exact sub-groups); diff {small['structural_diff_s']:.3f} s,"
           f" diff + text {small['structural_s']:.3f} s ({small['structural_vs_one_row']:.0f}x the one-row edit)")
+    print("the README's example, kvpolicy diff 2026.08.11 -> 2026.08.24, a fresh process (CPU):")
+    print(f"  no results cache {example['cold_s']:.3f} s, cached {example['cached_s']:.3f} s"
+          f" (python -c pass {example['bare_python_s']:.3f} s)")
+    print(f"  every adjacent shipped pair, diff + text: {example['pairs']} pairs in {example['pairs_s']:.2f} s,"
+          f" the slowest {example['slowest']} {example['slowest_s']:.3f} s")
     if args.pairs:
         pairs(args.repeat)
 

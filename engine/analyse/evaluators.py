@@ -32,7 +32,7 @@ from .cubes import Cube
 from .outcomes import DiagnosticKey, Outcome, diagnostic_sort, rejected
 from .rows import RowIndex, row_index, row_key
 
-__all__ = ["Evaluator", "Split", "leaves_of", "outcome_of", "split_constraints"]
+__all__ = ["Evaluator", "Split", "joint_constraints", "leaves_of", "outcome_of", "split_constraints"]
 
 
 class Split(Exception):
@@ -99,6 +99,7 @@ class Evaluator:
         self.constraints = tuple(
             (self._compile(c.when), (c.id, c.severity, c.decision)) for c in sorted(policy.constraints, key=lambda c: c.id)
         )
+        self._owned = tuple((compiled, key, (True,)) for compiled, key in self.constraints)
         # Requested values this policy accepts (the other policy may know more values), and
         # features it does not declare (``resolve`` rejects a context that carries one).
         self.accepted = tuple(
@@ -184,7 +185,7 @@ class Evaluator:
             return [(cube, state)]
         if not (self.diagnose and self.constraints):
             return [(cube, self.outcome(state, ()))]
-        return [(piece, self.outcome(state, found)) for piece, (found,) in split_constraints(self.constraints, cube, (state,))]
+        return [(piece, self.outcome(state, found)) for piece, (found,) in split_constraints(self._owned, cube, (state,))]
 
     def outcome(self, state: tuple[tuple, tuple, list[DiagnosticKey], dict[str, Any]], found: Iterable[DiagnosticKey]) -> Outcome:
         """The outcome of a decided state (see :meth:`decide`) with the constraints ``found``."""
@@ -262,12 +263,24 @@ class Evaluator:
         return (tuple(sorted(values.items())), tuple(sorted(by.items())), diags, values)
 
 
+def joint_constraints(first: Evaluator, second: Evaluator) -> tuple:
+    """The constraints of two evaluators on the same dimensions, for :func:`split_constraints`
+    with the states of both: a constraint both have (the same tests and key) once, owned by
+    both; the others owned by theirs alone."""
+    theirs, mine = second.constraints, first.constraints
+    joint = [(compiled, key, (True, (compiled, key) in theirs)) for compiled, key in mine]
+    joint += [(compiled, key, (False, True)) for compiled, key in theirs if (compiled, key) not in mine]
+    return tuple(joint)
+
+
 def split_constraints(
     constraints: tuple, cube: Cube, states: tuple[Any, ...], shared: bool = True
 ) -> list[tuple[Cube, tuple[list[DiagnosticKey], ...]]]:
     """The constraints that hold for each decided state (see :meth:`Evaluator.decide`; an
     :class:`Outcome` for a rejected context, which no constraint reads), on the pieces of
-    ``cube`` where every one of them is constant.
+    ``cube`` where every one of them is constant. ``constraints``: (compiled condition, key,
+    owners), where owners says, per state, whether the state's policy has the constraint
+    (:func:`joint_constraints`).
 
     Constraints come last and decide nothing, so where one splits the cube both parts keep
     everything decided so far (every earlier test was uniform on the whole cube): the pieces are
@@ -275,17 +288,20 @@ def split_constraints(
     that evaluating again would give (the part inside a test first). Two states of versions that
     differ only in rows share the constraints and split the cube once, for both; with ``shared``
     False, a constraint that applies to both (its tests of decided values pass for both) is left
-    out: it holds for both or for neither on every context, so it never changes what differs."""
+    out: it holds for both or for neither on every context, so it never changes what differs.
+    Two versions that differ elsewhere too decide each cube together the same way, each state
+    reading only its own policy's constraints."""
     # Tests of decided values, and tests the whole cube passes or fails, are the same on every
     # piece: read them once, and split only on the rest.
     width = len(states)
     always: tuple[list[DiagnosticKey], ...] = tuple([] for _ in states)
     active = []
-    for (decided, tests), key in constraints:
+    for (decided, tests), key, owners in constraints:
         applies = tuple(
-            not isinstance(state, Outcome)
+            owner
+            and not isinstance(state, Outcome)
             and not any((state[3][subject] in accepted) is negate for subject, accepted, negate in decided)
-            for state in states
+            for owner, state in zip(owners, states)
         )
         if not any(applies) or (not shared and all(applies)):
             continue

@@ -132,6 +132,7 @@ def test_diff_is_exact_for_random_policies(old_text: str, new_text: str, same: b
     old = _load(old_text, "old.toml")
     new = _load(old_text if same else new_text, "new.toml")
     result = check_exact(old, new)
+    check_leaves(result, old, new)
     if same:
         assert not result
 
