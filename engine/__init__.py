@@ -30,7 +30,7 @@ __all__ = [
     "resolve",
 ]
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 
 def __getattr__(name: str) -> object:

@@ -153,4 +153,4 @@ def test_the_tree_shows_the_phases():
     packages = sorted(p.parent.name for p in engine.glob("*/__init__.py"))
     assert packages == ["analyse", "cli", "demo", "evaluate", "lint", "read", "report", "serving", "upstream"]
     top = sorted(p.stem for p in engine.glob("*.py"))
-    assert top == ["__init__", "__main__", "decisionlog", "errors", "fuzzing", "watch", "wording"]
+    assert top == ["__init__", "__main__", "decisionlog", "errors", "fuzzing", "records", "version", "watch", "wording"]

@@ -10,7 +10,6 @@ import sys
 from ..errors import ContextError, PolicyError
 from ..read.policyroot import DEFAULT_FOLDER, PolicySource, policy_source
 from ..evaluate.policyset import PolicySet, load
-from ..wording import plural
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
@@ -23,9 +22,9 @@ __all__ = [
     "choose_policies",
     "fail",
     "load_from_args",
-    "models_root_problem",
+    "add_model_arguments",
+    "model_options",
     "own_policies",
-    "read_line",
     "split_outputs",
     "with_policies",
 ]
@@ -58,21 +57,34 @@ def fail(message: str) -> int:
     return 2
 
 
-def models_root_problem(option: str | None) -> str | None:
-    """Why the models root a command would use cannot be: ``--models-root`` that is not a folder,
-    or ``$LLM_MODELS_ROOT`` naming something that is not a folder (a root that does not exist
-    there is only a place not to look: a shared CI setting may name a mount this machine lacks).
-    None when it can be used."""
-    hint = "name the folder that holds the checkpoint folders"
-    if option is not None:
-        if os.path.isdir(option):
-            return None
-        state = "not a folder" if os.path.exists(option) else "no such folder"
-        return f"--models-root {option or repr(option)}: {state}; {hint}"
-    value = os.environ.get("LLM_MODELS_ROOT")
-    if value and os.path.exists(value) and not os.path.isdir(value):
-        return f"$LLM_MODELS_ROOT={value}: not a folder; {hint}, or unset it"
-    return None
+def add_model_arguments(parser: Any, *, scope: str = "") -> None:
+    """``--models-root`` and ``--arch-map``: how a command that reads serving configs finds the model
+    each server runs (``scope``, e.g. ``"with --config: "``, starts their help)."""
+    parser.add_argument(
+        "--models-root", metavar="DIR", help=f"{scope}where checkpoint folders (with config.json) live (default: $LLM_MODELS_ROOT)"
+    )
+    parser.add_argument("--arch-map", metavar="FILE", help=f"{scope}YAML/JSON mapping of model path globs to architectures")
+
+
+def model_options(args: Any, architectures: Any) -> tuple[Any] | int:
+    """The architecture map of ``--arch-map`` (None without it), checked against the architectures
+    the policies name, after checking the models root the command would use; the exit code when
+    either cannot be used (the message printed)."""
+    from ..serving.identity import load_architecture_map, models_root_problem
+
+    arch_map = None
+    if args.arch_map:
+        try:
+            arch_map = load_architecture_map(args.arch_map)
+        except ValueError as exc:
+            return fail(f"--arch-map: {exc}")
+        misses = arch_map.near_misses(architectures)
+        if misses:
+            return fail("--arch-map: " + "; ".join(misses))
+    problem = models_root_problem(args.models_root)
+    if problem:
+        return fail(problem)
+    return (arch_map,)
 
 
 def choose_policies(option: str | None = None, *, pyproject: str | None = None) -> PolicySource | int:
@@ -151,23 +163,6 @@ def use_colour(choice: str, stream: Any = None) -> bool:
         return bool(stream.isatty()) and os.environ.get("TERM") != "dumb"
     except (AttributeError, ValueError):
         return False
-
-
-def read_line(used: Any, env_names: frozenset[str]) -> str:
-    """``read: ...`` of a server: the fields it read, and of the environment only what the policy
-    reads (a variable no rule or feature looks at cannot change the answer); the rest are counted."""
-    shown, skipped = [], 0
-    for entry in used:
-        path = entry.split(" = ", 1)[0]
-        name = path.rsplit(".", 1)[-1]
-        if any(part in path for part in ("env_overrides.", "environment.", "env_var.", ".env.")) and name not in env_names:
-            skipped += 1
-            continue
-        shown.append(entry)
-    text = f"read: {'; '.join(shown)}" if shown else "read: nothing"
-    if skipped:
-        text += f" ({plural(skipped, 'environment variable')} set that the policy never reads not shown)"
-    return text
 
 
 def split_outputs(values: list[str], formats: tuple[str, ...]) -> tuple[str | None, list[tuple[str, str]]] | str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import PolicyError
 from ..evaluate.policyset import PolicySet, load
-from .common import POLICIES_DEFAULT, choose_policies, fail, models_root_problem
+from .common import POLICIES_DEFAULT, add_model_arguments, choose_policies, fail, model_options
 from ..wording import plural
 from .policies import load_policy_argument
 from ..read.releases import UnmodelledRelease
@@ -33,8 +33,7 @@ def register(sub: Any) -> None:
     add_accept_argument(parser)
     parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--configs", nargs="+", metavar="PATH", help="serving config files or folders for the impact table")
-    parser.add_argument("--models-root", metavar="DIR", help="where checkpoint folders (with config.json) live")
-    parser.add_argument("--arch-map", metavar="FILE", help="YAML/JSON mapping of model path globs to architectures")
+    add_model_arguments(parser)
     parser.add_argument("--link-base", metavar="URL",
                         help="prefix for links to config files, e.g. https://github.com/ORG/REPO/blob/SHA/ "
                              "(default: paths relative to the output file)")
@@ -147,20 +146,12 @@ def _position(versions: list[PolicySet], new: PolicySet) -> int:
 
 
 def _impact(args: Any, old: PolicySet, new: PolicySet) -> list[Any] | int:
-    from ..analyse.impact import impact_of, load_architecture_map
+    from ..analyse.impact import impact_of
 
-    arch_map = None
-    if args.arch_map:
-        try:
-            arch_map = load_architecture_map(args.arch_map)
-        except ValueError as exc:
-            return fail(f"--arch-map: {exc}")
-        misses = arch_map.near_misses(old.architectures | new.architectures)
-        if misses:
-            return fail("--arch-map: " + "; ".join(misses))
-    problem = models_root_problem(args.models_root)
-    if problem:
-        return fail(problem)
+    options = model_options(args, old.architectures | new.architectures)
+    if isinstance(options, int):
+        return options
+    (arch_map,) = options
     missing = [p for p in args.configs if not Path(p).exists()]
     if len(missing) == len(args.configs):
         return fail(f"--configs: no such file or folder: {', '.join(missing)}")

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..errors import ContextError
 from ..evaluate.resolution import Resolution
 from ..wording import plural
-from .common import EXIT_UNMODELLED, add_policy_arguments, choose_policies, context_error, fail, models_root_problem, read_line
+from ..serving.check import read_line
+from .common import EXIT_UNMODELLED, add_model_arguments, add_policy_arguments, choose_policies, context_error, fail, model_options
 from .releases import add_accept_argument, add_trtllm_argument, load_for_release
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
@@ -68,14 +69,7 @@ def add_context_arguments(parser: argparse.ArgumentParser) -> None:
         help="a serving config (YAML or JSON, any layout TensorRT-LLM reads): resolve each of its servers, "
         "the model found as TensorRT-LLM finds it (--arch/--model name it instead)",
     )
-    parser.add_argument(
-        "--models-root",
-        metavar="DIR",
-        help="with --config: where checkpoint folders (with config.json) live (default: $LLM_MODELS_ROOT)",
-    )
-    parser.add_argument(
-        "--arch-map", metavar="FILE", help="with --config: YAML/JSON mapping of model path globs to architectures"
-    )
+    add_model_arguments(parser, scope="with --config: ")
 
 
 def _nullable(text: str) -> str | None:
@@ -193,7 +187,7 @@ def run(args: Any) -> int:
     if args.format == "json":
         data = resolution.to_dict()
         data["ok"] = verdict.status in ("starts", "off")
-        data["verdict"] = _verdict_json(verdict, explain=args.explain)
+        data["verdict"] = verdict.to_dict(resolutions=True, explain=args.explain)
         if args.explain:
             data["trace"] = [step._asdict() for step in resolution.trace]
         if notes:
@@ -233,26 +227,15 @@ def _left_out_notes(policy_set: Any, args: Any) -> list[str]:
     return notes
 
 
-def _verdict_json(verdict: Any, *, explain: bool = False) -> dict[str, Any]:
-    data = verdict.to_dict()
-    for entry, outcome in zip(data["outcomes"], verdict.outcomes):
-        entry["resolutions"] = [r.to_dict() for r in outcome.resolutions]
-        if explain:
-            for item, r in zip(entry["resolutions"], outcome.resolutions):
-                item["trace"] = [step._asdict() for step in r.trace]
-    return data
-
-
 def _run_config(args: Any, policy_set: Any) -> int:
     """``resolve --config``: every server the config starts, each with the model TensorRT-LLM would
     load, and one verdict for the whole config over every model it may be about
     (:mod:`kvpolicy.serving.check`)."""
-    from ..serving.identity import ModelIdentity, load_architecture_map, models_root
+    from ..serving.identity import ModelIdentity, models_root
     from ..serving.check import ServingConfigError, answer_config
 
     path = Path(args.config)
     explicit: ModelIdentity | None = None
-    arch_map = None
     if args.arch:
         explicit = ModelIdentity(args.arch, None, "--arch")
     elif args.model:
@@ -260,17 +243,10 @@ def _run_config(args: Any, policy_set: Any) -> int:
             explicit = model_identity(Path(args.model))
         except ValueError as exc:
             return fail(str(exc))
-    if args.arch_map:
-        try:
-            arch_map = load_architecture_map(args.arch_map)
-        except ValueError as exc:
-            return fail(f"--arch-map: {exc}")
-        misses = arch_map.near_misses(policy_set.architectures)
-        if misses:
-            return fail("--arch-map: " + "; ".join(misses))
-    problem = models_root_problem(args.models_root)
-    if problem:
-        return fail(problem)
+    options = model_options(args, policy_set.architectures)
+    if isinstance(options, int):
+        return options
+    (arch_map,) = options
     try:
         answer = answer_config(path, policy_set, explicit=explicit, root=models_root(args.models_root), architecture_map=arch_map)
     except ServingConfigError as exc:
@@ -278,24 +254,7 @@ def _run_config(args: Any, policy_set: Any) -> int:
     rows = [(a.server, a.identity, a.resolution, a.not_resolved) for a in answer.servers]
     verdict = answer.verdict
     if args.format == "json":
-        print(json.dumps(
-            {
-                "config": str(path),
-                "servers": [
-                    {
-                        "server": s.name,
-                        "used": list(s.used),
-                        **({"model": _identity_json(i)} if i is not None else {}),
-                        **({"resolution": r.to_dict()} if r is not None else {"not_resolved": why}),
-                    }
-                    for s, i, r, why in rows
-                ],
-                "verdict": _verdict_json(verdict, explain=args.explain) if verdict is not None else None,
-                "ok": answer.ok,
-            },
-            indent=2,
-            sort_keys=True,
-        ))
+        print(json.dumps(answer.to_dict(explain=args.explain), indent=2, sort_keys=True))
     else:
         blocks = []
         side = 0  # the resolved servers are the verdict's sides, in order
@@ -345,18 +304,6 @@ _UNKNOWN_HINT = (
     "$LLM_MODELS_ROOT, or name it with --arch-map FILE or --arch NAME"
 )
 _NAME_IT_HINT = "hint: the model's architecture is unknown; name it with --arch NAME or --model CONFIG_JSON"
-
-
-def _identity_json(identity: Any) -> dict[str, Any]:
-    return {
-        "architecture": identity.architecture,
-        "model_type": identity.model_type,
-        "source": identity.source,
-        "where": identity.where,
-        "reference": identity.reference.text if identity.reference else None,
-        "tried": list(identity.tried),
-        **({"problem": identity.problem} if identity.problem else {}),
-    }
 
 
 def _summary_line(verdict: Any) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import FrozenRecord, PolicyError
+from ..errors import PolicyError
+from ..records import FrozenRecord
 from .policyset import PolicySet, load as load_version
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds

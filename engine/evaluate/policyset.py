@@ -305,7 +305,9 @@ def _load_file(path: Path, *, root: Path | None = None, siblings: dict[str, Path
 
     shown = display_path(path)
     raw = read_policy_bytes(path, shown, root=root)
-    key = cache.index_key(raw)
+    from .index import FORMAT
+
+    key = cache.index_key(raw, FORMAT)
     data = cache.cached_index(key)
     if data is not None:
         from .compiler import CompiledIndex

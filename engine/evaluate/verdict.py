@@ -14,7 +14,7 @@ policy reads nothing of the model but its architecture and model_type.
 
 from __future__ import annotations
 
-from ..errors import FrozenRecord
+from ..records import FrozenRecord
 
 TYPE_CHECKING = False  # typing (and dataclasses) cost a cold `kvpolicy resolve` milliseconds
 if TYPE_CHECKING:
@@ -140,8 +140,19 @@ class Verdict(FrozenRecord):
         starts = _names([label for o in self.starting for label in o.labels])
         return f"depends on the model: cannot start for {fails}; starts for {starts}"
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form: status, whether the architecture was known, one entry per outcome."""
+    def to_dict(self, *, resolutions: bool = False, explain: bool = False) -> dict[str, Any]:
+        """A JSON-ready form: status, whether the architecture was known, one entry per outcome;
+        with ``resolutions``, each outcome's resolutions too (with ``explain``, their traces)."""
+        data = self._summary_dict()
+        if resolutions:
+            for entry, outcome in zip(data["outcomes"], self.outcomes):
+                entry["resolutions"] = [r.to_dict() for r in outcome.resolutions]
+                if explain:
+                    for item, r in zip(entry["resolutions"], outcome.resolutions):
+                        item["trace"] = [step._asdict() for step in r.trace]
+        return data
+
+    def _summary_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "architecture_known": self.known,

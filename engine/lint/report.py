@@ -12,7 +12,7 @@ from pathlib import PurePath
 from typing import Any
 from xml.etree import ElementTree
 
-from .. import __version__
+from ..version import __version__
 from ..wording import github_escape
 from .rules import CATEGORIES, RULES, Finding
 from .runner import LintResult

@@ -163,18 +163,17 @@ def sha256(data: bytes) -> str:
     return _sha256(data).hexdigest()
 
 
-def index_key(raw: bytes) -> str:
-    """The digest a compiled policy is stored under: kvpolicy's version, the index format, the
-    shipped schema and the file's bytes."""
-    from .. import __version__
-    from ..evaluate.index import FORMAT
+def index_key(raw: bytes, index_format: int) -> str:
+    """The digest a compiled policy is stored under: kvpolicy's version, the index format (the
+    evaluator's ``kvpolicy.evaluate.index.FORMAT``), the shipped schema and the file's bytes."""
+    from ..version import __version__
     from .policyfile import shipped_root
 
     try:
         schema_raw = (shipped_root() / "policy.schema.json").read_bytes()
     except OSError:
         schema_raw = b""
-    return document_key(raw, schema_raw, f"{__version__}/index-{FORMAT}")
+    return document_key(raw, schema_raw, f"{__version__}/index-{index_format}")
 
 
 def cached_index(key: str) -> dict[str, Any] | None:
@@ -239,7 +238,7 @@ def code_fingerprint() -> str:
     under it, so an edited or upgraded kvpolicy never reads another code's results (~0.3 ms)."""
     if _FINGERPRINT:
         return _FINGERPRINT[0]
-    from .. import __version__
+    from ..version import __version__
 
     package = Path(__file__).resolve().parents[1]  # the kvpolicy package (this is kvpolicy.read.cache)
     found: list[str] = [__version__]

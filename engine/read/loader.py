@@ -125,7 +125,7 @@ def parse_policy(raw: bytes, path: str) -> Policy:
 
 
 def _document_key(raw: bytes) -> str:
-    from .. import __version__
+    from ..version import __version__
     from . import cache
 
     return cache.document_key(raw, _schema_bytes(), __version__)

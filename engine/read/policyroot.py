@@ -18,7 +18,8 @@ import re
 import sys
 from pathlib import Path
 
-from ..errors import Location, PolicyError, PolicyProblem, FrozenRecord
+from ..errors import Location, PolicyError, PolicyProblem
+from ..records import FrozenRecord
 from .policyfile import Pattern, read_capped, policy_files
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
@@ -66,7 +67,7 @@ class PolicySource(FrozenRecord):
         """The one line a command's text output starts with, e.g. ``policies: ./policies (found in
         the working directory)``."""
         if self.path is None:
-            from .. import __version__
+            from ..version import __version__
 
             return f"policies: shipped with kvpolicy {__version__}" + (f" ({self.note})" if self.note else "")
         why = {

@@ -22,7 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-from ..errors import Location, PolicyError, PolicyProblem, FrozenRecord
+from ..errors import Location, PolicyError, PolicyProblem
+from ..records import FrozenRecord
 from .policyfile import Pattern
 
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds

@@ -19,8 +19,9 @@ from .identity import ArchitectureMap, ModelIdentity, find_model, model_referenc
 from ..evaluate.resolution import Resolution
 from .layouts import Server, section_keys, servers_of, sides_disagree
 from ..evaluate.verdict import Verdict, verdict_of_sides
+from ..wording import plural
 
-__all__ = ["ConfigAnswer", "ServerAnswer", "ServingConfigError", "answer_config"]
+__all__ = ["ConfigAnswer", "ServerAnswer", "ServingConfigError", "answer_config", "read_line"]
 
 
 class ServingConfigError(ValueError):
@@ -66,6 +67,25 @@ class ConfigAnswer:
     def ok(self) -> bool:
         """Whether the config starts for every model it may be about (or transfers nothing)."""
         return self.verdict is None or self.verdict.status in ("starts", "off")
+
+    def to_dict(self, *, explain: bool = False) -> dict[str, Any]:
+        """A JSON-ready form (``kvpolicy resolve --config --format json``): each server with what it
+        read, its model and its resolution (or why none), the verdict, and whether it starts; with
+        ``explain``, every resolution's trace."""
+        return {
+            "config": str(self.path),
+            "servers": [
+                {
+                    "server": a.server.name,
+                    "used": list(a.server.used),
+                    **({"model": a.identity.to_dict()} if a.identity is not None else {}),
+                    **({"resolution": a.resolution.to_dict()} if a.resolution is not None else {"not_resolved": a.not_resolved}),
+                }
+                for a in self.servers
+            ],
+            "verdict": self.verdict.to_dict(resolutions=True, explain=explain) if self.verdict is not None else None,
+            "ok": self.ok,
+        }
 
 
 def answer_config(
@@ -129,3 +149,20 @@ def answer_config(
         roles = [role for role, _ in resolved]
         verdict = verdict_of_sides(policy_set, [r for _, r in resolved], lambda answered: sides_disagree(list(zip(roles, answered))))
     return ConfigAnswer(path, tuple(answers), verdict, node)
+
+
+def read_line(used: Any, env_names: frozenset[str]) -> str:
+    """``read: ...`` of a server: the fields it read, and of the environment only what the policy
+    reads (a variable no rule or feature looks at cannot change the answer); the rest are counted."""
+    shown, skipped = [], 0
+    for entry in used:
+        path = entry.split(" = ", 1)[0]
+        name = path.rsplit(".", 1)[-1]
+        if any(part in path for part in ("env_overrides.", "environment.", "env_var.", ".env.")) and name not in env_names:
+            skipped += 1
+            continue
+        shown.append(entry)
+    text = f"read: {'; '.join(shown)}" if shown else "read: nothing"
+    if skipped:
+        text += f" ({plural(skipped, 'environment variable')} set that the policy never reads not shown)"
+    return text

@@ -36,6 +36,7 @@ __all__ = [
     "find_model",
     "load_architecture_map",
     "model_reference",
+    "models_root_problem",
     "models_root",
     "read_checkpoint",
 ]
@@ -81,6 +82,18 @@ class ModelIdentity:
     multimodal: bool = False
     """The checkpoint is a composite one (non-empty text and vision configs, not language-model-only),
     which some of upstream's load-time rules read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form: what was found, where and how, and what was tried."""
+        return {
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "source": self.source,
+            "where": self.where,
+            "reference": self.reference.text if self.reference else None,
+            "tried": list(self.tried),
+            **({"problem": self.problem} if self.problem else {}),
+        }
 
     @property
     def known(self) -> bool:
@@ -178,6 +191,23 @@ def models_root(explicit: str | Path | None = None) -> Path | None:
         return Path(explicit)
     value = os.environ.get("LLM_MODELS_ROOT")
     return Path(value) if value else None
+
+
+def models_root_problem(option: str | None) -> str | None:
+    """Why the models root a command would use cannot be: ``--models-root`` that is not a folder,
+    or ``$LLM_MODELS_ROOT`` naming something that is not a folder (a root that does not exist
+    there is only a place not to look: a shared CI setting may name a mount this machine lacks).
+    None when it can be used."""
+    hint = "name the folder that holds the checkpoint folders"
+    if option is not None:
+        if os.path.isdir(option):
+            return None
+        state = "not a folder" if os.path.exists(option) else "no such folder"
+        return f"--models-root {option or repr(option)}: {state}; {hint}"
+    value = os.environ.get("LLM_MODELS_ROOT")
+    if value and os.path.exists(value) and not os.path.isdir(value):
+        return f"$LLM_MODELS_ROOT={value}: not a folder; {hint}, or unset it"
+    return None
 
 
 def model_reference(document: Mapping[str, Any], section_keys: tuple[Any, ...]) -> ModelReference | None:

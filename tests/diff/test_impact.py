@@ -243,7 +243,7 @@ def test_output_files_in_several_formats_from_one_run(capsys, in_repo, tmp_path)
 def test_github_annotations_stay_within_what_github_shows(capsys, tmp_path, monkeypatch) -> None:
     """GitHub shows 10 annotations of a level per step: with 14 configs starting to fail, nine are
     annotated (in file order), one says how many more, and the step summary gets every one."""
-    from kvpolicy.cli.impact import GITHUB_PER_LEVEL
+    from kvpolicy.analyse.impactreport import GITHUB_PER_LEVEL
 
     configs = tmp_path / "configs"
     configs.mkdir()
@@ -270,7 +270,7 @@ def test_counts_read_as_nouns_after_one_and_many() -> None:
     """Issue 35: "1 runtime changes" read as a plural after one; what changed reads as a noun."""
     from types import SimpleNamespace
 
-    from kvpolicy.cli.impact import _counts
+    from kvpolicy.analyse.impactreport import _counts
 
     def results(*statuses):
         return [SimpleNamespace(status=s, skipped=None) for s in statuses]

@@ -324,12 +324,16 @@ def test_a_corrupt_or_forged_index_entry_is_a_miss(policy, tmp_path, corruption)
 
 
 def test_the_index_key_depends_on_kvpolicy_version_and_bytes(monkeypatch):
+    from kvpolicy import version
+    from kvpolicy.evaluate.index import FORMAT
+
     raw = b"schema = 1\n"
-    key = cache.index_key(raw)
-    assert key != cache.index_key(raw + b" ")
+    key = cache.index_key(raw, FORMAT)
+    assert key != cache.index_key(raw + b" ", FORMAT)
+    assert key != cache.index_key(raw, FORMAT + 1)
     assert key != cache.document_key(raw, b"", "")
-    monkeypatch.setattr(kvpolicy, "__version__", "9.9.9")
-    assert cache.index_key(raw) != key
+    monkeypatch.setattr(version, "__version__", "9.9.9")
+    assert cache.index_key(raw, FORMAT) != key
 
 
 def test_check_index_refuses_what_build_index_never_gives(newest):

@@ -52,7 +52,7 @@ def test_read_shows_a_variable_the_policy_reads_through_an_any_value_but_test():
     """TRTLLM_NIXL_KVCACHE_BACKEND is read by the in-flight-cancel gate as "any value but UCX": it
     must stay in `read:` (the notes' list of tested values leaves it out on purpose)."""
     import kvpolicy
-    from kvpolicy.cli.common import read_line
+    from kvpolicy.serving.check import read_line
 
     names = kvpolicy.load(version="2026.10.22").env_names()
     assert "TRTLLM_NIXL_KVCACHE_BACKEND" in names
