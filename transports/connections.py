@@ -29,7 +29,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import control
-from .keys import agent_carries_key, fingerprint, split_address
+from .addresses import agent_carries_key, fingerprint, split_address
 from .layout import KVLayout
 from .local import LocalSide, recv_parts
 from .mapping import map_ranks, overlap

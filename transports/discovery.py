@@ -49,7 +49,7 @@ from .etcd_client import (
     prefix_end,
     unb64,
 )
-from .keys import split_address
+from .addresses import split_address
 
 log = logging.getLogger("kvpolicy.transports")
 
@@ -86,7 +86,7 @@ class KeyMismatch(ValueError):
 
 def address_key(address: str) -> str | None:
     """The CURVE public key (Z85) that a control address carries, as ``connect()`` reads it
-    (:func:`~kvpolicy.transports.keys.split_address`), or None; ``ValueError`` if the part before
+    (:func:`~kvpolicy.transports.addresses.split_address`), or None; ``ValueError`` if the part before
     ``@`` is not a 32-byte key in hex."""
     _, key = split_address(address)
     return None if key is None else key.decode("ascii")

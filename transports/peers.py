@@ -25,7 +25,7 @@ from zmq.utils import z85
 
 from . import control
 from .discovery import EtcdClient, RegistryError, nixl_metadata_key
-from .keys import address_with_key, agent_carries_key, fingerprint
+from .addresses import address_with_key, agent_carries_key, fingerprint
 from .local import PROOF_PREFIX, LocalSide, agent_of_metadata, quietly
 from .mapping import BlockSegments, block_segments
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import control
-from .keys import agent_carries_key
+from .addresses import agent_carries_key
 from .local import LocalSide, agent_of_metadata
 from .mapping import block_segments, plan_descriptors
 from .peers import Remote, Remotes, release_remote

@@ -34,7 +34,8 @@ from typing import Any
 
 from .agent import NixlSettings, create_agent, nixl_version
 from .connections import Connections, Peer
-from .keys import AllowList, Identity, IdentitySpec, address_with_key, check_nixl_etcd, fingerprint, split_address
+from .keys import AllowList, Identity, IdentitySpec
+from .addresses import address_with_key, check_nixl_etcd, fingerprint, split_address
 from .local import Limits, LocalSide
 from .loop import ServiceLoop
 from .metadata import format_supported

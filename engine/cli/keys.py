@@ -49,7 +49,8 @@ def register(sub: Any) -> None:
 
 
 def _describe(path: Path, args: Any) -> int:
-    from kvpolicy.transports.keys import AllowList, KeyMaterialError, fingerprint
+    from kvpolicy.transports.keys import AllowList, KeyMaterialError
+    from kvpolicy.transports.addresses import fingerprint
 
     try:
         [peer] = AllowList([path]).entries()

@@ -8,7 +8,7 @@ import zmq.auth
 from transfer_worker import KEYS_DIR, new_key
 
 from kvpolicy.transports import control
-from kvpolicy.transports.keys import fingerprint, split_address
+from kvpolicy.transports.addresses import fingerprint, split_address
 
 
 def dealer(address: str, secret_file: str | None = None) -> zmq.Socket:
@@ -67,7 +67,7 @@ class RogueSender:
     hello with the welcome the test wrote: what a compromised sender could tell a receiver."""
 
     def __init__(self, name: str = "rogue") -> None:
-        from kvpolicy.transports.keys import address_with_key
+        from kvpolicy.transports.addresses import address_with_key
 
         self.key_name, secret_file = new_key(name, KEYS_DIR)
         """What receivers call this sender: its key's name, whatever its welcome claims."""

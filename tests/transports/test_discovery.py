@@ -300,7 +300,7 @@ def test_any_stored_bytes_parse_to_a_record_or_a_registry_error(value):
 def keyed(endpoint: str, key: str) -> str:
     """``endpoint`` carrying ``key`` (Z85) as a transceiver's ``address`` does: tcp://HEX@host:port."""
     pytest.importorskip("zmq")
-    from kvpolicy.transports.keys import address_with_key
+    from kvpolicy.transports.addresses import address_with_key
 
     return address_with_key(endpoint, key.encode())
 
@@ -337,14 +337,14 @@ def test_a_record_must_name_the_key_its_address_carries():
 
 
 def test_the_address_key_is_read_as_connect_reads_it_with_or_without_pyzmq(monkeypatch):
-    """address_key() is keys.split_address (what connect() uses); without pyzmq, keys' own Z85
+    """address_key() is addresses.split_address (what connect() uses); without pyzmq, its own Z85
     encoder gives the same text as pyzmq's."""
     import os
 
     from zmq.utils import z85
 
-    from kvpolicy.transports import keys
-    from kvpolicy.transports.keys import split_address
+    from kvpolicy.transports import addresses
+    from kvpolicy.transports.addresses import split_address
 
     samples = [keyed("tcp://10.0.0.1:5555", other_key()) for _ in range(20)]
     samples += [s.replace("tcp://", "tcp://").upper().replace("TCP://", "tcp://") for s in samples[:5]]  # upper-case hex
@@ -355,11 +355,11 @@ def test_the_address_key_is_read_as_connect_reads_it_with_or_without_pyzmq(monke
     def no_zmq():
         raise ModuleNotFoundError("No module named 'zmq'")
 
-    monkeypatch.setattr(keys, "_z85", no_zmq)
+    monkeypatch.setattr(addresses, "_z85", no_zmq)
     assert [discovery.address_key(a) for a in samples] == expected
     for _ in range(50):
         raw = os.urandom(32)
-        assert keys.z85_encode(raw) == z85.encode(raw)
+        assert addresses.z85_encode(raw) == z85.encode(raw)
     with pytest.raises(ValueError, match="public key in hex"):
         discovery.address_key("tcp://zz@h:1")
     with pytest.raises(ValueError, match="32 bytes"):

@@ -323,7 +323,7 @@ def test_secure_etcd_across_two_namespaces():
 def keyed(endpoint: str, key: str) -> str:
     """A transceiver's kind of address: tcp://HEX@host:port, HEX being ``key`` (Z85) in hex."""
     pytest.importorskip("zmq")
-    from kvpolicy.transports.keys import address_with_key
+    from kvpolicy.transports.addresses import address_with_key
 
     return address_with_key(endpoint, key.encode())
 
@@ -332,7 +332,7 @@ def test_a_record_whose_address_carries_another_key_than_it_names_is_never_retur
     """The attacker holds write access (a compromised rank whose own key the decoder allow-lists)
     and keeps the trusted sender's public_key while the address carries the attacker's key: the
     decoder checked one key and connect() would have used the other. lookup() never returns it."""
-    from kvpolicy.transports.keys import split_address
+    from kvpolicy.transports.addresses import split_address
 
     genuine = RankRecord(keyed("tcp://127.0.0.1:5555", GENUINE_KEY))  # public_key filled from the address
     assert genuine.public_key == GENUINE_KEY

@@ -26,7 +26,7 @@ class FakeSender:
         import zmq.auth
         from transfer_worker import new_key
 
-        from kvpolicy.transports.keys import address_with_key
+        from kvpolicy.transports.addresses import address_with_key
 
         self.key_name, secret_file = new_key("fake")
         public, secret = zmq.auth.load_certificate(secret_file)

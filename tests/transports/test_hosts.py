@@ -16,7 +16,7 @@ import pytest
 from conftest import requires_nixl
 
 from kvpolicy.transports import KVLayout
-from kvpolicy.transports.keys import split_address
+from kvpolicy.transports.addresses import split_address
 
 pytestmark = requires_nixl
 

@@ -17,7 +17,7 @@ from test_fencing import slow_other_decode, stop
 from transfer_worker import WorkerError
 
 from kvpolicy.transports import KVLayout, control
-from kvpolicy.transports.keys import address_with_key, split_address
+from kvpolicy.transports.addresses import address_with_key, split_address
 
 pytestmark = requires_nixl
 

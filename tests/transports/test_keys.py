@@ -9,7 +9,7 @@ import pytest
 
 from kvpolicy.cli import main
 from kvpolicy.transports import AllowList, Identity, KeyMaterialError, create_keys
-from kvpolicy.transports.keys import address_with_key, fingerprint, split_address
+from kvpolicy.transports.addresses import address_with_key, fingerprint, split_address
 
 
 def test_keys_new_writes_a_pair_and_refuses_to_overwrite(tmp_path, capsys):

@@ -10,7 +10,7 @@ from conftest import requires_nixl
 from transfer_worker import WorkerError
 
 from kvpolicy.transports import BlockPool, KVLayout, RequestState
-from kvpolicy.transports.keys import split_address
+from kvpolicy.transports.addresses import split_address
 
 pytestmark = requires_nixl
 
@@ -163,7 +163,7 @@ def test_a_connect_for_another_key_at_a_live_endpoint_never_ends_the_session(wor
     """Issue 38, item 4: a record naming the honest prefill's host:port with another (allowed) key made
     the decoder close its live session there, failing the request in flight. Connections are keyed by
     (endpoint, key): such a connect is refused, naming both, and the live session goes on."""
-    from kvpolicy.transports.keys import address_with_key, split_address
+    from kvpolicy.transports.addresses import address_with_key, split_address
 
     honest = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     rogue = workers("prefill", layout=LAYOUT.to_wire(), seed=9)

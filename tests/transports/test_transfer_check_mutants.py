@@ -16,7 +16,7 @@ from test_security import fake_rank
 from transfer_worker import KEYS_DIR, fill_pattern, new_key
 
 from kvpolicy.transports import KVLayout, TransferError, control
-from kvpolicy.transports.keys import split_address
+from kvpolicy.transports.addresses import split_address
 
 pytestmark = requires_nixl
 
