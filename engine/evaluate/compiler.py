@@ -28,13 +28,12 @@ TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
     from typing import Any
 
-    from .policyset import PolicySet
-
     #: ``evaluate(ctx) -> (values, by, diagnostics)``; lean: the diagnostics unsorted and without messages.
     Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]]
     LeanEvaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], list[Diagnostic]]]
-    #: ``make(policy_set)``: that set's ``resolve(config=None, /, **fields)``.
-    Entry = Callable[[PolicySet], Callable[..., Resolution]]
+    #: ``make(policy_set)``: that set's ``resolve(config=None, /, **fields)`` (the PolicySet as Any:
+    #: this module imports nothing of .policyset, which imports it).
+    Entry = Callable[[Any], Callable[..., Resolution]]
 
 __all__ = ["CompiledIndex", "generate_evaluator"]
 
