@@ -787,7 +787,7 @@ def _prepare(api_name: str, settings: NixlSettings) -> Callable[..., Any]:
     if "nixl" not in sys.modules:
         package = types.ModuleType("nixl")
         package.__path__ = []
-        package._api = api  # type: ignore[attr-defined]  # a stand-in module given nixl's own attribute
+        package._api = api  # type: ignore[attr-defined]  # a stand-in nixl package: ModuleType declares no _api
         sys.modules["nixl"] = package
     sys.modules.setdefault("nixl._api", api)
     from .agent import create_agent
