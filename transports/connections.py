@@ -271,7 +271,7 @@ class Connections:
         """(Under ``conn.lock``, after a send.) A send processes the socket's pending commands and
         may so consume the descriptor's signal of a frame that arrived: read it on the service thread."""
         try:
-            pending = conn.socket.getsockopt(_EVENTS) & _POLLIN
+            pending = conn.socket.getsockopt(_EVENTS) & _POLLIN  # type: ignore[operator]  # pyzmq types every option int | bytes; EVENTS is an int
         except zmq.ZMQError:
             return
         if pending:
@@ -326,7 +326,7 @@ class Connections:
                 try:
                     # Whether another frame waits (asked after this one was handled, off its path):
                     # half the price of a receive that fails, and it re-arms the descriptor if none does.
-                    if not conn.socket.getsockopt(_EVENTS) & _POLLIN:
+                    if not conn.socket.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq types every option int | bytes; EVENTS is an int
                         return
                 except zmq.ZMQError:
                     return

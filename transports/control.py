@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 import msgpack
 
 from .rank import MAX_METADATA, MAX_NAME, MAX_POOL_BLOCKS, ControlMessageError, RankInfo, check_text
+
+if TYPE_CHECKING:
+    import zmq
 
 __all__ = ["MAX_METADATA", "MAX_NAME", "MAX_POOL_BLOCKS", "ControlMessageError", "RankInfo"]
 
@@ -61,24 +64,34 @@ PROOF_NONCE = re.compile(r"[0-9a-f]{32}")
 _INT_ONLY = frozenset((int,))  # issuperset(map(type, xs)): all exact ints, in C (no frame per item)
 
 
-class Hello(NamedTuple):
+# Each message is a NamedTuple of its wire fields, subclassed (empty __slots__: no instance dict) to carry its class-level
+# ``kind``: a NamedTuple's own body holds only fields and methods (an annotated ``kind`` would be a
+# field, sent on the wire; a plain one is refused by type checkers).
+
+
+class _HelloFields(NamedTuple):
+    rank: RankInfo
+
+
+class Hello(_HelloFields):
     """Receiver -> sender: who I am and where my blocks are."""
 
+    __slots__ = ()
+    kind: ClassVar[Literal["hello"]] = "hello"
+
+
+class _WelcomeFields(NamedTuple):
     rank: RankInfo
-    kind = "hello"
 
 
-class Welcome(NamedTuple):
+class Welcome(_WelcomeFields):
     """Sender -> receiver: the answer to :class:`Hello`."""
 
-    rank: RankInfo
-    kind = "welcome"
+    __slots__ = ()
+    kind: ClassVar[Literal["welcome"]] = "welcome"
 
 
-class Request(NamedTuple):
-    """Receiver -> sender: write the blocks of ``request_id`` (after the first ``skip_blocks``) into
-    my ``blocks``."""
-
+class _RequestFields(NamedTuple):
     request_id: str
     nonce: int
     """This attempt, chosen by the receiver; results and cancels name it."""
@@ -89,23 +102,32 @@ class Request(NamedTuple):
     frame, on its own monotonic clock: no wall clock is compared across hosts. The receiver's blocks
     stay fenced until the sender's result, so a sender that starts later than the receiver expects
     (the frame's transit) never writes into memory given to another request."""
-    kind = "request"
 
 
-class Cancel(NamedTuple):
-    """Either side: stop attempt ``nonce`` of ``request_id`` (0: every attempt of this peer)."""
+class Request(_RequestFields):
+    """Receiver -> sender: write the blocks of ``request_id`` (after the first ``skip_blocks``) into
+    my ``blocks``."""
 
+    __slots__ = ()
+    kind: ClassVar[Literal["request"]] = "request"
+
+
+class _CancelFields(NamedTuple):
     request_id: str
     nonce: int = 0
     final: int = 1
     """1: the receiver gives the request up (``cancel()``), so the sender need not wait for it;
     0: only this attempt ends (it timed out) and a retry may still ask."""
-    kind = "cancel"
 
 
-class Result(NamedTuple):
-    """Sender -> receiver: how ``request_id`` ended for this receiver. The only completion signal."""
+class Cancel(_CancelFields):
+    """Either side: stop attempt ``nonce`` of ``request_id`` (0: every attempt of this peer)."""
 
+    __slots__ = ()
+    kind: ClassVar[Literal["cancel"]] = "cancel"
+
+
+class _ResultFields(NamedTuple):
     request_id: str
     nonce: int
     status: str
@@ -117,12 +139,16 @@ class Result(NamedTuple):
     descriptors: int = 0
     queue_us: int = 0
     transfer_us: int = 0
-    kind = "result"
 
 
-class Offer(NamedTuple):
-    """Sender -> receiver (reads only): the blocks of ``request_id`` may be read for ``timeout_ms``."""
+class Result(_ResultFields):
+    """Sender -> receiver: how ``request_id`` ended for this receiver. The only completion signal."""
 
+    __slots__ = ()
+    kind: ClassVar[Literal["result"]] = "result"
+
+
+class _OfferFields(NamedTuple):
     request_id: str
     token: int
     """This offer, chosen by the sender; the release names it."""
@@ -131,12 +157,16 @@ class Offer(NamedTuple):
     timeout_ms: int
     """Time left to the offer when it was sent (ms), counted by the receiver from when it read the
     frame on its own monotonic clock; no read starts after it."""
-    kind = "offer"
 
 
-class Release(NamedTuple):
-    """Receiver -> sender (reads only): the one answer to an :class:`Offer`; no read of it follows."""
+class Offer(_OfferFields):
+    """Sender -> receiver (reads only): the blocks of ``request_id`` may be read for ``timeout_ms``."""
 
+    __slots__ = ()
+    kind: ClassVar[Literal["offer"]] = "offer"
+
+
+class _ReleaseFields(NamedTuple):
     request_id: str
     token: int
     status: str
@@ -146,28 +176,42 @@ class Release(NamedTuple):
     reason: str = ""
     nbytes: int = 0
     transfer_us: int = 0
-    kind = "release"
 
 
-class Refused(NamedTuple):
+class Release(_ReleaseFields):
+    """Receiver -> sender (reads only): the one answer to an :class:`Offer`; no read of it follows."""
+
+    __slots__ = ()
+    kind: ClassVar[Literal["release"]] = "release"
+
+
+class _RefusedFields(NamedTuple):
+    reason: str
+    retry_after_ms: int
+
+
+class Refused(_RefusedFields):
     """Sender -> receiver, instead of a welcome: the hello was turned away for now (the sender is busy
     proving other peers' metadata), so the receiver's connect fails at once with the reason and a
     retry hint instead of waiting for its timeout. Only ``busy`` refusals are answered: a hello
     refused for what it is (a wrong agent name, metadata that failed the probe) gets silence."""
 
-    reason: str
-    retry_after_ms: int
-    kind = "refused"
+    __slots__ = ()
+    kind: ClassVar[Literal["refused"]] = "refused"
 
 
-class Proof(NamedTuple):
+class _ProofFields(NamedTuple):
+    nonce: str
+
+
+class Proof(_ProofFields):
     """Receiver -> sender, before the welcome: the nonce the sender sent as a NIXL notification to
     the agent of the hello's metadata. Only the process that owns that agent receives it, so a peer
     that says hello with another peer's metadata (renamed to its own agent) cannot answer. The nonce
     is 128 bits from the OS's CSPRNG as 32 hex digits, fresh for each hello and good for one echo."""
 
-    nonce: str
-    kind = "proof"
+    __slots__ = ()
+    kind: ClassVar[Literal["proof"]] = "proof"
 
 
 Message = Hello | Welcome | Request | Cancel | Result | Offer | Release | Proof | Refused
@@ -266,7 +310,7 @@ def decode(frame: bytes) -> Message:
     return _check_body(_unpack(frame))
 
 
-def decode_many(frame: bytes) -> list[Message]:
+def decode_many(frame: bytes | zmq.Frame) -> list[Message]:
     """Parse a frame holding one message or a batch of them; every message is checked as
     :func:`decode` checks a frame. Any message off-schema refuses the whole frame."""
     body = _unpack(frame)
@@ -284,12 +328,12 @@ def decode_many(frame: bytes) -> list[Message]:
 def _check_batch(body: list[Any]) -> list[Message]:
     if not 1 < len(body) <= MAX_BATCH:
         raise ControlMessageError(f"batch of {len(body)} messages, not 2..{MAX_BATCH}")
-    messages = []
+    messages: list[Message] = []
     for i, item in enumerate(body):
         if type(item) is not list or len(item) < 2 or type(item[1]) is not str or item[1] not in _BATCHABLE:
             raise ControlMessageError(f"batch[{i}]: only requests, cancels, results, offers and releases travel in batches")
         kind = item[1]
-        message = _request_fast(item) if kind == "request" else _result_fast(item) if kind == "result" else None
+        message: Message | None = _request_fast(item) if kind == "request" else _result_fast(item) if kind == "result" else None
         if message is None or item[0] != PROTOCOL_VERSION or type(item[0]) is not int:
             try:
                 message = _check_body(item)
@@ -323,7 +367,7 @@ def _check_body(body: Any) -> Message:
     if len(values) != len(schema):
         names = ", ".join(name for name, _ in schema)
         raise ControlMessageError(f"{kind}: expected {len(schema)} fields ({names}), got {len(values)}")
-    data = {}
+    data: dict[str, Any] = {}
     for (key, expected), value in zip(schema, values):
         # bool is an int subclass; a boolean where a count belongs is a foreign or broken sender.
         if isinstance(value, bool) or not isinstance(value, expected):

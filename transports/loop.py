@@ -50,7 +50,7 @@ class Timer:
 
     def __init__(self, when: float, fn: Callable[[], Any], loop: ServiceLoop | None = None) -> None:
         self.when = when
-        self.fn = fn
+        self.fn: Callable[[], Any] | None = fn
         self.cancelled = False
         self.loop = loop
 
@@ -59,7 +59,7 @@ class Timer:
         if self.cancelled:
             return
         self.cancelled = True
-        self.fn = None  # type: ignore[assignment]  # drop references to request state early
+        self.fn = None  # drop references to request state early
         if self.loop is not None:
             self.loop._cancelled += 1  # a hint for compaction (recounted then), so no lock
 
@@ -216,7 +216,7 @@ class ServiceLoop:
 
     def pending_commands(self) -> list[Future]:
         """Take the commands that will never run (the loop has stopped)."""
-        futures = []
+        futures: list[Future] = []
         while True:
             try:
                 _, future = self._commands.popleft()
@@ -236,7 +236,8 @@ class ServiceLoop:
                 self._cancelled -= 1
             else:
                 fn, timer.fn, timer.cancelled = timer.fn, None, True  # out of the heap: not counted
-                self._guard("timer", fn)
+                if fn is not None:  # (None: cancelled by another thread since the test above)
+                    self._guard("timer", fn)
 
     def _timeout_ms(self, now: float) -> int | None:
         """The poll timeout; sets :attr:`_sleep_until` under the timer lock, so that a caller adding

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from zmq.utils import z85
@@ -160,7 +160,7 @@ class Remotes:
             self.router.bind(f"tcp://{host}:{port}")
         else:
             self.router.bind_to_random_port(f"tcp://{host}")
-        self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.endpoint: str = cast(bytes, self.router.getsockopt(zmq.LAST_ENDPOINT)).decode()  # (a bytes option)
         self.address = address_with_key(self.endpoint, identity.public)
         self.remotes: dict[bytes, Remote] = {}
         self._frames: dict[bytes, Bucket] = {}
@@ -212,6 +212,7 @@ class Remotes:
                 log.info("transceiver %s: refused a handshake from %s (key not allowed)", self.local.name, frames[3:4])
                 self.zap.send_multipart([version, request_id, b"400", b"key not allowed", b"", b""])
             else:
+                assert key is not None  # a name is only found for a key
                 self.zap.send_multipart([version, request_id, b"200", b"OK", key, b""])
 
     # -- sender side: frames on the ROUTER --------------------------------------------------------
@@ -245,14 +246,15 @@ class Remotes:
                 log.exception("transceiver %s: error handling a frame (dropped)", self.local.name)
                 self.local.stats["internal_errors"] += 1
             self._alone = False
-            if time.perf_counter() >= until or not router.getsockopt(_EVENTS) & _POLLIN:  # (the check: half the price of a failed receive)
+            # (the check: half the price of a failed receive)
+            if time.perf_counter() >= until or not router.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq types every option int | bytes; EVENTS is an int
                 break
         # The results of what was just read go out now, one frame per receiver, not after the rest
         # of the loop's iteration.
         self.flush()
 
     def _on_router_frame(self, identity: bytes, frame: zmq.Frame) -> None:
-        key = b"plaintext" if self.local.plaintext else frame.get("User-Id").encode()
+        key = b"plaintext" if self.local.plaintext else frame.get("User-Id").encode()  # type: ignore[union-attr]  # pyzmq types Frame.get int | str; "User-Id" is a str
         bucket = self._frames.get(key)
         if bucket is None:
             bucket = self._frames[key] = Bucket(self.local.limits.frames_per_s, self.local.limits.frame_burst)
@@ -456,8 +458,8 @@ class Remotes:
         earlier = self._proving.get(identity)
         if earlier is not None:  # a hello again on the same connection, before the proof of the last one
             self._failed_proof(earlier, "a newer hello on its connection superseded it before its proof of memory came")
-        same_key = sorted((p for p in self._proving.values() if p.key == key), key=lambda p: p.started)
-        for old in same_key[: max(0, len(same_key) - self.local.limits.unproved_per_peer + 1)]:
+        unproved = sorted((p for p in self._proving.values() if p.key == key), key=lambda p: p.started)
+        for old in unproved[: max(0, len(unproved) - self.local.limits.unproved_per_peer + 1)]:
             self._failed_proof(old, "a newer hello of its key superseded it before its proof of memory came")
         self.local.stats["proofs_asked"] += 1
         proving = Proving(identity, key, rank, segments, stale, nonce)

@@ -60,11 +60,11 @@ class BlockPool:
                 )
             self.tensor = tensor
         else:
-            device = torch.device(device)
-            if device.type == "cpu" and huge_pages:
+            where = torch.device(device)
+            if where.type == "cpu" and huge_pages:
                 self.tensor = self._huge_page_tensor(shape, dtype)
             else:
-                self.tensor = torch.zeros(shape, dtype=dtype, device=device)
+                self.tensor = torch.zeros(shape, dtype=dtype, device=where)
 
     @staticmethod
     def _huge_page_tensor(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
@@ -150,7 +150,7 @@ class BlockPool:
     def digest(self, block_id: int) -> str:
         """A hash of one block's bytes, for checking that a transfer was bit-identical."""
         data = self.tensor[block_id].detach().contiguous().view(_torch().uint8).cpu().numpy()
-        return hashlib.blake2b(memoryview(data), digest_size=16).hexdigest()
+        return hashlib.blake2b(memoryview(data), digest_size=16).hexdigest()  # type: ignore[arg-type]  # numpy types ndarray as a buffer on Python >= 3.12 only
 
     def digests(self, block_ids: Sequence[int]) -> list[str]:
         """:meth:`digest` of each block."""

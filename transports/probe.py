@@ -186,9 +186,9 @@ class MetadataProbe:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
             raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
-        for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
-            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be a finite positive number of seconds, got {value!r}")
+        for name, seconds in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
+            if not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+                raise ValueError(f"{name} must be a finite positive number of seconds, got {seconds!r}")
         self.settings = settings or NixlSettings()
         self.mode = mode
         self.max_running = max_running
@@ -555,6 +555,7 @@ class _HelperClient:
                 self._send_queued(out)
                 process = self.process
                 if process is not None:
+                    assert process.stdin is not None  # (started with pipes)
                     stdin_fd = process.stdin.fileno()
                     events = selectors.EVENT_WRITE if out else 0
                     self._modify(selector, stdin_fd, events)
@@ -622,6 +623,7 @@ class _HelperClient:
             return False
         with owner._lock:
             owner.stats["helper_starts"] += 1
+        assert process.stdin is not None and process.stdout is not None  # (both pipes, above)
         os.set_blocking(process.stdin.fileno(), False)
         os.set_blocking(process.stdout.fileno(), False)
         self.selector.register(process.stdout.fileno(), selectors.EVENT_READ, "stdout")
@@ -653,8 +655,8 @@ class _HelperClient:
                 if code == OK:
                     self.ready = True
                     now = time.monotonic()
-                    for probe in self.sent.values():  # (fork: their clocks start now)
-                        probe.sent = now
+                    for waiting in self.sent.values():  # (fork: their clocks start now)
+                        waiting.sent = now
                 else:  # NIXL cannot load in the helper: every waiting probe fails
                     self._kill()
                     self._fail_all(ProbeOutcome(CANNOT_RUN, message))
@@ -726,6 +728,7 @@ class _HelperClient:
         if process is None:
             return 0
         for stream in (process.stdout, process.stdin):
+            assert stream is not None  # (started with pipes)
             try:
                 self.selector.unregister(stream.fileno())
             except (KeyError, ValueError, OSError):
@@ -783,8 +786,8 @@ def _prepare(api_name: str, settings: NixlSettings) -> Callable[..., Any]:
     api = importlib.import_module(api_name)
     if "nixl" not in sys.modules:
         package = types.ModuleType("nixl")
-        package.__path__ = []  # type: ignore[attr-defined]
-        package._api = api  # type: ignore[attr-defined]
+        package.__path__ = []
+        package._api = api  # type: ignore[attr-defined]  # a stand-in nixl package: ModuleType declares no _api
         sys.modules["nixl"] = package
     sys.modules.setdefault("nixl._api", api)
     from .agent import create_agent

@@ -29,7 +29,7 @@ from typing import Any
 from . import control
 from .connections import Connections
 from .local import LocalSide, remember
-from .reads import Reads
+from .reads import Read, Reads
 from .request import RequestState, TransferHandle, next_nonce
 
 log = logging.getLogger("kvpolicy.transports")
@@ -211,8 +211,9 @@ class Receiver:
                 self._read_ended(read, ok, reason)
         return bool(ended)
 
-    def _read_ended(self, read: Any, ok: bool, reason: str) -> None:
-        receive, name = read.receive, read.peer
+    def _read_ended(self, read: Read, ok: bool, reason: str) -> None:
+        receive: Receive = read.receive  # (typed Any in .reads, which cannot import this module)
+        name = read.peer
         request_id = receive.handle.request_id
         if self.receives.get(request_id) is not receive or name not in receive.pending:
             fence = self.fences.get((request_id, receive.nonce))
@@ -348,7 +349,9 @@ class Receiver:
         """Requests that could not be handed to ``name``'s socket (its queue is full): no write of
         them can come, so those attempts stop waiting for it (and fence nothing for it)."""
         for message in messages:
-            receive = self.receives.get(message.request_id) if isinstance(message, control.Request) else None
+            if not isinstance(message, control.Request):
+                continue
+            receive = self.receives.get(message.request_id)
             if receive is not None and receive.nonce == message.nonce and name in receive.pending:
                 receive.pending.discard(name)
                 receive.errors.append(f"sender {name!r} could not be reached (its send queue is full)")

@@ -9,7 +9,7 @@ names are ``RUNTIME`` or, more specific, ``RUNTIME:BACKEND``; each entry point i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,11 +30,16 @@ class Transceiver(Protocol):
     def connect(self, address: str, *, timeout_s: float | None = None) -> Any:
         """Connect to a sender."""
 
-    def send(self, request_id: str, block_ids: Sequence[int], **options: Any) -> TransferHandle:
-        """Offer a request's blocks."""
+    # send and receive take (request_id: str, block_ids: Sequence[int]) and keyword options that are
+    # each runtime's own: typed as callables, since a method with **options would oblige every
+    # runtime to accept every keyword.
+    @property
+    def send(self) -> Callable[..., TransferHandle]:
+        """``send(request_id, block_ids, **options)``: offer a request's blocks."""
 
-    def receive(self, request_id: str, block_ids: Sequence[int], **options: Any) -> TransferHandle:
-        """Fetch a request's blocks into this pool."""
+    @property
+    def receive(self) -> Callable[..., TransferHandle]:
+        """``receive(request_id, block_ids, **options)``: fetch a request's blocks into this pool."""
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request on this side."""

@@ -340,13 +340,14 @@ class NixlTransceiver:
             names = self._connections.default_writers(self.layout)
         else:
             connected = self.peers
-            names = []
+            asked = []
             for p in peers:
                 key = p.name if isinstance(p, Peer) else p
                 if key not in connected:
                     raise ValueError(f"not connected to a sender named {key!r}; connect() first")
-                names.append(key)
-            self._connections.check_coverage(tuple(names), self.layout)
+                asked.append(key)
+            names = tuple(asked)
+            self._connections.check_coverage(names, self.layout)
         # (An empty quarantine, the usual case, costs one truth test on this path.)
         for name, held in (self._receiver.quarantined_over_bound(names) if self._receiver.quarantined else {}).items():
             raise ValueError(

@@ -183,7 +183,11 @@ def _fresh_header(text: str, marks: dict[str, str]) -> str | None:
     top, rest = (body[: table.start()], body[table.start() :]) if table else (body, "")
     for key, pattern in _TOP_LINES.items():
         value = marks[key].replace("\\", "\\\\").replace('"', '\\"')
-        top, count = pattern.subn(lambda m, v=value: f'{m.group(1)}"{v}"', top, count=1)
+
+        def quoted(m: re.Match[str], v: str = value) -> str:
+            return f'{m.group(1)}"{v}"'
+
+        top, count = pattern.subn(quoted, top, count=1)
         if count != 1:
             return None
     return "".join(kept) + marks["comment"] + "\n" + top + rest
@@ -231,20 +235,20 @@ def run_new(args: Any) -> int:
     for path in (target, cases_target):
         if path.exists():
             return fail(f"{path} already exists")
-    source = Path(newest.path)
+    newest_file = Path(newest.path)
     try:
-        text = read_policy_bytes(source, str(source), root=folder).decode("utf-8")
+        text = read_policy_bytes(newest_file, str(newest_file), root=folder).decode("utf-8")
     except PolicyError as exc:
         return fail(str(exc))
     text, count = _VERSION_LINE.subn(lambda m: f'{m.group(1)}"{version}"', text, count=1)
     if count != 1:
-        return fail(f"{source}: no top-level `version = \"...\"` line to rewrite")
+        return fail(f"{newest_file}: no top-level `version = \"...\"` line to rewrite")
     # What the version is (summary, source, header comment) is the author's to say: placeholders
     # that lint refuses (KVP042) until they are filled, never the previous version's claims.
     marks = placeholders()
     fresh = _fresh_header(text, marks)
     if fresh is None:
-        return fail(f"{source}: no top-level `summary = \"...\"` and `source = \"...\"` lines to rewrite")
+        return fail(f"{newest_file}: no top-level `summary = \"...\"` and `source = \"...\"` lines to rewrite")
     text = fresh
     target.write_text(text, encoding="utf-8")
     try:
@@ -254,9 +258,9 @@ def run_new(args: Any) -> int:
         return fail(f"the copy does not load: {exc}")
     if (copy.summary, copy.source) != (marks["summary"], marks["source"]):  # pragma: no cover - a defence
         target.unlink()
-        return fail(f"{source}: its summary and source could not be replaced with placeholders")
+        return fail(f"{newest_file}: its summary and source could not be replaced with placeholders")
     created = [str(target)]
-    cases_source = source.with_name(source.name[: -len(".toml")] + CASES_SUFFIX)
+    cases_source = newest_file.with_name(newest_file.name[: -len(".toml")] + CASES_SUFFIX)
     if cases_source.is_file():
         cases = read_policy_bytes(cases_source, str(cases_source), root=folder).decode("utf-8")
         cases = _POLICY_LINE.sub(lambda m: f'{m.group(1)}"{target.name}"', cases, count=1)
@@ -265,7 +269,7 @@ def run_new(args: Any) -> int:
         for index, line in enumerate(lines):
             if not line.lstrip().startswith("#"):
                 break
-            lines[index] = line.replace(source.name, target.name)
+            lines[index] = line.replace(newest_file.name, target.name)
         cases = "".join(lines)
     else:
         cases = (

@@ -90,13 +90,14 @@ def run(args: Any) -> int:
         if isinstance(loaded, str):
             return fail(f"--from: {loaded}")
         old = loaded
-    impact = None
+    impact: list[Any] | None = None
     if args.configs:
         if old is None:
             return fail("--configs needs a version to compare with: pass --from OLD")
-        impact = _impact(args, old, new)
-        if isinstance(impact, int):
-            return impact
+        found = _impact(args, old, new)
+        if isinstance(found, int):
+            return found
+        impact = found
     output = args.output
     link = _linker(args.link_base, None if output == "-" else Path(output).parent)
     from .. import __version__

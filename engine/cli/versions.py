@@ -71,7 +71,7 @@ def run_table(args: Any) -> int:
     backends = [column.backend for column in matrix.columns]
     rows = []
     for r, (architecture, _) in enumerate(matrix.rows):
-        cells = {}
+        cells: dict[str, dict[str, Any]] = {}  # each as its JSON shows it
         for c, backend in enumerate(backends):
             resolution = matrix.cell(r, c).resolution
             cells[backend] = {

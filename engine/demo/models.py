@@ -17,12 +17,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from ..transports.layout import KVLayout
 from ..transports.pool import BlockPool
+
+if TYPE_CHECKING:
+    import transformers
+    from transformers.cache_utils import CacheLayerMixin
 
 __all__ = [
     "ARCHITECTURES",
@@ -77,7 +81,7 @@ def build_model(spec: ModelSpec) -> tuple[Any, Any]:
     if spec.size not in _SIZES:
         raise ValueError(f"unknown model size {spec.size!r}; choose one of {', '.join(_SIZES)}")
     hidden, layers, heads, kv_heads, head_dim, intermediate, vocab = _SIZES[spec.size]
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -89,6 +93,8 @@ def build_model(spec: ModelSpec) -> tuple[Any, Any]:
         # A wide initialisation makes greedy choices decisive, so token equality is a sharp check.
         initializer_range=0.2,
     )
+    config: transformers.PretrainedConfig
+    cls: type[transformers.PreTrainedModel]
     if spec.architecture == "LlamaForCausalLM":
         config = transformers.LlamaConfig(**common)
         cls = transformers.LlamaForCausalLM
@@ -103,7 +109,7 @@ def build_model(spec: ModelSpec) -> tuple[Any, Any]:
         raise ValueError(f"the demo builds {', '.join(ARCHITECTURES)}, not {spec.architecture!r}")
     config.architectures = [spec.architecture]
     torch.manual_seed(spec.seed)
-    model = cls(config).eval()
+    model = cls(config).eval()  # type: ignore[arg-type]  # each branch above pairs a model class with its own config class
     # No end-of-sequence token: every run generates exactly the tokens asked for, unprocessed.
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -196,7 +202,9 @@ def cache_from_blocks(pool: BlockPool, block_ids: Sequence[int], config: Any, pr
         pool.layout.num_layers, 2, pool.layout.kv_heads, n * tpb, pool.layout.head_dim
     )
     cache = DynamicCache(config=config)
-    for layer, (cached, window) in enumerate(zip(cache.layers, windows)):
+    # Attention layers only (full or sliding window), for the architectures the demo builds.
+    layers = cast("list[CacheLayerMixin]", cache.layers)
+    for layer, (cached, window) in enumerate(zip(layers, windows)):
         first = 0 if window is None else max(0, prompt_len - window)
         keys = flat[layer, 0, :, first:prompt_len].unsqueeze(0).contiguous()
         values = flat[layer, 1, :, first:prompt_len].unsqueeze(0).contiguous()

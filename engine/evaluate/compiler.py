@@ -28,7 +28,12 @@ TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
     from typing import Any
 
-    Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tuple[Any, ...]]]
+    #: ``evaluate(ctx) -> (values, by, diagnostics)``; lean: the diagnostics unsorted and without messages.
+    Evaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]]
+    LeanEvaluator = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, str], list[Diagnostic]]]
+    #: ``make(policy_set)``: that set's ``resolve(config=None, /, **fields)`` (the PolicySet as Any:
+    #: this module imports nothing of .policyset, which imports it).
+    Entry = Callable[[Any], Callable[..., Resolution]]
 
 __all__ = ["CompiledIndex", "generate_evaluator"]
 
@@ -83,7 +88,7 @@ def _condition(src: _Source, condition: dict[str, Any], decided: dict[str, str])
     return " and ".join(f"({t})" for t in terms) if terms else "True"
 
 
-def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool = False) -> Evaluator:
+def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool = False) -> Any:
     """Generate the fast evaluator of a decision index: ``evaluate(ctx) -> (values, by, diags)``.
 
     ``lean`` evaluators skip formatting messages: their diagnostics carry id, severity and
@@ -157,8 +162,8 @@ def generate_evaluator(index: DecisionIndex, *, lean: bool = False, entry: bool 
         lines = ["def make(policy_set):", *("    " + line for line in lines), "    return resolve"]
     code = compile("\n".join(lines) + "\n", f"<kvpolicy {index.path}>", "exec")
     exec(code, namespace)  # noqa: S102 - generated from identifiers above, never from policy text
-    function: Evaluator = namespace["make" if entry else "evaluate"]
-    function.__source__ = "\n".join(src.lines)  # type: ignore[attr-defined]
+    function = namespace["make" if entry else "evaluate"]  # an Evaluator, a LeanEvaluator or an Entry
+    function.__source__ = "\n".join(src.lines)
     return function
 
 
@@ -422,17 +427,17 @@ class CompiledIndex(DecisionIndex):
     def __init__(self, data: dict[str, Any], path: str) -> None:
         super().__init__(data, path)
         self._fast: Evaluator | None = None
-        self._lean: Evaluator | None = None
-        self.entry = generate_evaluator(self, entry=True)
+        self._lean: LeanEvaluator | None = None
+        self.entry: Entry = generate_evaluator(self, entry=True)
 
     def evaluate(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
         """Values, deciding rules and diagnostics of a normalised context."""
         if self._fast is None:
             self._fast = generate_evaluator(self)
-        return self._fast(ctx)  # type: ignore[no-any-return]
+        return self._fast(ctx)
 
     def outcome(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Diagnostic]]:
         """As :meth:`evaluate`, with diagnostics without messages or locations, unsorted."""
         if self._lean is None:
             self._lean = generate_evaluator(self, lean=True)
-        return self._lean(ctx)  # type: ignore[no-any-return]
+        return self._lean(ctx)

@@ -135,8 +135,8 @@ def build_index(policy: Policy, order: list[str] | tuple[str, ...] | None = None
                 # not depend on the file.
                 "requirements": [_rule(r) for r in sorted(decision.requirements, key=lambda r: r.id)],
                 "rows": rows,
-                "adopt": _condition(preference.adopt_when) if rows else None,
-                "on_not_adopted": _notice(preference.on_not_adopted) if rows else None,
+                "adopt": _condition(preference.adopt_when) if preference is not None and rows else None,
+                "on_not_adopted": _notice(preference.on_not_adopted) if preference is not None and rows else None,
                 "conditionals": [_rule(r) for r in decision.conditionals],
                 "default": _rule(decision.default),
                 "adjustments": [_rule(r) for r in decision.adjustments],
@@ -307,7 +307,7 @@ def _check(d: Any) -> None:
 # -- resolving -------------------------------------------------------------------------------------
 
 
-class Requirement(tuple):  # type: ignore[type-arg]
+class Requirement(tuple):
     """A requirement as the generated code sees it: ``(id, value, notice, text, reason, location)``,
     read by position (the generated code and :meth:`DecisionIndex.settle` index it)."""
 
@@ -337,7 +337,7 @@ class DecisionIndex:
         self._models: tuple[tuple[str | None, str | None], ...] | None = None
         self._near_misses: dict[str, str | None] = {}
         self._requests = tuple((d["name"], d["omitted"], frozenset(self.requests(d["name"]))) for d in self.decisions)
-        self._rank = {name: index for index, name in enumerate(self.order)}
+        self._rank: dict[str | None, int] = {name: index for index, name in enumerate(self.order)}  # None: no decision
         self._order_key = self._sort_key(self._rank)
         self._renderers: dict[str, Callable[..., str]] = {}
 
@@ -435,7 +435,7 @@ class DecisionIndex:
         strict = fields.pop("strict", True)
         if strict.__class__ is not bool:
             raise ContextError("strict", f"expected true or false, got {strict!r}")
-        return strict  # type: ignore[no-any-return]
+        return strict
 
     # -- context --
 
@@ -570,12 +570,12 @@ class DecisionIndex:
         return self._order_key(diagnostic)
 
     @staticmethod
-    def _sort_key(rank: dict[str, int]) -> Callable[[Diagnostic], tuple[int, int, str]]:
+    def _sort_key(rank: dict[str | None, int]) -> Callable[[Diagnostic], tuple[int, int, str]]:
         # A closure over plain dicts, indexing the tuple: the sort runs on every resolution with
         # two diagnostics or more, and attribute lookups on a named tuple cost a call each.
         severity = _SEVERITY_RANK
         get = rank.get
-        return lambda d: (severity[d[1]], get(d[3], 99), d[0])  # type: ignore[index]
+        return lambda d: (severity[d[1]], get(d[3], 99), d[0])
 
     def _render(self, template: str) -> Callable[[dict[str, Any], dict[str, Any], str | None], str]:
         render = self._renderers.get(template)
@@ -618,7 +618,7 @@ class DecisionIndex:
                 diagnostics.append(
                     Diagnostic(notice[0], notice[1], "", name, "")
                     if lean
-                    else self.notice_diagnostic(notice, name, ctx, values, winner[1], None)  # type: ignore[arg-type]
+                    else self.notice_diagnostic(notice, name, ctx, values, winner[1], None)
                 )
         # Agreeing requirements decide together: naming only one would make decided_by depend on
         # which id sorts first (a rename would change it) and hide the others.
@@ -702,7 +702,7 @@ def _pretrained(ctx: dict[str, Any], value: Any, rules: list[list[Any]] = ()) ->
 SET_EMPTY = "\x00set-empty"
 
 
-class EnvView(dict):  # type: ignore[type-arg]
+class EnvView(dict):
     """A context's environment in which a variable set to ``""`` reads as :data:`SET_EMPTY` through
     ``get`` (what conditions use), while items, iteration and ``dict(...)`` show it as written."""
 

@@ -64,7 +64,7 @@ class PolicySet:
         resolve = self._index.entry(self)
         resolve.__doc__ = PolicySet.resolve.__doc__
         resolve.__qualname__ = "PolicySet.resolve"
-        self.resolve = resolve  # type: ignore[method-assign]
+        self.resolve = resolve  # type: ignore[method-assign]  # each instance carries its own generated resolve
 
     @property
     def policy(self) -> Policy:
@@ -112,7 +112,7 @@ class PolicySet:
     def models(self) -> tuple[tuple[str | None, str | None], ...]:
         """The classes of models this version tells apart: (architecture, model_type) pairs, ``None``
         standing for every architecture (or model_type) it does not name."""
-        return self._index.models()  # type: ignore[no-any-return]
+        return self._index.models()
 
     def resolve_normalised(self, context: Mapping[str, Any]) -> Resolution:
         """The resolution of a context as ``Resolution.context`` holds it (already normalised)."""
@@ -172,7 +172,7 @@ class PolicySet:
         """Resolve a serving context (a ``cache_transceiver_config`` mapping and/or fields)."""
         # Reached only through the class (``PolicySet.resolve(policy_set, ...)``): instances
         # carry their own generated ``resolve``.
-        return self.__dict__["resolve"](config, **fields)  # type: ignore[no-any-return]
+        return self.__dict__["resolve"](config, **fields)
 
     def notes(self, context: Mapping[str, Any]) -> list[str]:
         """Notes on a normalised context that resolves, but probably not as meant (a misspelt

@@ -188,7 +188,7 @@ class Program:
             for d in self.decisions
             if d.decision.adjustments
         )
-        self._rank = {name: index for index, name in enumerate(order)}
+        self._rank: dict[str | None, int] = {name: index for index, name in enumerate(order)}  # None: no decision
         self.features = frozenset(policy.features)
         # Caches of the interpreter's diagnostics; keyed by parts of this (immutable) policy only.
         self._renderers: dict[str, Callable[..., str]] = {}

@@ -198,15 +198,15 @@ def _architecture_levels(
             for name, entries in table.items():
                 named_by.setdefault(name, []).append((j, tuple(sorted(entries, key=lambda e: (e[0] or "", e[1])))))
         classes: dict[tuple[Any, ...], list[str | None]] = {}
-        for name in names:
-            classes.setdefault(tuple(named_by.get(name, ())) if name is not None else (), []).append(name)
+        for architecture in names:
+            classes.setdefault(tuple(named_by.get(architecture, ())) if architecture is not None else (), []).append(architecture)
         reps: dict[str | None, str | None] = {}
         members: dict[str | None, list[str]] = {}
         for group in classes.values():
             rep = None if group[0] is None else min(n for n in group if n is not None)
             members[rep] = [n for n in group if n is not None]
-            for name in group:
-                reps[name] = rep
+            for member in group:
+                reps[member] = rep
         reps_at.append(reps)
         members_at.append(members)
     return reps_at, members_at
@@ -266,8 +266,8 @@ def analyse(policy: Policy) -> Analysis:
         "model_type": (None, *model_types),
         "kv_transfer_timeout_ms": (_FINITE_TIMEOUT, None),
     }
-    for feature in policy.features:
-        alphabet[f"feature:{feature}"] = (False, True)
+    for feature_name in policy.features:
+        alphabet[f"feature:{feature_name}"] = (False, True)
     for variable, named in env_named.items():
         alphabet[f"env:{variable}"] = _env_options(named)
     for name, decision in policy.decisions.items():
@@ -276,7 +276,7 @@ def analyse(policy: Policy) -> Analysis:
     # What each step reads, and what is read after it.
     reads: list[tuple[set[str], set[str]]] = []
     for step in steps:
-        dims, values = {f"request:{step.name}"}, set()
+        dims, read_values = {f"request:{step.name}"}, set()
         decision = step.decision
         parts = [r.when for r in (*decision.requirements, *decision.conditionals)]
         if decision.preference is not None:
@@ -288,8 +288,8 @@ def analyse(policy: Policy) -> Analysis:
         for condition in parts:
             d, v = _condition_dims(condition, names)
             dims |= d
-            values |= v
-        reads.append((dims, values))
+            read_values |= v
+        reads.append((dims, read_values))
     constraint_tests = []
     final_dims: set[str] = set()
     # Adjustments run after every decision, just before the constraints: they belong to the last stage.
@@ -328,8 +328,8 @@ def analyse(policy: Policy) -> Analysis:
     for row in policy.rows():
         if row.model_type:
             qualified.setdefault(row.architecture, set()).add(row.model_type)
-    for name in reps_at[0]:
-        types_of[name] = (None, *sorted(qualified.get(name or "", ())))
+    for rep in reps_at[0]:
+        types_of[rep] = (None, *sorted(qualified.get(rep or "", ())))
 
     specs_cache: dict[tuple[tuple[str, ...], int], list[list[tuple[str, Any, int, int, str]]]] = {}
 
@@ -521,9 +521,9 @@ class _Inputs:
         outside = self._outside.get(dims)
         if outside is None:
             pairs = [(a, b) for a, b in self.implied if a in dims or b in dims]
-            reads = {x for pair in pairs for x in pair if x not in dims}
+            partners = {x for pair in pairs for x in pair if x not in dims}
             typed = bool(dims) and dims[-1] == "model_type"
-            outside = self._outside[dims] = (pairs, tuple(sorted(reads)), typed and "architecture" not in dims)
+            outside = self._outside[dims] = (pairs, tuple(sorted(partners)), typed and "architecture" not in dims)
         pairs, reads, by_architecture = outside
         # Besides ``dims`` they depend on the partners the witness fixed, and on the architecture
         # where it chooses the model types.

@@ -273,7 +273,8 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
     version = policy_set.version
     if not isinstance(case, dict):
         return CaseResult("?", location, version, ("a case must be a table",))
-    name = case.get("name") if isinstance(case.get("name"), str) else f"case at line {location.line}"
+    given = case.get("name")
+    name = given if isinstance(given, str) else f"case at line {location.line}"
     problems = []
     unknown = sorted(set(case) - _CASE_KEYS)
     if unknown:

@@ -1152,9 +1152,9 @@ def unfilled_placeholder(file: PolicyFile) -> Iterator[Finding]:
     if PLACEHOLDER not in text:
         return
     keys = {}
-    for key in ("summary", "source"):
-        where = file.locate((key,))
-        keys[where.line] = key
+    for top_key in ("summary", "source"):
+        where = file.locate((top_key,))
+        keys[where.line] = top_key
     for number, line in enumerate(text.splitlines(), start=1):
         column = line.find(PLACEHOLDER)
         if column < 0:

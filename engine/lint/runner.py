@@ -21,7 +21,7 @@ from ..errors import PolicyError
 from ..read.loader import CASES_SUFFIX, display_path, parse_policy, policy_files
 from ..read.policyfile import read_policy_bytes
 from ..read.source import Location, SourceDocument, TomlSyntaxError, parse_document
-from .rules import ANALYSIS_RULES, RULES, Finding, PolicyFile
+from .rules import ANALYSIS_RULES, RULES, Finding, PolicyFile, Severity
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,7 +50,7 @@ class LintConfig:
     """The file the configuration came from, if any."""
     allow_symlinks: tuple[Path, ...] = ()
     """Folders outside the policy folder that policy symlinks may point into (resolved)."""
-    analysis_limit: str = "error"
+    analysis_limit: Severity = "error"
     """Severity of KVP029 (the exact analysis could not run within its budget)."""
 
     def enabled(self, code: str) -> bool:
@@ -368,11 +368,11 @@ def _result(
     comments = {file.path: suppressions(file) for file in files}
     unique = {f.sort_key(): f for f in raw}
     for finding in sorted(unique.values(), key=Finding.sort_key):
-        codes = comments.get(finding.location.path, {}).get(finding.location.line)
-        if codes is not None and finding.code in codes[0]:
+        suppression = comments.get(finding.location.path, {}).get(finding.location.line)
+        if suppression is not None and finding.code in suppression[0]:
             used.add((finding.location.path, finding.location.line, finding.code))
             result.suppressed.append(finding)
-            result.reasons[(finding.location.path, finding.location.line)] = codes[2]
+            result.reasons[(finding.location.path, finding.location.line)] = suppression[2]
         else:
             result.findings.append(finding)
     # Where the exact analysis was skipped, its rules did not run: their suppressions are not unused.

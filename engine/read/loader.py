@@ -226,7 +226,9 @@ def _compile_schema(
         return None
     if compiled_defs is None:
         compiled_defs = {}
-    checks: list[Callable[[Any], bool]] = []
+    # Each check is called with one value; its other parameters only bind values as defaults, which
+    # a one-argument Callable cannot express (mypy cannot infer such a lambda against it).
+    checks: list[Callable[..., bool]] = []
     for keyword, argument in node.items():
         if keyword in _ANNOTATIONS:
             continue
@@ -244,7 +246,7 @@ def _compile_schema(
             if done is not None:  # compiled already: call it directly
                 checks.append(done)
             else:  # a recursive reference: through the table, filled once its definition is compiled
-                checks.append(lambda v, name=name, table=compiled_defs: table[name](v))  # type: ignore[misc]
+                checks.append(lambda v, name=name, table=compiled_defs: table[name](v))
         elif keyword == "type" and isinstance(argument, str) and argument in _TYPES:
             checks.append(_TYPES[argument])
         elif keyword == "pattern" and isinstance(argument, str):
@@ -317,7 +319,7 @@ def _compile_schema(
             if any(b is None for b in branches):
                 return None
             options_t = tuple(branches)
-            checks.append(lambda v, options=options_t: any(b(v) for b in options))  # type: ignore[misc]
+            checks.append(lambda v, options=options_t: any(b(v) for b in options))
         else:
             return None
     return _all_of(checks)
@@ -370,7 +372,7 @@ def _declared_type(node: Any, defs: dict[str, Any]) -> str | None:
         if not isinstance(node, dict):
             return None
         if isinstance(node.get("type"), str):
-            return node["type"]  # type: ignore[no-any-return]
+            return node["type"]
         ref = node.get("$ref")
         if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
             return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any, Literal
 
 from ..errors import Location
@@ -54,10 +55,10 @@ Severity = Literal["info", "warning", "error"]
 NULL_REQUEST = "null"
 
 
-try:
+if sys.version_info >= (3, 11):
     from typing import dataclass_transform
-except ImportError:  # Python 3.10: only type checkers read it
-    def dataclass_transform(**_: Any) -> Any:  # type: ignore[no-redef]  # a stand-in for the 3.11 decorator
+else:  # Python 3.10: only type checkers read it
+    def dataclass_transform(**_: Any) -> Any:  # a stand-in for the 3.11 decorator
         return lambda f: f
 
 

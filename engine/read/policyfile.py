@@ -27,6 +27,10 @@ from pathlib import Path
 
 from ..errors import Location, PolicyError, PolicyProblem
 
+TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
+if TYPE_CHECKING:
+    from typing import Any, AnyStr
+
 __all__ = [
     "CASES_SUFFIX",
     "MAX_ARRAY_TABLES",
@@ -58,7 +62,9 @@ def shipped_root() -> Path:
     # package, without importing importlib.resources (a few ms of every cold start).
     from .. import policies
 
-    return Path(policies.__file__).parent
+    # kvpolicy.policies is the top-level policies/ folder (package-dir), which mypy, checking engine/
+    # as a package, cannot see.
+    return Path(policies.__file__).parent  # type: ignore[attr-defined]  # policies/ lies outside engine/
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -82,20 +88,31 @@ def display_path(path: Path) -> str:
     except ValueError:
         return str(path)
 
-class Pattern:
+class _LazyPattern:
     """A regular expression compiled on first use: reading a policy through the compiled-policy
     cache never scans it, and compiling these at import cost ~2 ms of every cold start."""
 
     __slots__ = ("_args", "_compiled")
 
-    def __init__(self, *args: object) -> None:
-        self._args = args
-        self._compiled: re.Pattern | None = None  # type: ignore[type-arg]
+    def __init__(self, pattern: str | bytes, flags: int = 0) -> None:
+        self._args: tuple[Any, int] = (pattern, flags)  # (Any: str or bytes, each as re.compile takes it)
+        self._compiled: re.Pattern[Any] | None = None
 
     def __getattr__(self, name: str) -> object:
         if self._compiled is None:
-            self._compiled = re.compile(*self._args)  # type: ignore[call-overload]
+            self._compiled = re.compile(*self._args)
         return getattr(self._compiled, name)
+
+
+if TYPE_CHECKING:
+
+    def Pattern(pattern: AnyStr, flags: int = 0) -> re.Pattern[AnyStr]:
+        """What a type checker sees: every attribute of a lazy pattern is the compiled pattern's, so
+        it is typed as the ``re.Pattern`` (of ``str`` or ``bytes``, as its source) it stands for."""
+        ...
+
+else:
+    Pattern = _LazyPattern
 
 
 #: The largest policy file kvpolicy reads (a 100,000-row policy is about 15 MB).

@@ -150,8 +150,8 @@ def _read_table(path: Path) -> tuple[Release, ...]:
     except UnicodeDecodeError as exc:
         raise _problem(shown, 1, 1, "toml", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (ValueError, RecursionError) as exc:
-        found = _TOML_POSITION.search(str(exc))
-        line, column = (int(found.group(1)), int(found.group(2))) if found else (1, 1)
+        position = _TOML_POSITION.search(str(exc))
+        line, column = (int(position.group(1)), int(position.group(2))) if position else (1, 1)
         raise _problem(shown, line, column, "toml", _TOML_POSITION.sub("", str(exc)).strip()) from None
     lines = [text.count("\n", 0, m.start()) + 1 for m in _ROW_HEADER.finditer(text)]
     problems: list[PolicyProblem] = []

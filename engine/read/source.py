@@ -41,12 +41,14 @@ def toml_parser() -> ModuleType:
     """The module whose ``loads`` parses policy files: tomli when it is compiled and parses TOML
     1.0 (``2.0.1 <= version < 2.4``: the code of Python 3.11's ``tomllib``, accepting and refusing
     the same documents), else ``tomllib`` (``tomli`` on Python 3.10)."""
+    found: ModuleType | None
     try:
         import tomli
         from tomli import _parser
     except ImportError:
-        tomli = None
-    if tomli is not None:
+        found = None
+    else:
+        found = tomli
         version = tuple(int(part) for part in re.findall(r"\d+", getattr(tomli, "__version__", "0"))[:3])
         compiled = not str(getattr(_parser, "__file__", "")).endswith(".py")
         if (2, 0, 1) <= version < (2, 4) and (compiled or sys.version_info < (3, 11)):
@@ -55,9 +57,9 @@ def toml_parser() -> ModuleType:
         import tomllib
 
         return tomllib
-    if tomli is None:  # pragma: no cover - the install requires tomli on Python 3.10
+    if found is None:  # pragma: no cover - the install requires tomli on Python 3.10
         raise ImportError("kvpolicy needs tomli on Python 3.10: pip install 'tomli>=2.0.1,<2.4'")
-    return tomli  # pragma: no cover - exercised on Python 3.10 only
+    return found  # pragma: no cover - exercised on Python 3.10 only
 
 
 class TomlSyntaxError(ValueError):
@@ -86,6 +88,8 @@ class SourceDocument:
     raw: bytes
     text: str
     data: dict[str, Any]
+    _positions: dict[Path, tuple[int, int]]
+    _source_map: SourceMap | None
 
     def __init__(
         self,

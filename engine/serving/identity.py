@@ -168,7 +168,7 @@ def load_architecture_map(path: str | Path) -> ArchitectureMap:
         raise ValueError(str(exc)) from None
     if not isinstance(document, Mapping):
         raise ValueError(f"{text_path}: expected a mapping of model path globs to architectures")
-    entries = []
+    entries: list[tuple[str, str, str | None]] = []
     for pattern, target in document.items():
         if isinstance(target, str) and target:
             entries.append((str(pattern), target, None))

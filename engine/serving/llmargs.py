@@ -100,17 +100,13 @@ def _models() -> dict[str, Any]:
         "transceiver_runtime": str | None,
         "use_kv_cache_manager_v2": bool | Literal["auto"] | None,
     }
+    # Each field (type, default None); typed as Any values so that they can be keyword arguments
+    # of create_model, whose own keywords (__base__, __module__...) are not of that type.
+    cache_fields: dict[str, Any] = {name: (typed.get(name, Any), None) for name in sorted(CACHE_TRANSCEIVER_FIELDS)}
+    kv_fields: dict[str, Any] = {name: (typed.get(name, Any), None) for name in sorted(KV_CACHE_FIELDS)}
     return {
-        "cache_transceiver_config": create_model(
-            "CacheTransceiverConfig",
-            __config__=strict,
-            **{name: (typed.get(name, Any), None) for name in sorted(CACHE_TRANSCEIVER_FIELDS)},
-        ),
-        "kv_cache_config": create_model(
-            "KvCacheConfig",
-            __config__=strict,
-            **{name: (typed.get(name, Any), None) for name in sorted(KV_CACHE_FIELDS)},
-        ),
+        "cache_transceiver_config": create_model("CacheTransceiverConfig", __config__=strict, **cache_fields),
+        "kv_cache_config": create_model("KvCacheConfig", __config__=strict, **kv_fields),
     }
 
 
