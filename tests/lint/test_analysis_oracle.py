@@ -26,7 +26,7 @@ from kvpolicy.errors import PolicyError
 from kvpolicy.lint import analysis
 from kvpolicy.read.loader import parse_policy, shipped_root
 
-from tests.engine.strategies import policies
+from tests.support.strategies import policies
 from tests.lint import analysis_oracle
 from tests.lint.analysis_oracle import oracle_analyse
 
