@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 from attackers import allowed_dealer
 from conftest import requires_nixl
-from test_faults import FakeSender, eventually
-from test_security import fake_rank
 from transfer_worker import KEYS_DIR, fill_pattern, new_key
 
 from kvpolicy.transports import KVLayout, TransferError, control
 from kvpolicy.transports.keys import split_address
+
+from tests.support.transfer import FakeSender, eventually, fake_rank
 
 pytestmark = requires_nixl
 
@@ -138,7 +138,7 @@ def connected(sender, *receivers):
 
 
 def accept(fake, receiver):
-    """Let an in-process receiver connect to a :class:`test_faults.FakeSender`; its peer name."""
+    """Let an in-process receiver connect to a :class:`tests.support.transfer.FakeSender`; its peer name."""
     fake.accept(SimpleNamespace(call=lambda op, address: receiver.connect(address).name))
     return fake.key_name
 
