@@ -5,37 +5,23 @@ from __future__ import annotations
 from kvpolicy.evaluate.domain import domain_of
 from kvpolicy.read.loader import parse_policy
 
-POLICY = """
-schema = 1
-version = "2026.01.01"
-summary = "x"
-source = "x"
-[features.f1]
-description = "f"
-[decisions.backend]
-description = "b"
-values = ["NIXL", "UCX"]
-auto = "DEFAULT"
-default = { id = "b-default", value = "NIXL" }
+from tests.support.policies import three_decisions
+
+POLICY = three_decisions(
+    features={"f1": None},
+    backend_auto="DEFAULT",
+    backend="""
 [[decisions.backend.conditional]]
 id = "b-env"
 when = { env.E1 = "2" }
 value = "UCX"
+
 [[decisions.backend.requirement]]
 id = "b-req"
 when = { env.E1 = "1" }
 value = "UCX"
-[decisions.transceiver_runtime]
-description = "r"
-values = ["CPP", "PYTHON"]
-auto = "auto"
-default = { id = "r-default", value = "CPP" }
-[decisions.kv_cache_manager]
-description = "m"
-values = ["V1", "V2"]
-auto = "auto"
-default = { id = "m-default", value = "V1" }
-"""
+""",
+)
 
 
 def test_a_variable_read_always_and_when_auto_keeps_every_named_value() -> None:

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from kvpolicy.read.loader import parse_policy
 
 from tests.support.analysis import compare
+from tests.support.policies import three_decisions
 from tests.support.strategies import policies
 
 
@@ -27,37 +28,17 @@ def test_exact_on_random_policies(text):
 
 
 #: An adjustment is the only rule that reads the architecture: it rewrites the manager for ArchA.
-ADJUSTED_BY_MODEL_ONLY = """schema = 1
-version = "2026.01.01"
-summary = "s"
-source = "s"
-features = {}
-
-[decisions.backend]
-description = "b"
-values = ["NIXL", "UCX"]
-auto = "DEFAULT"
-default = { id = "backend-default", value = "NIXL" }
-
-[decisions.transceiver_runtime]
-description = "r"
-values = ["CPP", "PYTHON"]
-auto = "auto"
-inputs = ["backend"]
-default = { id = "runtime-default", value = "CPP" }
-
-[decisions.kv_cache_manager]
-description = "m"
-values = ["V1", "V2"]
-auto = "auto"
-inputs = ["transceiver_runtime"]
-default = { id = "manager-default", value = "V1" }
-
+ADJUSTED_BY_MODEL_ONLY = three_decisions(
+    backend_auto="DEFAULT",
+    runtime_inputs=["backend"],
+    manager_inputs=["transceiver_runtime"],
+    manager="""
 [[decisions.kv_cache_manager.adjustment]]
 id = "arch-a-v2"
 when = { architecture = "ArchA" }
 value = "V2"
-"""
+""",
+)
 
 
 def test_an_adjustment_that_alone_reads_the_architecture_is_seen_to_decide():

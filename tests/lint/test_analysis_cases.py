@@ -12,39 +12,11 @@ from kvpolicy.read.loader import parse_policy
 
 from tests.lint.analysis_oracle import oracle_analyse
 from tests.support.analysis import compare
+from tests.support.policies import three_decisions
 
 #: Three decisions with nothing but a default: every input a constraint reads stays free at the
 #: constraints stage (no decision reads it), and the requests give a few final states.
-DECISIONS = """
-schema = 1
-version = "2026.01.01"
-summary = "analysis cases"
-source = "test"
-
-[features.f1]
-description = "one"
-
-[features.f2]
-description = "two"
-
-[decisions.backend]
-description = "backend"
-values = ["NIXL", "UCX"]
-auto = "auto"
-default = { id = "backend-default", value = "NIXL" }
-
-[decisions.transceiver_runtime]
-description = "transceiver_runtime"
-values = ["CPP", "PYTHON"]
-auto = "auto"
-default = { id = "runtime-default", value = "PYTHON" }
-
-[decisions.kv_cache_manager]
-description = "kv_cache_manager"
-values = ["V1", "V2"]
-auto = "auto"
-default = { id = "manager-default", value = "V1" }
-"""
+DECISIONS = three_decisions(summary="analysis cases", features={"f1": None, "f2": None}, runtime_default="PYTHON")
 
 
 def _policy(tmp_path: Path, constraints: str) -> Any:
