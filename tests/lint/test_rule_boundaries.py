@@ -263,7 +263,7 @@ def _kvp053(*paths: str) -> list[tuple[str, str]]:
     return [(Path(f.location.path).parent.name, Path(f.location.path).name) for f in findings if f.code == "KVP053"]
 
 
-def test_repeated_source_is_checked_in_every_folder_after_a_placeholderwith_source(tmp_path):
+def test_repeated_source_is_checked_in_every_folder_after_a_placeholder_source(tmp_path):
     first = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1")
     placeholder = two_versions(tmp_path, first, _changed("TODO(kvpolicy new): the upstream change"), "x")
     repeated = two_versions(tmp_path, first, _changed("NVIDIA/TensorRT-LLM #1 (the rest of it)"), "y")
