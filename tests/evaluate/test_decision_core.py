@@ -11,7 +11,6 @@ name another row than the one that decided.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
