@@ -1,6 +1,6 @@
 """The oracle's assumptions are switches, and each reaches only what the docs call uncertain.
 
-``upstream.py`` restates TensorRT-LLM independently of the policies, but where upstream's record is
+``tests/support/upstream.py`` restates TensorRT-LLM independently of the policies, but where upstream's record is
 uncertain it reads the facts as the shipped policies do (``upstream.ASSUMED``). Here each such
 reading is flipped on its own, the oracle is run over the whole input domain under both, and every
 context whose outcome changes must lie in the scope ``docs/policies.md`` gives that fact: nothing the

@@ -1,6 +1,6 @@
 """Every shipped version agrees with TensorRT-LLM itself over the whole input domain.
 
-``upstream.py`` restates upstream's resolvers, model hooks and start-up checks independently of the
+``tests/support/upstream.py`` restates upstream's resolvers, model hooks and start-up checks independently of the
 policy files. For every shipped version this test walks every architecture any version names (and
 one none names; the list is the union of the policies' names and the oracle's registry), every backend with every combination of DEFAULT's variables, runtime
 auto/CPP/PYTHON/null, a finite or null timeout, KV-cache manager auto/V1/V2, pipelined transfer

@@ -6,7 +6,7 @@ model_type-qualified row for one architecture), ordered conditionals, defaults, 
 may read every decision), ``null = "policy"`` or a value, conditions on ``requested.*`` (what the
 user wrote: ``DEFAULT``, ``auto``, ``null``), environment matchers that name '' (unset), lists and
 negations, notices, features (one bound to a variable), constraints, and a backend set that can
-differ between two versions. The engine, lint and diff suites all draw from them.
+differ between two versions. The read, evaluate, lint and analyse suites all draw from them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ with ``get_preferred_*`` hooks registered under checkpoint architecture names, t
 resolvers of ``tensorrt_llm/llmapi/llm_utils.py`` (era A: #16164, era C: #18134) and the creation-
 time checks of ``create_kv_cache_transceiver`` / ``resolve_cache_transceiver_config``. Nothing here
 reads kvpolicy's TOML: the shipped policies must agree with this over the whole input domain
-(``test_upstream.py``). Where upstream's record is uncertain, the reading is a switch of
+(``tests/evaluate/test_oracle_agreement.py``). Where upstream's record is uncertain, the reading is a switch of
 :class:`Assumptions`: its default is the shipped policy's assumption (``ASSUMED``), and
 ``test_assumptions.py`` checks that the other reading of each changes only the contexts
 ``docs/policies.md`` lists as uncertain, so nothing outside them rests on an assumption.
