@@ -8,6 +8,10 @@ import tempfile
 import pytest
 from hypothesis import settings
 
+import kvpolicy
+from kvpolicy.read.loader import shipped_root
+from tests.support.constants import NEWEST_AUTO, VERSIONS
+
 #: Hypothesis profiles. ``gate`` (the default, what ``make test`` and CI run) is derandomised: every
 #: property test draws the same examples on every machine for the same commit, and no example
 #: database carries draws from one run into the next, so a red run is a red commit, reproducible by
@@ -34,14 +38,36 @@ def _private_cache_dir():
             os.environ["KVPOLICY_CACHE_DIR"] = previous
 
 
-#: Folders whose tests run in one xdist worker each (``make test`` runs ``-n 2 --dist loadgroup``):
-#: the transfer tests start processes, namespaces and etcd servers and keep real timeouts, so they
-#: run one at a time as they would alone; the report tests share pages within a process.
-SERIAL_GROUPS = ("transports", "report")
+#: Folders whose tests run in one xdist worker each (``make test`` runs ``-n 2 --dist loadgroup``),
+#: by folder: the transfer tests start processes, namespaces and etcd servers and keep real
+#: timeouts, so they run one at a time as they would alone, and the demo's end-to-end run (NIXL
+#: worker processes) runs among them; the report tests share pages within a process.
+SERIAL_GROUPS = {"transports": "transports", "demo": "transports", "report": "report"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = item.nodeid.split("/")
         if len(parts) > 2 and parts[0] == "tests" and parts[1] in SERIAL_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(parts[1]))
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUPS[parts[1]]))
+
+
+# -- the shipped policies, for every suite --------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def shipped() -> dict[str, kvpolicy.PolicySet]:
+    """Every shipped policy version, loaded once."""
+    return {v: kvpolicy.load(version=v) for v in VERSIONS}
+
+
+@pytest.fixture(scope="session")
+def newest(shipped: dict[str, kvpolicy.PolicySet]) -> kvpolicy.PolicySet:
+    """The newest version whose left-out fields request auto (:data:`NEWEST_AUTO`)."""
+    return shipped[NEWEST_AUTO]
+
+
+@pytest.fixture
+def policy_text() -> str:
+    """The text of :data:`NEWEST_AUTO`, for tests that edit a copy."""
+    return (shipped_root() / f"{NEWEST_AUTO}.toml").read_text(encoding="utf-8")

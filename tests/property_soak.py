@@ -18,9 +18,9 @@ import subprocess
 import sys
 import time
 
-#: The folders whose property tests are cheap enough to repeat; transports' own property tests start
-#: processes and run in the gate only.
-FOLDERS = ("tests/engine", "tests/lint", "tests/diff")
+#: The folders whose property tests are cheap enough to repeat (reading policies, evaluating them,
+#: lint, comparing versions); transports' own property tests start processes and run in the gate only.
+FOLDERS = ("tests/read", "tests/evaluate", "tests/lint", "tests/analyse")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -154,3 +154,72 @@ def test_the_tree_shows_the_phases():
     assert packages == ["analyse", "cli", "demo", "evaluate", "lint", "read", "report", "serving", "upstream"]
     top = sorted(p.stem for p in engine.glob("*.py"))
     assert top == ["__init__", "__main__", "decisionlog", "errors", "fuzzing", "records", "version", "watch", "wording"]
+
+
+# -- tests/ mirrors the source ---------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+#: Where each source package's tests live: a test sits beside the package it tests.
+TEST_FOLDERS = {
+    "kvpolicy": "tests/api",  # the top-level API: resolve(), load(), PolicySet, watch, decisionlog
+    "kvpolicy.read": "tests/read",
+    "kvpolicy.evaluate": "tests/evaluate",
+    "kvpolicy.analyse": "tests/analyse",
+    "kvpolicy.lint": "tests/lint",
+    "kvpolicy.serving": "tests/serving",
+    "kvpolicy.report": "tests/report",
+    "kvpolicy.cli": "tests/cli",
+    "kvpolicy.upstream": "tests/upstream",
+    "kvpolicy.demo": "tests/demo",
+    "kvpolicy.transports": "tests/transports",
+}
+#: The folders of tests/ that test no one package: the helpers the suites share, two hosts and etcd
+#: (tests.testbed), mutation testing.
+SHARED_FOLDERS = {"tests/support", "tests/testbed", "tests/mutation"}
+
+
+def test_every_source_package_has_its_tests_folder():
+    engine = FOLDERS["kvpolicy"]
+    packages = {"kvpolicy", "kvpolicy.transports"} | {f"kvpolicy.{p.parent.name}" for p in engine.glob("*/__init__.py")}
+    assert sorted(TEST_FOLDERS) == sorted(packages), "name the tests folder of every package here"
+    for package, folder in TEST_FOLDERS.items():
+        assert sorted((ROOT / folder).glob("test_*.py")), f"{package}: no test module in {folder}"
+    folders = {str(p.relative_to(ROOT)) for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(TEST_FOLDERS.values()) | SHARED_FOLDERS, "a tests folder per package, helpers in tests/support"
+
+
+def _test_files() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _imported_modules(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names taken from it, line) for every import in a file under tests/, wherever it is;
+    relative imports resolved against the file's package, bare names (the rootdir-relative imports of
+    a folder without __init__.py, e.g. tests/transports) against its folder."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            out.append((module, [alias.name for alias in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            out.extend((alias.name, [], node.lineno) for alias in node.names)
+    return out
+
+
+def test_no_test_module_imports_another_test_modules_names():
+    taken = []
+    for path in _test_files():
+        for module, names, line in _imported_modules(path):
+            last = module.rpartition(".")[2]
+            modules = [last] + [name for name in names if (ROOT / module.replace(".", "/") / f"{name}.py").exists()]
+            for imported in modules:
+                if imported.startswith("test_"):
+                    taken.append(f"{path.relative_to(ROOT)}:{line}: {module} {names}")
+    assert taken == [], "move what more than one test module uses into tests/support"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from tests import golden
+from tests.support import golden
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"

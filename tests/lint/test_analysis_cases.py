@@ -11,39 +11,12 @@ from kvpolicy.lint import analysis
 from kvpolicy.read.loader import parse_policy
 
 from tests.lint.analysis_oracle import oracle_analyse
+from tests.support.analysis import compare
+from tests.support.policies import three_decisions
 
 #: Three decisions with nothing but a default: every input a constraint reads stays free at the
 #: constraints stage (no decision reads it), and the requests give a few final states.
-DECISIONS = """
-schema = 1
-version = "2026.01.01"
-summary = "analysis cases"
-source = "test"
-
-[features.f1]
-description = "one"
-
-[features.f2]
-description = "two"
-
-[decisions.backend]
-description = "backend"
-values = ["NIXL", "UCX"]
-auto = "auto"
-default = { id = "backend-default", value = "NIXL" }
-
-[decisions.transceiver_runtime]
-description = "transceiver_runtime"
-values = ["CPP", "PYTHON"]
-auto = "auto"
-default = { id = "runtime-default", value = "PYTHON" }
-
-[decisions.kv_cache_manager]
-description = "kv_cache_manager"
-values = ["V1", "V2"]
-auto = "auto"
-default = { id = "manager-default", value = "V1" }
-"""
+DECISIONS = three_decisions(summary="analysis cases", features={"f1": None, "f2": None}, runtime_default="PYTHON")
 
 
 def _policy(tmp_path: Path, constraints: str) -> Any:
@@ -163,11 +136,9 @@ fix = "no"
 def test_architectures_that_differ_only_in_a_model_type_row_are_told_apart(tmp_path: Path) -> None:
     """Every row used (the first plain one and the first per model type) sets an architecture's
     class: two architectures whose tables differ in a model type's row alone do not share one."""
-    from tests.lint.test_analysis import _compare
-
     policy = _policy(tmp_path, PREFERENCE_BY_MODEL_TYPE)
     assert analysis.preference_table(policy.decisions["kv_cache_manager"])["ArchA"] == [(None, "V1"), ("m", "V2")]
-    _compare(policy)
+    compare(policy)
     result = _same_as_oracle(policy)
     assert result.constraints["v2-manager"]["architecture"] == "ArchA"
 
@@ -246,10 +217,8 @@ fix = "no"
 def test_the_first_adjustment_that_fires_decides(tmp_path: Path) -> None:
     """Adjustments of one decision are tried in order and the first that fires decides: V2 (from
     A) with B set, which a later adjustment would have turned back into V1."""
-    from tests.lint.test_analysis import _compare
-
     policy = _policy(tmp_path, TWO_ADJUSTMENTS)
-    _compare(policy)
+    compare(policy)
     result = _same_as_oracle(policy)
     family = next(f for f in result.rejected if f[2] == "a-v2")
     assert {(w["env:A"], w["env:B"]) for w in result.rejected[family]} == {("1", "1")}

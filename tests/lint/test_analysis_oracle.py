@@ -26,9 +26,10 @@ from kvpolicy.errors import PolicyError
 from kvpolicy.lint import analysis
 from kvpolicy.read.loader import parse_policy, shipped_root
 
-from tests.engine.strategies import policies
+from tests.support.strategies import policies
 from tests.lint import analysis_oracle
 from tests.lint.analysis_oracle import oracle_analyse
+from tests.support.policies import three_decisions
 
 SHIPPED = sorted(p for p in shipped_root().glob("*.toml") if not p.name.endswith(".cases.toml"))
 
@@ -86,41 +87,20 @@ def test_same_result_as_the_oracle_on_shipped_policies(path: Path) -> None:
 #: (a block its state restricts); variable values of equal weight where an adjustment decides;
 #: the architecture decided before, so that a constraint fires as small in several states; two
 #: adjustments first deciding in one state.
-TIES_AND_BLOCKS = """
-schema = 1
-version = "2026.01.01"
-summary = "ties and blocks"
-source = "test"
-
-[features.f1]
-description = "one"
-
-[features.f3]
-description = "three"
-env = "E3"
-
-[features.f4]
-description = "four"
-env = "E4"
-
-[decisions.backend]
-description = "backend"
-values = ["NIXL", "UCX"]
-auto = "DEFAULT"
-default = { id = "backend-default", value = "NIXL" }
-
+TIES_AND_BLOCKS = three_decisions(
+    summary="ties and blocks",
+    features={"f1": None, "f3": "E3", "f4": "E4"},
+    backend_auto="DEFAULT",
+    runtime_default="PYTHON",
+    runtime_inputs=["backend"],
+    manager_inputs=["backend", "transceiver_runtime"],
+    backend="""
 [[decisions.backend.conditional]]
 id = "backend-env"
 when = { env = { E1 = "1" } }
 value = "UCX"
-
-[decisions.transceiver_runtime]
-description = "transceiver_runtime"
-values = ["CPP", "PYTHON"]
-auto = "auto"
-inputs = ["backend"]
-default = { id = "runtime-default", value = "PYTHON" }
-
+""",
+    runtime="""
 [[decisions.transceiver_runtime.conditional]]
 id = "runtime-f3"
 when = { features = { f3 = true } }
@@ -130,14 +110,8 @@ value = "CPP"
 id = "runtime-adjusted"
 when = { features = { f1 = true } }
 value = "CPP"
-
-[decisions.kv_cache_manager]
-description = "kv_cache_manager"
-values = ["V1", "V2"]
-auto = "auto"
-inputs = ["backend", "transceiver_runtime"]
-default = { id = "manager-default", value = "V1" }
-
+""",
+    manager="""
 [decisions.kv_cache_manager.preference]
 id = "manager-preference"
 rows = [{ architecture = "ArchA", value = "V2" }, { architecture = "ArchB", value = "V1" }]
@@ -146,7 +120,8 @@ rows = [{ architecture = "ArchA", value = "V2" }, { architecture = "ArchB", valu
 id = "manager-adjusted"
 when = { env = { E5 = ["x", "y"] } }
 value = "V2"
-
+""",
+) + """
 [[constraints]]
 id = "a-model-type"
 severity = "error"

@@ -11,6 +11,8 @@ from xml.etree import ElementTree
 
 import pytest
 
+from tests.support.lint import git
+
 from .conftest import FIXTURES, REPO, check_golden
 
 MIXED = str(FIXTURES / "KVP021.toml")
@@ -183,21 +185,17 @@ def test_rule_docs_are_markdown_in_rule_and_sarif(cli):
     assert "`source`" in kvp041["fullDescription"]["text"]
 
 
-def _git(*args, cwd):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_unbumped_version_against_base(tmp_path, monkeypatch):
     from kvpolicy.lint import lint_paths
 
-    _git("init", "-q", cwd=tmp_path)
-    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "root", cwd=tmp_path)
+    git("init", "-q", cwd=tmp_path)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "root", cwd=tmp_path)
     policy = tmp_path / "policies" / "p.toml"
     policy.parent.mkdir()
     policy.write_text((FIXTURES / "clean.toml").read_text())
-    _git("add", ".", cwd=tmp_path)
-    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "policy", cwd=tmp_path)
+    git("add", ".", cwd=tmp_path)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "policy", cwd=tmp_path)
     monkeypatch.chdir(tmp_path)
     # A comment is not a content change.
     policy.write_text(policy.read_text() + "# a comment\n")

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from kvpolicy.lint.fmt import FormatError, format_text
 from kvpolicy.read.loader import shipped_root
 
-from tests.engine.strategies import policies
+from tests.support.strategies import policies
 
 from .conftest import FIXTURES, check_golden
 

@@ -185,7 +185,7 @@ def _rows_sorted(node: Any) -> Any:
     return node
 
 
-from tests.engine.strategies import hostile_structures  # noqa: E402
+from tests.support.strategies import hostile_structures  # noqa: E402
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

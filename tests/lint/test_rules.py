@@ -12,6 +12,8 @@ from kvpolicy.lint import RULES, lint_paths
 from kvpolicy.lint.rules import CATEGORIES, catalogue
 from kvpolicy.read.loader import shipped_root
 
+from tests.support.lint import claim_holds, resolve_fields, two_versions, with_source
+
 from .conftest import FIXTURES, check_golden
 
 #: Rules checked by a dedicated test instead of a file fixture (they need a git history).
@@ -52,16 +54,6 @@ def test_shipped_policies_lint_clean(shipped_lint):
     assert {f.code for f in result.suppressed} == {"KVP030"}
 
 
-def _resolve_fields(context: dict) -> dict:
-    """A finding's counterexample as ``resolve`` takes it."""
-    fields = dict(context)
-    if "model_type" in fields:
-        fields["pretrained_config"] = {"architectures": [fields.pop("architecture")], "model_type": fields.pop("model_type")}
-    if "features" in fields:
-        fields["features"] = set(fields["features"])
-    return fields
-
-
 def test_every_suppressed_kvp030_claim_holds_on_its_own_counterexample(shipped_lint):
     """What each KVP030 finding on the shipped policies says is true: in its counterexample, auto
     picks a value a constraint rejects, and the value it names instead passes every check (the
@@ -73,7 +65,7 @@ def test_every_suppressed_kvp030_claim_holds_on_its_own_counterexample(shipped_l
         claim = re.search(r"(backend|transceiver_runtime|kv_cache_manager) = (\w+) would pass", finding.message)
         assert claim and finding.context is not None, finding.message
         decision, working = claim.groups()
-        fields = _resolve_fields(finding.context)
+        fields = resolve_fields(finding.context)
         auto = policy_set.resolve(**fields)
         assert not auto.ok, f"{finding.location}: the counterexample starts under auto: {finding.message}"
         explicit = policy_set.resolve(**{**fields, decision: working})
@@ -163,23 +155,8 @@ def test_conflicting_rows_map_to_duplicate_architecture(tmp_path):
     assert "listed twice with different values" in result.findings[0].message
 
 
-def _two_versions(tmp_path, first: str, second: str, folder: str = "policies") -> str:
-    """A folder holding two versions of the clean fixture, 2030.01.01 and 2030.01.02, edited by
-    ``first`` and ``second`` (text -> text)."""
-    root = tmp_path / folder
-    root.mkdir(parents=True, exist_ok=True)
-    clean = (FIXTURES / "clean.toml").read_text()
-    (root / "a.toml").write_text(first(clean))
-    (root / "b.toml").write_text(second(clean.replace('version = "2030.01.01"', 'version = "2030.01.02"')))
-    return str(root)
-
-
 def _codes(path: str) -> list[tuple[str, str, int]]:
     return [(f.code, f.location.path.rsplit("/", 1)[-1], f.location.line) for f in lint_paths([path]).findings]
-
-
-def _source(text: str, source: str) -> str:
-    return text.replace('source = "kvpolicy tests"', f'source = "{source}"', 1)
 
 
 def test_identical_version_compares_the_loaded_policies_not_the_text(tmp_path):
@@ -189,27 +166,27 @@ def test_identical_version_compares_the_loaded_policies_not_the_text(tmp_path):
         text = text.replace("# A small policy", "# Another comment, then a small policy")
         text = text.replace('values = ["NIXL", "UCX"]', "values = [ 'NIXL', 'UCX' ]  # the backends")
         text = text.replace('summary = "Lint fixture."', 'summary = "Another summary."')
-        return _source(text, "NVIDIA/TensorRT-LLM #2")
+        return with_source(text, "NVIDIA/TensorRT-LLM #2")
 
-    path = _two_versions(tmp_path, lambda t: _source(t, "NVIDIA/TensorRT-LLM #1"), relaid)
+    path = two_versions(tmp_path, lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1"), relaid)
     assert _codes(path) == [("KVP052", "b.toml", 3)]
     reason = lambda t: relaid(t).replace('reason = "CPP works everywhere."', 'reason = "CPP works on every backend."')
-    assert _codes(_two_versions(tmp_path / "2", lambda t: _source(t, "NVIDIA/TensorRT-LLM #1"), reason)) == []
+    assert _codes(two_versions(tmp_path / "2", lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1"), reason)) == []
 
 
 def test_identical_version_is_judged_against_the_closest_earlier_version_of_the_same_folder(tmp_path):
-    same = lambda t: _source(t, "NVIDIA/TensorRT-LLM #1")
-    other = lambda t: _source(t, "NVIDIA/TensorRT-LLM #2")
+    same = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1")
+    other = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #2")
     # Two folders, one version each: nothing to compare (a run may lint several policy folders).
-    _two_versions(tmp_path, same, other, "x")
+    two_versions(tmp_path, same, other, "x")
     (tmp_path / "x" / "b.toml").rename(tmp_path / "b.toml")
     result = lint_paths([str(tmp_path / "x"), str(tmp_path / "b.toml")])
     assert [f.code for f in result.findings] == []
     # Three versions: the newest is compared with the middle one, which differs from it.
-    path = _two_versions(tmp_path, same, other, "three")
+    path = two_versions(tmp_path, same, other, "three")
     text = (FIXTURES / "clean.toml").read_text().replace('version = "2030.01.01"', 'version = "2030.01.03"')
     changed = text.replace('value = "PYTHON", reason = "GPT-OSS', 'value = "CPP", reason = "GPT-OSS')
-    (Path(path) / "c.toml").write_text(_source(changed, "NVIDIA/TensorRT-LLM #3"))
+    (Path(path) / "c.toml").write_text(with_source(changed, "NVIDIA/TensorRT-LLM #3"))
     assert _codes(path) == [("KVP052", "b.toml", 3)]
 
 
@@ -217,9 +194,9 @@ def test_repeated_source_compares_the_changes_cited(tmp_path):
     """KVP053: a source naming no upstream change the previous one does not (#NNNN, URLs), or the
     same text when it names none; a placeholder is KVP042's alone."""
     def changed(source):
-        return lambda t: _source(t.replace('value = "PYTHON", reason = "GPT-OSS', 'value = "CPP", reason = "GPT-OSS'), source)
+        return lambda t: with_source(t.replace('value = "PYTHON", reason = "GPT-OSS', 'value = "CPP", reason = "GPT-OSS'), source)
 
-    first = lambda t: _source(t, "NVIDIA/TensorRT-LLM #19004 and #19140 (merged 2026-09-15)")
+    first = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #19004 and #19140 (merged 2026-09-15)")
     cases = {
         "NVIDIA/TensorRT-LLM #19004 (the rest of it)": ["KVP053"],
         "NVIDIA/TensorRT-LLM #19004 and #19999": [],
@@ -228,9 +205,9 @@ def test_repeated_source_compares_the_changes_cited(tmp_path):
         "TODO(kvpolicy new): the upstream change": ["KVP042"],
     }
     for number, (source, expected) in enumerate(cases.items()):
-        path = _two_versions(tmp_path / str(number), first, changed(source))
+        path = two_versions(tmp_path / str(number), first, changed(source))
         assert [code for code, _, _ in _codes(path)] == expected, source
-    path = _two_versions(tmp_path / "text", lambda t: t, changed("kvpolicy   TESTS"))
+    path = two_versions(tmp_path / "text", lambda t: t, changed("kvpolicy   TESTS"))
     assert _codes(path) == [("KVP053", "b.toml", 5)]
     finding = lint_paths([path]).findings[0]
     assert "it is the source of 2030.01.01" in finding.message and finding.related[0][0].line == 5
@@ -247,19 +224,6 @@ def test_every_shipped_version_changes_something_and_cites_a_new_upstream_change
         old, new = (kvpolicy.load(version=v).policy for v in (before, after))
         assert _policy_content(old) != _policy_content(new), after
         assert _references(new.source) - _references(old.source), after
-
-
-def _claim_holds(finding) -> None:
-    """A KVP030 finding's own words, checked on its counterexample: under auto the context fails,
-    and with the value it names instead every check passes (the other decisions' errors included)."""
-    policy_set = kvpolicy.load(finding.location.path)
-    claim = re.search(r"(backend|transceiver_runtime|kv_cache_manager) = (\w+) would pass", finding.message)
-    assert claim and finding.context is not None, finding.message
-    decision, working = claim.groups()
-    fields = _resolve_fields(finding.context)
-    assert not policy_set.resolve(**fields).ok, f"{finding.location}: the counterexample starts under auto"
-    explicit = policy_set.resolve(**{**fields, decision: working})
-    assert explicit.ok, f"{finding.location}: {decision} = {working} fails: {[d.id for d in explicit.errors]}"
 
 
 #: Added to the KVP030 fixture: GPT-OSS runs only on NIXL, whichever runtime, and that error belongs
@@ -294,7 +258,7 @@ def test_kvp030_never_claims_a_value_passes_when_another_decision_then_fails(tmp
     kvp030 = [f for f in result.findings if f.code == "KVP030"]
     assert not [f for f in kvp030 if "transceiver_runtime = CPP would pass" in f.message], [f.message for f in kvp030]
     for finding in kvp030:  # whatever is still reported says only what is true
-        _claim_holds(finding)
+        claim_holds(finding)
 
 
 def test_a_reported_kvp030_finding_says_what_fails_where_and_what_would_pass():
@@ -304,4 +268,4 @@ def test_a_reported_kvp030_finding_says_what_fails_where_and_what_would_pass():
     )
     assert "auto resolves transceiver_runtime to PYTHON through runtime-preference[GptOssForCausalLM]" in finding.message
     assert "which constraint python-requires-nixl rejects; transceiver_runtime = CPP would pass" in finding.message
-    _claim_holds(finding)
+    claim_holds(finding)

@@ -29,7 +29,7 @@ def _diff_once_per_pair():
 
     ``report`` and ``diff --format json`` both call ``diff_policies``, a pure function of the two
     policies; these tests check that the page shows what ``diff`` prints, not ``diff_policies``
-    itself (``tests/diff`` does), so a pair's result is shared. Keyed by the policies' full
+    itself (``tests/analyse`` does), so a pair's result is shared. Keyed by the policies' full
     content: a fixture folder that reuses a version name is a different key.
     """
     import kvpolicy.cli.diff

@@ -1,26 +1,14 @@
 """Shared set-up for the transport tests.
 
-UCX reads its environment when NIXL first loads it, so the loopback / no-InfiniBand settings are made
-here, before any test imports nixl; child processes inherit them.
+UCX reads its environment when NIXL first loads it: tests.support.nixl makes the loopback /
+no-InfiniBand settings on import, before any test imports nixl; child processes inherit them.
 """
 
 from __future__ import annotations
 
-import os
+import pytest
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-os.environ.setdefault("UCX_MODULES", "^ib")  # without it, processes with an agent segfault at exit
-os.environ.setdefault("UCX_CMA_SEG_SIZE", "8M")
-os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
-
-import pytest  # noqa: E402
-
-from kvpolicy.transports import nixl_available  # noqa: E402
-
-NIXL_OK, NIXL_WHY = nixl_available()
-
-requires_nixl = pytest.mark.skipif(not NIXL_OK, reason=f"NIXL cannot load here: {NIXL_WHY}")
-"""Mark for tests that move data: they skip (with the reason) only where NIXL cannot load."""
+from tests.support.nixl import NIXL_OK, NIXL_WHY, requires_nixl  # noqa: F401  (the tests import them from here)
 
 
 @pytest.fixture

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import msgpack
 import pytest
 import zmq
@@ -12,57 +9,12 @@ from conftest import requires_nixl
 
 from kvpolicy.transports import KVLayout, control
 
+from tests.support.transfer import FakeSender, eventually
+
 pytestmark = requires_nixl
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
 SHORT = 2.0  # seconds: the timeout of requests that are meant to fail
-
-
-class FakeSender:
-    """A control-plane-only 'sender' with an allowed key: says welcome, then does whatever the test
-    tells it to (it stands for a buggy or compromised peer, which CURVE alone cannot stop)."""
-
-    def __init__(self) -> None:
-        import zmq.auth
-        from transfer_worker import new_key
-
-        from kvpolicy.transports.addresses import address_with_key
-
-        self.key_name, secret_file = new_key("fake")
-        public, secret = zmq.auth.load_certificate(secret_file)
-        self.socket = zmq.Context.instance().socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.curve_secretkey, self.socket.curve_publickey, self.socket.curve_server = secret, public, True
-        port = self.socket.bind_to_random_port("tcp://127.0.0.1")
-        self.address = address_with_key(f"tcp://127.0.0.1:{port}", public)
-        self.identity: bytes | None = None
-
-    def recv(self, timeout_ms: int = 20000) -> control.Message:
-        assert self.socket.poll(timeout_ms), "fake sender got nothing"
-        identity, frame = self.socket.recv_multipart()
-        self.identity = identity
-        return control.decode(frame)
-
-    def accept(self, receiver) -> None:
-        """Let ``receiver`` (a worker) connect: its connect() blocks until our welcome."""
-
-        def welcome() -> None:
-            hello = self.recv()
-            assert isinstance(hello, control.Hello)
-            rank = control.RankInfo("fake", "fake-agent", b"", LAYOUT, 1 << 20, 64, "DRAM", 0)
-            self.send(control.encode(control.Welcome(rank)))
-
-        answering = threading.Thread(target=welcome, daemon=True)
-        answering.start()
-        assert receiver.call("connect", self.address) == self.key_name  # named by its key, not its welcome
-        answering.join(10)
-
-    def send(self, frame: bytes) -> None:
-        assert self.identity is not None
-        self.socket.send_multipart([self.identity, frame])
-
-    def close(self) -> None:
-        self.socket.close(0)
 
 
 @pytest.fixture
@@ -70,16 +22,6 @@ def fake_sender():
     fake = FakeSender()
     yield fake
     fake.close()
-
-
-def eventually(check, timeout_s: float = 30.0, seen=None) -> None:
-    """Frames on different connections have no common order: wait for the counters to catch up
-    (30 s: on a loaded 2-core machine a worker may not run for seconds). ``seen``: what to show
-    when the condition is never reached (e.g. the counters)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"condition not reached; saw {seen() if seen else '?'}"
-        time.sleep(0.02)
 
 
 def serve_ok(prefill, decode, request_id, src, dst, **options):

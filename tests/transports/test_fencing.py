@@ -8,47 +8,15 @@ import time
 
 import pytest
 from conftest import requires_nixl
-from test_faults import eventually
 from transfer_worker import WorkerError
 
 from kvpolicy.transports import KVLayout, RequestState
 
+from tests.support.transfer import eventually, slow_other_decode, stop
+
 pytestmark = requires_nixl
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
-
-
-def stop(pid: int, timeout_s: float = 10.0) -> None:
-    """SIGSTOP ``pid`` and wait until every one of its threads is stopped.
-
-    ``kill`` only queues the signal: a thread busy on the other core can still read a frame for a
-    few milliseconds (seen: an ask read and written 2 ms after ``kill`` returned).
-    """
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = []
-        for task in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
-            except FileNotFoundError:  # a thread that just ended
-                continue
-        if states and all(state in "tT" for state in states):
-            return
-        assert time.monotonic() < deadline, f"process {pid} not stopped after {timeout_s}s: thread states {states}"
-        time.sleep(0.005)
-
-
-def slow_other_decode(workers):
-    """A decoder connected to two senders; "slow" offers request A to it (and may then be stopped)."""
-    slow = workers("slow", layout=LAYOUT.to_wire(), seed=1)
-    other = workers("other", layout=LAYOUT.to_wire(), seed=2)
-    decode = workers("decode", layout=LAYOUT.to_wire(), seed=3)
-    decode.call("connect", slow.address)
-    decode.call("connect", other.address)
-    slow.call("send", "A", [1, 2], to=decode.key_name, timeout_s=30)
-    return slow, other, decode
 
 
 def test_a_sender_paused_past_the_deadline_never_writes_into_reused_blocks(workers):

@@ -12,9 +12,10 @@ from attackers import allowed_dealer
 from conftest import requires_nixl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_faults import eventually
 
 from kvpolicy.transports import KVLayout, control
+
+from tests.support.transfer import eventually
 
 pytestmark = requires_nixl
 

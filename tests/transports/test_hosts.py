@@ -18,23 +18,14 @@ from conftest import requires_nixl
 from kvpolicy.transports import KVLayout
 from kvpolicy.transports.addresses import split_address
 
+from tests.support.transfer import HOSTS_BLOCKS as BLOCKS
+from tests.support.transfer import HOSTS_LAYOUT as LAYOUT
+from tests.support.transfer import HOSTS_TIMEOUT as TIMEOUT
+from tests.support.transfer import start_pair
+
 pytestmark = requires_nixl
 
-LAYOUT = KVLayout(num_layers=4, kv_heads=4, tokens_per_block=16, head_dim=64)  # 64 KiB blocks
 BIG = KVLayout(num_layers=8, kv_heads=8, tokens_per_block=32, head_dim=128)  # 1 MiB blocks
-BLOCKS = 64
-TIMEOUT = 5.0  # seconds: every request's timeout in this module
-
-
-def start_pair(two_hosts, workers, namespace, layout=LAYOUT, num_blocks=BLOCKS, **config):
-    """A prefill rank registered in etcd under ``namespace`` and a decode rank connected to it by name."""
-    endpoint = two_hosts.etcd.endpoint
-    common = dict(layout=layout.to_wire(), num_blocks=num_blocks, timeout_s=TIMEOUT, **config)
-    prefill = workers("prefill", seed=1, **common, **two_hosts.config("prefill"))
-    prefill.call("register", endpoint, namespace, 3, prefill.key_name)  # a sender's rank name is its key's name
-    decode = workers("decode", seed=2, **common, **two_hosts.config("decode"))
-    assert decode.call("connect_by_name", endpoint, namespace, prefill.key_name) == prefill.key_name
-    return prefill, decode
 
 
 def transfer_ok(prefill, decode, request_id, src, dst, **options):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 from conftest import requires_nixl
-from test_hosts import LAYOUT, TIMEOUT, start_pair
 from transfer_worker import KEYS_DIR, WorkerError, new_key
+
+from tests.support.transfer import HOSTS_LAYOUT as LAYOUT
+from tests.support.transfer import HOSTS_TIMEOUT as TIMEOUT
+from tests.support.transfer import start_pair
 
 pytestmark = requires_nixl
 

@@ -12,12 +12,13 @@ import pytest
 from attackers import RogueSender
 from conftest import requires_nixl
 from tcp_proxy import TcpProxy
-from test_faults import eventually
-from test_fencing import slow_other_decode, stop
 from transfer_worker import WorkerError
 
 from kvpolicy.transports import KVLayout, control
 from kvpolicy.transports.addresses import address_with_key, split_address
+
+from tests.support.nixl_blobs import crashing_mutants
+from tests.support.transfer import eventually, fake_rank, slow_other_decode, stop
 
 pytestmark = requires_nixl
 
@@ -290,7 +291,6 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
     its own key, and says hello: the name checks pass, but the metadata reaches the victim's memory.
     The sender's proof nonce goes to that agent (the victim), so the insider cannot echo it."""
     from attackers import allowed_dealer, recv
-    from test_security import fake_rank
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof
@@ -321,7 +321,6 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     further hellos, other guesses). Nonces are 128 random bits per hello and the first wrong echo ends
     each proving: no guess, in any number of hellos, is welcomed, and nothing is written to the victim."""
     from attackers import allowed_dealer, recv
-    from test_security import fake_rank
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof
@@ -352,8 +351,6 @@ def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_l
     bench/probe.py --search): the sender's strict reader refuses it before any NIXL call (no probe
     child is even started), and the sender goes on serving."""
     from attackers import allowed_dealer, recv
-    from test_probe import mutants
-    from test_security import fake_rank
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
@@ -362,7 +359,7 @@ def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_l
     helper = workers("crasher", layout=LAYOUT.to_wire(), seed=3)  # a real agent whose metadata gets mutated
     agent, metadata = helper.call("metadata")
     renamed = rename_agent(metadata, agent, own)
-    crashers = mutants(renamed)
+    crashers = crashing_mutants(renamed)
     probed = prefill.call("probe_stats")["children"]  # (the honest decoder's metadata was probed)
     try:
         for _name, _at, _byte, blob, _signal in crashers:
@@ -407,7 +404,6 @@ def test_a_thousand_hellos_with_mutated_metadata_leave_the_prefill_serving_bit_e
     reader, or probed and loaded by NIXL in the prefill itself; the prefill never crashes and serves
     an honest decoder bit-exactly after."""
     from attackers import LiveAgent, allowed_dealer
-    from test_security import fake_rank
 
     from kvpolicy.transports.metadata import Expected, MetadataError, admit
 
@@ -462,7 +458,6 @@ def test_a_thousand_unproved_hellos_cost_neither_the_sender_nor_a_third_party_de
     hellos are refused before their metadata is read (1 s, doubling), so only a handful are loaded:
     the victim's and the sender's descriptors stay flat, and both still serve."""
     from attackers import allowed_dealer
-    from test_security import fake_rank
 
     unlimited = {"hellos_per_s": 100_000.0, "hello_burst": 100_000}
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, limits=unlimited, timeout_s=2.0)
@@ -502,7 +497,6 @@ def test_a_copy_of_a_peers_worker_under_another_agent_costs_that_peer_nothing(wo
     sender has loaded already (a peer it serves), or of its own, under another agent name, is refused
     before NIXL connects anywhere: no probe, no load, no proof, nothing on the victim's side."""
     from attackers import allowed_dealer
-    from test_security import fake_rank
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, limits={"hellos_per_s": 1000.0, "hello_burst": 1000})
     victim = workers("victim", layout=LAYOUT.to_wire(), seed=2)

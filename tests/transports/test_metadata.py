@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from conftest import requires_nixl
 
-from test_security import LAYOUT
-
 from kvpolicy.transports.metadata import (
     AgentMetadata,
     Expected,
@@ -26,6 +24,9 @@ from kvpolicy.transports.metadata import (
     read_metadata,
     write_metadata,
 )
+
+from tests.support.nixl_blobs import REAL_ADDRESSES
+from tests.support.transfer import LAYOUT
 
 FIXTURES = Path(__file__).parent / "nixl_fixtures"
 BLOB = (FIXTURES / "nixl-1.5.1-dram-1mib.bin").read_bytes()
@@ -163,7 +164,6 @@ def test_an_accepted_mutation_keeps_the_addresss_form():
 
 
 def test_a_peer_running_other_transports_is_refused_with_both_forms_named():
-    from test_ucx_wire import REAL_ADDRESSES
 
     other = with_address(BLOB, REAL_ADDRESSES["UCX_TLS=tcp"])
     assert read_metadata(other).agent == "decode-0"

@@ -24,43 +24,11 @@ from kvpolicy.transports import KVLayout
 from kvpolicy.transports.agent import NixlSettings, import_nixl
 from kvpolicy.transports.probe import MetadataProbe, ProbeOutcome
 
+from tests.support.nixl_blobs import crashing_mutants
+
 pytestmark = requires_nixl
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
-
-
-def field_value(blob: bytes, marker: bytes) -> int:
-    """Offset of the value of the serializer's field that ``marker`` ends with (tag, 8-byte length,
-    value)."""
-    return blob.index(marker) + len(marker) + 8
-
-
-def set_byte(blob: bytes, at: int, value: int) -> bytes:
-    assert blob[at] != value, (at, value)
-    return blob[:at] + bytes([value]) + blob[at + 1 :]
-
-
-# (name, where, new byte, how it dies). Found by bench/probe.py --search on NIXL 1.5.1 / UCX 1.23:
-# nearly every value of the descriptor list's 4-byte memory type but a valid type crashes; 224 of 255
-# values of the UCX worker address's first byte abort; 180 of 255 values of the fourth-last byte (in
-# the packed remote key) crash. These three crashed every time they were tried (8 forked, 8 spawned
-# and 4 plain processes each); some others crash only sometimes (0x80 at the fourth-last byte: 7 of 8
-# forked children, 0 of 8 spawned, 4 of 4 plain), and are not used here.
-CRASHES = (
-    ("memory type < 0", lambda b: field_value(b, b"nixlSDList|t") + 3, lambda old: 0x80, "SIGSEGV"),
-    ("UCX worker address header", lambda b: field_value(b, b"UCX|c"), lambda old: old ^ 0xFF, "SIGABRT"),
-    ("packed remote key", lambda b: len(b) - 4, lambda old: 0x40, "SIGSEGV"),
-)
-
-
-def mutants(blob: bytes) -> list[tuple[str, int, int, bytes, str]]:
-    """(name, offset, byte, mutated blob, expected signal) per rule, for this blob."""
-    out = []
-    for name, where, value, dies in CRASHES:
-        at = where(blob)
-        byte = value(blob[at])
-        out.append((name, at, byte, set_byte(blob, at, byte), dies))
-    return out
 
 
 _PLAIN_LOAD = """
@@ -124,7 +92,7 @@ def test_genuine_metadata_is_accepted(peer, probe):
 
 def test_crashing_mutations_are_refused_and_nothing_else_dies(peer, probe):
     worker, agent, blob = peer
-    cases = mutants(blob)
+    cases = crashing_mutants(blob)
     # First, independently of the probe: each mutation kills a plain process that loads it, and the
     # genuine blob does not.
     codes = plain_loads([blob] + [mutant for _, _, _, mutant, _ in cases])
@@ -149,7 +117,7 @@ def test_crashing_mutations_are_refused_and_nothing_else_dies(peer, probe):
 
 def test_remembered_verdicts_fork_nothing(peer, probe):
     _, agent, blob = peer
-    crash = mutants(blob)[0][3]
+    crash = crashing_mutants(blob)[0][3]
     for sample in (blob, crash):
         first = probe.check(sample)
         children = probe.stats["children"]
@@ -244,7 +212,7 @@ def test_malformed_metadata_nixl_rejects_cleanly_is_refused(probe):
 @pytest.mark.parametrize("mode", ["server", "spawn"])
 def test_other_modes_refuse_a_crash_and_go_on(peer, mode):
     _, agent, blob = peer
-    crash = mutants(blob)[0][3]
+    crash = crashing_mutants(blob)[0][3]
     with MetadataProbe(NixlSettings(), mode=mode, timeout_s=10.0) as probe:
         assert probe.check(renamed(blob, agent, "s")) is None
         verdict = probe.check(crash)

@@ -9,10 +9,11 @@ import msgpack
 import pytest
 from attackers import allowed_dealer, dealer, plain_dealer, recv, try_send
 from conftest import requires_nixl
-from test_faults import eventually
 from transfer_worker import KEYS_DIR, WorkerError, new_key
 
 from kvpolicy.transports import KVLayout, control
+
+from tests.support.transfer import eventually, fake_rank
 
 pytestmark = requires_nixl
 
@@ -39,22 +40,6 @@ def served(prefill, decode, request_id, src, dst):
     assert outcome["state"] == "completed", outcome
     assert prefill.call("wait", request_id)["state"] == "completed"
     assert decode.call("digests", dst) == prefill.call("digests", src)
-
-
-def fake_rank(agent: str, metadata: bytes = b"", num_blocks: int | None = None) -> control.RankInfo:
-    """A hello's rank for ``agent``. With metadata that registers one region, the rank announces that
-    region as its pool (as a peer copying another's metadata would copy its rank too: the sender
-    refuses metadata whose region is not the announced pool before anything else)."""
-    from kvpolicy.transports.metadata import MetadataError, read_metadata
-
-    base, blocks = 1 << 30, 64
-    try:
-        regions = [r for s in read_metadata(metadata).sections for r in s.regions] if metadata else []
-    except MetadataError:
-        regions = []
-    if len(regions) == 1:
-        base, blocks = regions[0].address, max(1, regions[0].length // LAYOUT.block_bytes)
-    return control.RankInfo("attacker", agent, metadata, LAYOUT, base, blocks if num_blocks is None else num_blocks, "DRAM", 0)
 
 
 def metadata_header(agent: str) -> bytes:
