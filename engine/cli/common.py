@@ -66,10 +66,10 @@ def add_model_arguments(parser: Any, *, scope: str = "") -> None:
     parser.add_argument("--arch-map", metavar="FILE", help=f"{scope}YAML/JSON mapping of model path globs to architectures")
 
 
-def model_options(args: Any, architectures: Any) -> tuple[Any] | int:
+def model_options(args: Any, architectures: Any) -> Any:
     """The architecture map of ``--arch-map`` (None without it), checked against the architectures
-    the policies name, after checking the models root the command would use; the exit code when
-    either cannot be used (the message printed)."""
+    the policies name, after checking the models root the command would use; the exit code (an
+    int) when either cannot be used (the message printed)."""
     from ..serving.identity import load_architecture_map, models_root_problem
 
     arch_map = None
@@ -84,7 +84,7 @@ def model_options(args: Any, architectures: Any) -> tuple[Any] | int:
     problem = models_root_problem(args.models_root)
     if problem:
         return fail(problem)
-    return (arch_map,)
+    return arch_map
 
 
 def choose_policies(option: str | None = None, *, pyproject: str | None = None) -> PolicySource | int:

@@ -78,10 +78,9 @@ def run(args: Any) -> int:
         return unmodelled(exc, "--from" if exc.given == args.old else new_option)
     if isinstance(new, str):
         return fail(f"{new_option}: {new}")
-    options = model_options(args, old.architectures | new.architectures)
-    if isinstance(options, int):
-        return options
-    (arch_map,) = options
+    arch_map = model_options(args, old.architectures | new.architectures)
+    if isinstance(arch_map, int):
+        return arch_map
     try:
         import yaml  # noqa: F401
     except ImportError:

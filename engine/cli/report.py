@@ -149,10 +149,9 @@ def _position(versions: list[PolicySet], new: PolicySet) -> int:
 def _impact(args: Any, old: PolicySet, new: PolicySet) -> list[Any] | int:
     from ..analyse.impact import impact_of
 
-    options = model_options(args, old.architectures | new.architectures)
-    if isinstance(options, int):
-        return options
-    (arch_map,) = options
+    arch_map = model_options(args, old.architectures | new.architectures)
+    if isinstance(arch_map, int):
+        return arch_map
     missing = [p for p in args.configs if not Path(p).exists()]
     if len(missing) == len(args.configs):
         return fail(f"--configs: no such file or folder: {', '.join(missing)}")

@@ -243,10 +243,9 @@ def _run_config(args: Any, policy_set: Any) -> int:
             explicit = model_identity(Path(args.model))
         except ValueError as exc:
             return fail(str(exc))
-    options = model_options(args, policy_set.architectures)
-    if isinstance(options, int):
-        return options
-    (arch_map,) = options
+    arch_map = model_options(args, policy_set.architectures)
+    if isinstance(arch_map, int):
+        return arch_map
     try:
         answer = answer_config(path, policy_set, explicit=explicit, root=models_root(args.models_root), architecture_map=arch_map)
     except ServingConfigError as exc:
