@@ -154,7 +154,7 @@ class RankRecord:
         ``address`` and ``public_key``; every other field stays private."""
         if not isinstance(info, Mapping):
             raise ValueError(f"a rank record is a map with an 'address', not a {type(info).__name__}")
-        return cls(info.get("address"), info.get("public_key"))  # type: ignore[arg-type]
+        return cls(info.get("address"), info.get("public_key"))  # type: ignore[arg-type]  # __post_init__ checks both fields and raises a ValueError naming the bad one
 
     def to_json(self) -> bytes:
         """The bytes stored in etcd."""

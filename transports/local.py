@@ -189,6 +189,7 @@ class LocalSide:
         self.probe: Any = None
         """The :class:`~.probe.MetadataProbe` that loads a peer's metadata in a child first."""
         self._allow_list_checked = 0.0
+        self._allow_list_timer: Any = None
         self.on_withdrawn: Callable[[frozenset[bytes]], None] = lambda keys: None
         """Told of keys taken off the allow-list (:meth:`check_allow_list`)."""
         self.proofs_wanted = 0
@@ -340,6 +341,22 @@ class LocalSide:
         withdrawn = self.allowed.refresh()
         if withdrawn:
             self.on_withdrawn(withdrawn)
+
+    def watch_allow_list(self, pending: Callable[[], bool]) -> None:
+        """(Service thread.) While ``pending()`` holds (asks parked by receivers, say), look at the
+        allow-list every :data:`ALLOW_LIST_CHECK_S` even when no frame arrives: a key taken off it
+        loses what it left waiting within that time, not at the next frame of anyone. With nothing
+        pending no timer runs (an idle transceiver stays asleep)."""
+        if self._allow_list_timer is not None or not self.allowed.watches_directory:
+            return
+
+        def look() -> None:
+            self._allow_list_timer = None
+            self.check_allow_list()
+            if pending():
+                self.watch_allow_list(pending)
+
+        self._allow_list_timer = self.loop.call_at(time.monotonic() + ALLOW_LIST_CHECK_S, look)
 
     def _take_proofs(self, notifications: dict[str, list[bytes]]) -> int:
         """Hand the proof nonces among ``notifications`` (see :data:`PROOF_PREFIX`) to

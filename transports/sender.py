@@ -82,6 +82,10 @@ class Sender:
         handle._state = RequestState.WAITING
         self.offers[handle.request_id] = offer
         offer.timer = self.local.loop.call_at(handle.deadline, lambda: self._offer_expired(offer))
+        if handle.request_id in self.parked:
+            # Asks parked before a key left the allow-list are never served: look at it now (this
+            # call may come long after any frame did: an offer without `to` on an idle prefill).
+            self.local.check_allow_list(now=True)
         waiting = self.parked.pop(handle.request_id, [])
         if to is not None and self.local.reads:  # (not to a receiver that asked already: it is written)
             reads.announce(self, offer, {ask.remote.identity for ask in waiting})
@@ -168,6 +172,10 @@ class Sender:
         self.parked.setdefault(ask.request.request_id, []).append(ask)
         self._parked_per_key[ask.remote.key] += 1
         ask.timer = self.local.loop.call_at(ask.deadline, lambda: self._park_expired(ask))
+        self.local.watch_allow_list(self._has_parked)  # (a removed key's asks go within 0.1 s)
+
+    def _has_parked(self) -> bool:
+        return bool(self.parked)
 
     def _unpark(self, ask: Ask, *, keep_listed: bool = False) -> None:
         if ask.timer is not None:

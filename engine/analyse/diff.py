@@ -203,8 +203,8 @@ def _sections(result: Diff) -> list[Section]:
         for with_rules in (False, True):
             if lines <= 2:
                 break
-            members = {result.groups.index(g) for g in groups}
-            candidate = _by_values(result, cubes, members, outcomes, with_rules, both)
+            indices = {result.groups.index(g) for g in groups}
+            candidate = _by_values(result, cubes, indices, outcomes, with_rules, both)
             if candidate is not None:
                 size = len(describe_resolved(candidate, result.resolutions_seen(with_rules))) + 1
                 if size < lines:
@@ -304,14 +304,14 @@ def diff_policies(old: Any, new: Any) -> Diff:
     leaf_changes = []
     for cube, first, second in leaves:
         key = (first, second)
-        change = memo.get(key, memo)
-        if change is memo:
-            change = None if first == second else Change.between(first, second)
-            memo[key] = change  # type: ignore[assignment]
+        if key in memo:
+            change = memo[key]
+        else:
+            change = memo[key] = None if first == second else Change.between(first, second)
         leaf_changes.append(change)
         if change is not None:
-            by_change.setdefault(change, []).append(cube)  # type: ignore[arg-type]
-            resolved.setdefault(change, set()).add(first)  # type: ignore[arg-type]
+            by_change.setdefault(change, []).append(cube)
+            resolved.setdefault(change, set()).add(first)
     groups = []
     blocks = _blocks(dimensions)
     for change, cubes in by_change.items():

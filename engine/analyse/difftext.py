@@ -259,14 +259,14 @@ def _entries(result: Diff) -> list[Entry]:
             lines += [f"    or {text}" for text in resolved[1:]]
         else:
             lines += clause_lines(describe_group(section, result.dimensions), "when", "  ")
-        for change in section.diagnostics:
-            text = diagnostic_line(change.sign, change.diagnostic)
-            if change.restriction is not None:
-                where = describe_cube(change.restriction, result.dimensions)
-                lines.append(f"  {text}: where {where} ({change.count:,})")
-            elif change.clauses is not None:
-                lines.append(f"  {text}: in {change.count:,} of these contexts:")
-                lines += clause_lines(describe_clauses(change.clauses, result.dimensions), "when", "      ")
+        for diagnostic in section.diagnostics:
+            text = diagnostic_line(diagnostic.sign, diagnostic.diagnostic)
+            if diagnostic.restriction is not None:
+                where = describe_cube(diagnostic.restriction, result.dimensions)
+                lines.append(f"  {text}: where {where} ({diagnostic.count:,})")
+            elif diagnostic.clauses is not None:
+                lines.append(f"  {text}: in {diagnostic.count:,} of these contexts:")
+                lines += clause_lines(describe_clauses(diagnostic.clauses, result.dimensions), "when", "      ")
             else:
                 lines.append(f"  {text}: in all")
         subgroups = tuple(sorted(group_numbers[id(g)] for g in section.groups))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..read.model import CheckpointRule, Condition, Constraint, Decision, Notice, Policy, Row, Rule
 from ..read.policyfile import display_path
@@ -171,10 +171,9 @@ def _decision_changes(name: str, a: Decision | None, b: Decision | None) -> list
     found: list[tuple[tuple, EditChange]] = []
     unknown = frozenset([UNKNOWN_VALUE_OF.format(name)])
     if a is None or b is None:
-        present = a or b
-        assert present is not None
+        present = _present(a, b)
         sign = "+" if a is None else "-"
-        fields = (("values", *_sides(sign, ", ".join(present.values))),)
+        fields: tuple[tuple[str, Any, Any], ...] = (("values", *_sides(sign, ", ".join(present.values))),)
         found.append(((0, 0, ""), EditChange(sign, "decision", name, name, fields, location=_where(present.location), names=unknown)))
         return found  # its rules come and go with it
     fields = _differing(
@@ -198,6 +197,16 @@ def _decision_changes(name: str, a: Decision | None, b: Decision | None) -> list
     return found
 
 
+_T = TypeVar("_T")
+
+
+def _present(first: _T | None, second: _T | None) -> _T:
+    """The side that has it, where only one does (the other is None)."""
+    present = first if first is not None else second
+    assert present is not None, "neither version has it"
+    return present
+
+
 def _rule_changes(stage: str, decision: str, before: Iterable[Rule], after: Iterable[Rule]) -> list[tuple[tuple, EditChange]]:
     old = {r.id: r for r in before}
     new = {r.id: r for r in after}
@@ -205,11 +214,11 @@ def _rule_changes(stage: str, decision: str, before: Iterable[Rule], after: Iter
     for rule_id in old.keys() | new.keys():
         a, b = old.get(rule_id), new.get(rule_id)
         if a is None or b is None:
-            present = a or b
+            present = _present(a, b)
             sign = "+" if a is None else "-"
-            fields = tuple((n, *_sides(sign, v)) for n, v in _rule_fields(present) if v is not None)  # type: ignore[arg-type]
-            change = EditChange(sign, stage, rule_id, decision, fields, present.reason, present.source,  # type: ignore[union-attr]
-                                _where(present.location), _rule_names(a, b))  # type: ignore[union-attr]
+            fields = tuple((n, *_sides(sign, v)) for n, v in _rule_fields(present) if v is not None)
+            change = EditChange(sign, stage, rule_id, decision, fields, present.reason, present.source,
+                                _where(present.location), _rule_names(a, b))
             found.append(((_line(present), rule_id), change))
             continue
         fields = _differing(*((n, x, y) for (n, x), (_, y) in zip(_rule_fields(a), _rule_fields(b))), *_provenance(a, b))
@@ -248,24 +257,24 @@ def _preference_changes(name: str, a: Decision, b: Decision) -> list[tuple[tuple
             *(_provenance(pa, pb) if pa is not None and pb is not None else ()),
         )
         if fields:
-            present = pb or pa
+            preference = _present(pb, pa)
             sign = "~" if pa is not None and pb is not None else ("+" if pa is None else "-")
             # Whether any row is adopted changes with these: every row's decisions may change.
             names = frozenset(r.id for r in (*rows_a.values(), *rows_b.values()))
             names |= notices
             found.append(((_STAGE_RANK["preference"], 0, ""), EditChange(
-                sign, "preference", present.id, name, fields, present.reason, present.source, _where(present.location),
-                _names_if_decisive(fields, names))))  # type: ignore[union-attr]
+                sign, "preference", preference.id, name, fields, preference.reason, preference.source, _where(preference.location),
+                _names_if_decisive(fields, names))))
     for key in rows_a.keys() | rows_b.keys():
         ra, rb = rows_a.get(key), rows_b.get(key)
         if ra is not None and rb is not None and (ra.value, ra.reason, ra.source) == (rb.value, rb.reason, rb.source):
             continue  # the usual case, 9,900 times in 10,000 rows: no tuples of fields to build
         if ra is None or rb is None:
-            present = ra or rb
+            row = _present(ra, rb)
             sign = "+" if ra is None else "-"
-            change = EditChange(sign, "row", present.id, name, (("value", *_sides(sign, present.value)),),  # type: ignore[union-attr]
-                                present.reason, present.source, _where(present.location), notices | {present.id})  # type: ignore[union-attr]
-            found.append(((_STAGE_RANK["row"], _line(present), present.id), change))  # type: ignore[union-attr]
+            change = EditChange(sign, "row", row.id, name, (("value", *_sides(sign, row.value)),),
+                                row.reason, row.source, _where(row.location), notices | {row.id})
+            found.append(((_STAGE_RANK["row"], _line(row), row.id), change))
             continue
         fields = _differing(("value", ra.value, rb.value), *_provenance(ra, rb))
         if fields:
@@ -294,12 +303,12 @@ def _constraint_changes(before: Iterable[Constraint], after: Iterable[Constraint
     for constraint_id in old.keys() | new.keys():
         a, b = old.get(constraint_id), new.get(constraint_id)
         if a is None or b is None:
-            present = a or b
+            present = _present(a, b)
             sign = "+" if a is None else "-"
-            fields = tuple((n, *_sides(sign, v)) for n, v in fields_of(present) if n in ("severity", "when"))  # type: ignore[arg-type]
+            fields = tuple((n, *_sides(sign, v)) for n, v in fields_of(present) if n in ("severity", "when"))
             found.append(((_line(present), constraint_id), EditChange(
-                sign, "constraint", constraint_id, present.decision, fields, present.reason, present.source,  # type: ignore[union-attr]
-                _where(present.location), frozenset([constraint_id]))))  # type: ignore[union-attr]
+                sign, "constraint", constraint_id, present.decision, fields, present.reason, present.source,
+                _where(present.location), frozenset([constraint_id]))))
             continue
         fields = _differing(*((n, x, y) for (n, x), (_, y) in zip(fields_of(a), fields_of(b))), *_provenance(a, b))
         if fields:
@@ -315,9 +324,9 @@ def _feature_changes(old: Policy, new: Policy) -> list[tuple[tuple, EditChange]]
     for feature in sorted(old.features.keys() | new.features.keys()):
         a, b = old.features.get(feature), new.features.get(feature)
         if a is None or b is None:
-            present = a or b
+            present = _present(a, b)
             sign = "+" if a is None else "-"
-            found.append(((0, feature), EditChange(sign, "feature", feature, None, (), location=_where(present.location), names=names)))  # type: ignore[union-attr]
+            found.append(((0, feature), EditChange(sign, "feature", feature, None, (), location=_where(present.location), names=names)))
             continue
         fields = _differing(("env", a.env, b.env), ("config field", a.config_field, b.config_field))
         if fields:
@@ -337,10 +346,10 @@ def _checkpoint_changes(before: tuple[CheckpointRule, ...], after: tuple[Checkpo
     for rule_id in sorted(old.keys() | new.keys()):
         a, b = old.get(rule_id), new.get(rule_id)
         if a is None or b is None:
-            present = a or b
+            present = _present(a, b)
             sign = "+" if a is None else "-"
-            found.append(((1, rule_id), EditChange(sign, "checkpoint rule", rule_id, None, (("reads", *_sides(sign, reads(present))),),  # type: ignore[arg-type]
-                                                    present.reason, present.source, _where(present.location))))  # type: ignore[union-attr]
+            found.append(((1, rule_id), EditChange(sign, "checkpoint rule", rule_id, None, (("reads", *_sides(sign, reads(present))),),
+                                                    present.reason, present.source, _where(present.location))))
             continue
         fields = _differing(("reads", reads(a), reads(b)), *_provenance(a, b))
         if fields:

@@ -63,9 +63,9 @@ class Evaluator:
         self.read_rows = False
         """Whether the last :meth:`evaluate` looked up a preference row."""
         self.index = {d.name: i for i, d in enumerate(dimensions)}
-        self.models = dimensions[0].values
+        self.models: tuple[tuple[str | None, str | None], ...] = dimensions[0].values
         self.dimensions = dimensions
-        self.plan = []
+        self.plan: list[tuple[Any, ...]] = []  # one tuple per decision, unpacked by decide()
         for name in order:
             decision = policy.decisions[name]
             requirements = tuple(
@@ -138,7 +138,7 @@ class Evaluator:
 
     def _compile(self, condition: Condition) -> _Compiled:
         """A condition as tests of decided values (never split) and tests of dimensions."""
-        decided: list[tuple[str, Any]] = []
+        decided: list[tuple[str, frozenset[str], bool]] = []
         tests: list[tuple[int, frozenset]] = []
         for subject, matcher in sorted(condition.subjects.items()):
             if subject in self.policy.decisions:
@@ -366,7 +366,8 @@ def outcome_of(policy_set: Any, ctx: dict[str, Any]) -> Outcome:
             return rejected(name)
     if not ctx["features"] <= policy_set.features:
         return rejected("features")
-    return Outcome.of(*policy_set.outcome(dict(ctx)), ctx["architecture"])
+    values, decided_by, diagnostics = policy_set.outcome(dict(ctx))
+    return Outcome.of(values, decided_by, diagnostics, ctx["architecture"])
 
 
 def _notice_key(notice: Any, decision: str) -> DiagnosticKey | None:
@@ -393,9 +394,10 @@ def _uniform(cube: Cube, index: int, mapping: dict[Any, Any]) -> Any:
     return first
 
 
-def leaves_of(cube: Cube, evaluate: Any) -> Iterator[tuple[Cube, Any]]:
+def leaves_of(cube: Cube, evaluate: Any) -> Iterator[tuple[Any, ...]]:
     """The pieces ``evaluate`` (say, :meth:`Evaluator.evaluate`) returns for ``cube``, splitting it
-    where it raises :class:`Split` and evaluating both parts again, the part inside first."""
+    where it raises :class:`Split` and evaluating both parts again, the part inside first. Each
+    piece is as ``evaluate`` makes it: (cube, outcome), or (cube, outcome, other) for two versions."""
     stack = [cube]
     while stack:
         current = stack.pop()

@@ -189,7 +189,7 @@ def model_classes(
     and through its preference row (value and canonical rule id), so models that agree on all of
     those behave identically in both policies: evaluating one representative per class is exact,
     and the number of leaves no longer grows with the number of rows."""
-    models = dimensions[0].values
+    models: tuple[tuple[str | None, str | None], ...] = dimensions[0].values
     tests = []
     for policy in policies:
         for condition in _conditions(policy):

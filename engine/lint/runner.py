@@ -78,9 +78,10 @@ def find_config(start: Path | None = None, explicit: str | None = None) -> LintC
     from ..read.policyroot import find_pyproject, kvpolicy_table
 
     if explicit is not None:
-        path: Path | None = Path(explicit)
-        if not path.is_file():  # type: ignore[union-attr]
+        given = Path(explicit)
+        if not given.is_file():
             raise LintUsageError(f"config file {explicit} does not exist")
+        path: Path | None = given
     else:
         path = find_pyproject(start)
     if path is None:

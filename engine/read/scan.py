@@ -171,13 +171,13 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                     path = paths[-1]
                     if path is not None:
                         path = path + (counts[-1],)
-                        positions.setdefault(path, (line, start - line_start + 1))  # type: ignore[union-attr]
+                        positions.setdefault(path, (line, start - line_start + 1))  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                     counts[-1] += 1
                 if path is not None and value_path is None:  # a row: its keys are located on first ask
-                    inline.append((path, start, match.end(), line, line_start))  # type: ignore[union-attr]
+                    inline.append((path, start, match.end(), line, line_start))  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                 elif path is not None:  # a key's value (a rule's `default = {...}`): few, and the loader claims their ids
                     for key in _INLINE_KEY.finditer(text, start, match.end()):
-                        positions.setdefault(path + (key.group(1),), (line, key.start() - line_start + 1))  # type: ignore[union-attr]
+                        positions.setdefault(path + (key.group(1),), (line, key.start() - line_start + 1))  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
             value_path = None
             element = False
             continue
@@ -192,7 +192,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                     keys.append(match.group("kvkey"))
                     base = current if not stack else paths[-1]
                     if base is not None:
-                        positions.setdefault(base + tuple(keys), (line, key_start - line_start + 1))  # type: ignore[union-attr]
+                        positions.setdefault(base + tuple(keys), (line, key_start - line_start + 1))  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                     keys = []
                 mode, parts = "value", 0
                 value_path = None
@@ -243,7 +243,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                     element = False
                     path = paths[-1]
                     if path is not None:
-                        positions.setdefault(path + (counts[-1],), (at_line, match.start() - at_start + 1))  # type: ignore[union-attr]
+                        positions.setdefault(path + (counts[-1],), (at_line, match.start() - at_start + 1))  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                     counts[-1] += 1
             continue
         char = match.group()
@@ -262,7 +262,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                     base = current if not stack else paths[-1]
                     value_path = None if base is None else base + tuple(keys)
                     if value_path is not None:
-                        positions.setdefault(value_path, (line, key_start - line_start + 1))  # type: ignore[union-attr]
+                        positions.setdefault(value_path, (line, key_start - line_start + 1))  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                     keys = []
         elif char == ".":
             if mode in ("key", "header"):
@@ -285,7 +285,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                         path = paths[-1]
                         if path is not None:
                             path = path + (counts[-1],)
-                            positions.setdefault(path, (line, match.start() - line_start + 1))  # type: ignore[union-attr]
+                            positions.setdefault(path, (line, match.start() - line_start + 1))  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                         counts[-1] += 1
                     paths.append(path)
                     counts.append(0)
@@ -312,12 +312,12 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                         count = table_arrays.get(array, 0) + 1
                         table_arrays[array] = count
                         current = array + (count - 1,)
-                        positions.setdefault(array, at)  # type: ignore[union-attr]
-                        positions.setdefault(current, at)  # type: ignore[union-attr]
+                        positions.setdefault(array, at)  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
+                        positions.setdefault(current, at)  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                     else:
                         current = resolve(keys)
                         for end in range(1, len(current) + 1):  # `[a.b]` also says where `a` starts
-                            positions.setdefault(current[:end], at)  # type: ignore[union-attr]
+                            positions.setdefault(current[:end], at)  # type: ignore[union-attr]  # paths are tracked only with a source map: positions and inline exist here
                 keys = []
             elif stack:
                 stack.pop()

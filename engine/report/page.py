@@ -305,7 +305,7 @@ def _summary(data: ReportInput, current: MatrixView, result: Diff | None, sectio
     if result is not None:
         items.append(("diff", _e(headline(result, sections))))
         values = sum(1 for c in current.changes.values() if c.values_change)
-        items.append(("matrix changes", f"{len(current.changes)} cells resolve differently from {data.old.version}"  # type: ignore[union-attr]
+        items.append(("matrix changes", f"{len(current.changes)} cells resolve differently from {data.old.version}"  # type: ignore[union-attr]  # a diff result exists only when data.old does
                                          f" ({values} change a value)"))
     if data.impact is not None and data.old is not None:
         items.append(("impact", _e(_impact_counts(data.impact)) or "no configs read"))
@@ -512,7 +512,7 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
         summary.append('<span class="mark fail">✖ fails</span>')
     if change is not None:
         kind = "chg" if change.values_change else "chg-minor"
-        summary.append(f'<span class="mark {kind}">▲ {_e(_change_label(change, view.base.version))}</span>')  # type: ignore[union-attr]
+        summary.append(f'<span class="mark {kind}">▲ {_e(_change_label(change, view.base.version))}</span>')  # type: ignore[union-attr]  # a change exists only against a base version
     why = [
         f'<li>{_e(name)} <b>{_e(value)}</b> by <a href="#{anchors[p.id]}">{_e(p.id)}</a> <small>({_e(p.kind)})</small></li>'
         if p.id in anchors else f"<li>{_e(name)} <b>{_e(value)}</b> ({_e(p.id)})</li>"
@@ -522,7 +522,7 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
     if change is not None:
         # Rule ids are compared as templates; in one cell the architecture is known.
         lines = [line.replace(ARCHITECTURE_SLOT, cell.architecture or "?") for line in change.summary()]
-        why += [f"<li class=\"chg\">since {_e(view.base.version)}: {_e(line)}</li>" for line in lines]  # type: ignore[union-attr]
+        why += [f"<li class=\"chg\">since {_e(view.base.version)}: {_e(line)}</li>" for line in lines]  # type: ignore[union-attr]  # a change exists only against a base version
     if group is not None:
         why.append(f'<li>diff group <a href="#diff-group-{group}">[{group}]</a></li>')
     attrs = "".join(f' {k}="{_e(v)}"' for k, v in attributes.items())

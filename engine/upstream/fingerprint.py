@@ -37,7 +37,7 @@ def _write(root: object, out: list[str]) -> None:
     while stack:
         is_text, item = stack.pop()
         if is_text:
-            out.append(item)  # type: ignore[arg-type]
+            out.append(item)  # type: ignore[arg-type]  # is_text marks the str leaves pushed below
             continue
         if isinstance(item, ast.AST):
             parts: list[tuple[bool, object]] = [(True, type(item).__name__ + "(")]

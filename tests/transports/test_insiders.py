@@ -247,6 +247,34 @@ def test_a_key_taken_off_the_allow_list_loses_its_session_and_a_remade_key_is_re
     served(prefill, decode, "again", [9, 10], [11, 12])
 
 
+def test_an_ask_parked_before_its_key_was_removed_is_dropped_at_once_and_never_served(workers, tmp_path):
+    """Issue 38, item 5: a decoder asks for a request the prefill has not offered yet; its key is
+    then taken off the list. With no frame from anyone, the prefill drops the parked ask within a
+    check of the folder, and an offer to any receiver made later (on an idle prefill) writes nothing
+    into that decoder's blocks."""
+    from transfer_worker import new_key
+
+    prefill_key, prefill_secret = new_key("prefill")
+    decode_key, decode_secret = new_key("decode")
+    folder = _folder_of(tmp_path, prefill_key, decode_key)
+    common = dict(layout=LAYOUT.to_wire(), allowed_peers=folder)
+    prefill = workers("prefill", identity=prefill_secret, key_name=prefill_key, seed=1, **common)
+    decode = workers("decode", identity=decode_secret, key_name=decode_key, seed=2, **common)
+    decode.call("connect", prefill.address)
+    served(prefill, decode, "before", [1, 2], [3, 4])
+    untouched = decode.call("digests", [7, 8])
+    decode.call("receive", "parked", [7, 8], timeout_s=20.0)  # (no cancel frame from it meanwhile)
+    time.sleep(0.3)  # the ask reaches the prefill and is parked there (nothing offered yet)
+    assert prefill.call("stats")["closed_removed_keys"] == 0
+    os.remove(os.path.join(folder, f"{decode_key}.key"))
+    # Nobody sends a frame from here on: the prefill looks at the folder itself while asks wait.
+    eventually(lambda: prefill.call("stats")["closed_removed_keys"] == 1, timeout_s=8.0)
+    prefill.call("send", "parked", [1, 2], timeout_s=1.0)  # to any receiver that asks
+    assert prefill.call("wait", "parked")["state"] == "timed_out"  # nobody allowed asked
+    assert decode.call("state", "parked") != "completed"
+    assert decode.call("digests", [7, 8]) == untouched
+
+
 def test_roles_keep_a_sender_from_saying_hello_and_a_receiver_from_posing_as_a_sender(workers, tmp_path):
     """One shared peers folder, keys made with roles: a compromised prefill cannot say hello to
     another prefill (and get its welcome, or its pool with reads), and a decoder never connects to a
