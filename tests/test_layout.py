@@ -223,3 +223,32 @@ def test_no_test_module_imports_another_test_modules_names():
                 if imported.startswith("test_"):
                     taken.append(f"{path.relative_to(ROOT)}:{line}: {module} {names}")
     assert taken == [], "move what more than one test module uses into tests/support"
+
+
+def _comments(path: Path) -> list[tuple[int, str]]:
+    import io
+    import tokenize
+
+    with io.open(path, encoding="utf-8") as handle:
+        return [(t.start[0], t.string) for t in tokenize.generate_tokens(handle.readline) if t.type == tokenize.COMMENT]
+
+
+def test_every_type_ignore_and_noqa_names_its_codes_and_says_why():
+    """A silenced checker finding is a decision: it names the codes it silences and says why after
+    them (``# type: ignore[union-attr]  # a result exists only with data.old``)."""
+    import re
+
+    ignore = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[^\]]+\])?(?P<rest>.*)")
+    noqa = re.compile(r"#\s*noqa(?P<codes>:\s*[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*)?(?P<rest>.*)")
+    found = []
+    for folder in FOLDERS.values():
+        for path in sorted(folder.rglob("*.py")):
+            for line, comment in _comments(path):
+                for pattern in (ignore, noqa):
+                    match = pattern.search(comment)
+                    if match is None:
+                        continue
+                    reason = match.group("rest").strip(" -#:")
+                    if not match.group("codes") or not reason:
+                        found.append(f"{path.relative_to(ROOT)}:{line}: {comment.strip()}")
+    assert not found, "name the codes and say why after them:\n" + "\n".join(found)

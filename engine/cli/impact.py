@@ -82,7 +82,7 @@ def run(args: Any) -> int:
     if isinstance(arch_map, int):
         return arch_map
     try:
-        import yaml  # noqa: F401
+        import yaml  # noqa: F401  # only whether PyYAML is installed, before any config is read
     except ImportError:
         return fail("reading configs needs PyYAML: pip install pyyaml")
     missing = [p for p in args.configs if not Path(p).exists()]
