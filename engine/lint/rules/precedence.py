@@ -22,10 +22,10 @@ from functools import cached_property, lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import PolicyProblem
-from ..read.model import DECISIONS, Condition, Matcher, Policy, Row, Rule
-from ..read.source import Location, SourceDocument
-from .analysis import Analysis, AnalysisLimit, analyse, context_of, describe_context
+from ...errors import PolicyProblem
+from ...read.model import DECISIONS, Condition, Matcher, Policy, Row, Rule
+from ...read.source import Location, SourceDocument
+from ..analysis import Analysis, AnalysisLimit, analyse, context_of, describe_context
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,7 +33,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from ..evaluate.policyset import PolicySet
+    from ...evaluate.policyset import PolicySet
 
 __all__ = ["ANALYSIS_RULES", "CATEGORIES", "RULES", "Finding", "LintRule", "PolicyFile", "catalogue"]
 
@@ -104,7 +104,7 @@ def _rule(code: str, name: str, category: str, severity: Severity, summary: str,
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, Any]:
     """The names the linter knows (``engine/lint/catalogue.toml``)."""
-    text = resources.files(__package__).joinpath("catalogue.toml").read_text(encoding="utf-8")
+    text = resources.files("kvpolicy.lint").joinpath("catalogue.toml").read_text(encoding="utf-8")
     return tomllib.loads(text)
 
 
@@ -143,7 +143,7 @@ class PolicyFile:
 
     @cached_property
     def policy_set(self) -> PolicySet:
-        from ..evaluate.policyset import PolicySet
+        from ...evaluate.policyset import PolicySet
 
         assert self.policy is not None
         return PolicySet(self.policy)
@@ -1255,7 +1255,7 @@ def _predecessors(files: list[PolicyFile]) -> Iterator[tuple[PolicyFile, PolicyF
     the run that has one. Files whose version another file repeats are KVP050's."""
     from pathlib import Path
 
-    from ..read.policyfile import version_key
+    from ...read.policyfile import version_key
 
     folders: dict[str, list[PolicyFile]] = {}
     for file in files:
