@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvpolicy.lint import analysis
+from kvpolicy.lint import precedence
 from kvpolicy.lint.rules import precedence as precedence_rules
 from kvpolicy.lint.rules import reference as reference_rules
 from kvpolicy.lint.runner import lint_files, load_policy_bytes
@@ -96,10 +96,10 @@ def test_near_miss_check_compares_a_bounded_number_of_names_and_says_so(monkeypa
 
 def test_analysis_refuses_a_step_whose_rule_tests_exceed_the_budget_before_running_it(monkeypatch):
     policy = load_policy_bytes(NEWEST.encode(), "newest.toml").policy
-    analysis.analyse(policy)  # within both budgets as shipped
-    monkeypatch.setattr(analysis, "RULE_TEST_LIMIT", 1_000)
-    with pytest.raises(analysis.AnalysisLimit, match="rule tests"):
-        analysis.analyse(policy)
+    precedence.analyse(policy)  # within both budgets as shipped
+    monkeypatch.setattr(precedence, "RULE_TEST_LIMIT", 1_000)
+    with pytest.raises(precedence.AnalysisLimit, match="rule tests"):
+        precedence.analyse(policy)
     result = lint_files([load_policy_bytes(NEWEST.encode(), "newest.toml")])
     assert [f.code for f in result.findings] == ["KVP029"] and "rule tests" in result.findings[0].message
 
@@ -107,10 +107,10 @@ def test_analysis_refuses_a_step_whose_rule_tests_exceed_the_budget_before_runni
 def _levels_pairwise(policy, order):
     """Architecture classes as first defined: each name against every condition and table."""
     names = [None, *policy.architectures()]
-    tables_of = {name: analysis.preference_table(policy.decisions[name]) for name in order}
+    tables_of = {name: precedence.preference_table(policy.decisions[name]) for name in order}
     out = []
     for level in range(len(order) + 1):
-        conditions, tables = analysis.level_inputs(policy, order[level:], tables_of)
+        conditions, tables = precedence.level_inputs(policy, order[level:], tables_of)
         matchers = [c.subjects["architecture"].values for c in conditions if "architecture" in c.subjects]
         classes = {}
         for name in names:
@@ -125,6 +125,6 @@ def test_architecture_classes_match_their_pairwise_definition(version):
     raw = _with_requirements(60, 1) if version == "generated" else (shipped_root() / f"{version}.toml").read_bytes()
     policy = load_policy_bytes(raw, "p.toml").policy
     order = policy.decision_order()
-    _, members_at = analysis._architecture_levels(policy, order)
+    _, members_at = precedence._architecture_levels(policy, order)
     got = [sorted(sorted([n or "" for n in names] + ([""] if rep is None else [])) for rep, names in members.items()) for members in members_at]
     assert got == _levels_pairwise(policy, order)

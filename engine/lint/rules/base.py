@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...errors import PolicyProblem
 from ...read.model import Policy, Row, Rule
 from ...read.source import Location, SourceDocument
-from ..analysis import Analysis, AnalysisLimit, analyse, context_of
+from ..precedence import Analysis, AnalysisLimit, analyse, context_of
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,5 +1,5 @@
 """Precedence rules (KVP020-KVP024, KVP029): rules that never decide, or decide against each other, judged
-by the exact analysis (:mod:`kvpolicy.lint.analysis`)."""
+by the exact analysis (:mod:`kvpolicy.lint.precedence`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from ...read.model import Condition, Matcher, Policy, Row, Rule
 from ...read.source import Location
-from ..analysis import context_of, describe_context
+from ..precedence import context_of, describe_context
 from .base import Finding, PolicyFile, counterexample, register
 
 

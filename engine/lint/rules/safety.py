@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...read.model import Row
-from ..analysis import Analysis, context_of, describe_context
+from ..precedence import Analysis, context_of, describe_context
 from .base import Finding, PolicyFile, counterexample, register
 
 
