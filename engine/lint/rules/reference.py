@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ...read.model import DECISIONS, Condition, Policy
+from ...wording import closest, suggest
 from .base import Finding, PolicyFile, catalogue, loader_findings, register
 
 
@@ -85,7 +85,7 @@ def unknown_architecture(file: PolicyFile) -> Iterator[Finding]:
                 if unchecked == 1:
                     first_unchecked = file.anchor(item)
                 continue
-            checked[name] = _close(name, known, cutoff=0.88)
+            checked[name] = closest(name, known, cutoff=0.88)
         hint = checked[name]
         if hint:
             yield Finding(
@@ -133,7 +133,7 @@ def unknown_option(file: PolicyFile) -> Iterator[Finding]:
         if name not in DECISIONS:
             yield Finding(
                 "KVP012",
-                f"unknown decision {name!r}{_hint(name, DECISIONS)} (known: {', '.join(DECISIONS)})",
+                f"unknown decision {name!r}{suggest(name, DECISIONS, similar_first=False)} (known: {', '.join(DECISIONS)})",
                 file.locate(("decisions", name)),
                 "warning",
             )
@@ -143,14 +143,14 @@ def unknown_option(file: PolicyFile) -> Iterator[Finding]:
             if value not in allowed:
                 yield Finding(
                     "KVP012",
-                    f"{value!r} is not a {name} value TensorRT-LLM has{_hint(value, allowed)} (known: {', '.join(allowed)})",
+                    f"{value!r} is not a {name} value TensorRT-LLM has{suggest(value, allowed, similar_first=False)} (known: {', '.join(allowed)})",
                     file.locate(("decisions", name, "values", index)),
                     "warning",
                 )
     features = known["names"]["features"]
     for name, feature in policy.features.items():
         if name not in features:
-            hint = _close(name, features, cutoff=0.8)
+            hint = closest(name, features, cutoff=0.8)
             if hint:
                 yield Finding(
                     "KVP012", f"unknown feature {name!r}; did you mean {hint!r}?", feature.location, "warning"
@@ -163,7 +163,7 @@ def unknown_option(file: PolicyFile) -> Iterator[Finding]:
         if variable not in variables:
             yield Finding(
                 "KVP012",
-                f"unknown environment variable {variable!r}{_hint(variable, variables)}",
+                f"unknown environment variable {variable!r}{suggest(variable, variables, similar_first=False)}",
                 location,
                 "warning",
             )
@@ -254,22 +254,3 @@ class _PreferenceAnchor:
     @property
     def path(self) -> tuple[str, ...]:
         return ("decisions", self.decision, "preference")
-
-
-def _close(name: str, known: Iterable[str], *, cutoff: float) -> str | None:
-    known = list(known)
-    lowered = {k.lower(): k for k in known}
-    if name.lower() in lowered and lowered[name.lower()] != name:
-        return lowered[name.lower()]
-    # Skip, before difflib compares anything (1,000 rows against the catalogue stay fast), the
-    # names whose lengths alone rule a match out: the bound get_close_matches tests first
-    # (real_quick_ratio, 2 * shorter / both), in its own arithmetic, so that rounding never drops
-    # a name at exactly the cutoff.
-    near = [k for k in known if 2.0 * min(len(k), len(name)) / ((len(k) + len(name)) or 1) >= cutoff]
-    match = difflib.get_close_matches(name, near, n=1, cutoff=cutoff)
-    return match[0] if match else None
-
-
-def _hint(name: str, known: Iterable[str]) -> str:
-    match = _close(name, known, cutoff=0.6)
-    return f"; did you mean {match!r}?" if match else ""
