@@ -30,7 +30,7 @@ from pathlib import Path
 
 import kvpolicy
 from kvpolicy.evaluate.domain import domain_of
-from kvpolicy.lint.analysis import AnalysisLimit, analyse
+from kvpolicy.lint.precedence import AnalysisLimit, analyse
 from kvpolicy.lint.runner import lint_files, lint_paths, load_policy_bytes
 from kvpolicy.read.loader import parse_policy, shipped_root
 

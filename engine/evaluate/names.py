@@ -18,6 +18,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from ..wording import closest
+
 __all__ = ["is_known", "near_miss"]
 
 _LIST = Path(__file__).with_name("known_architectures.txt")
@@ -37,45 +39,16 @@ def is_known(name: str) -> bool:
     return name in _known()
 
 
-def _folded(name: str) -> str:
-    return name.lower().replace("_", "").replace("-", "")
-
-
-def _one_letter_apart(a: str, b: str) -> bool:
-    """Whether ``a`` and ``b`` differ by one letter edit (no digit involved): a letter added,
-    dropped or changed, or two neighbouring letters swapped."""
-    if a == b or abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) == len(b):
-        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-        if len(diff) == 1:
-            i = diff[0]
-            return a[i].isalpha() and b[i].isalpha()
-        if len(diff) == 2 and diff[1] == diff[0] + 1:
-            i, j = diff
-            return a[i] == b[j] and a[j] == b[i] and a[i].isalpha() and a[j].isalpha()
-        return False
-    short, long = (a, b) if len(a) < len(b) else (b, a)
-    for i, char in enumerate(short):
-        if char != long[i]:
-            return long[i].isalpha() and short[i:] == long[i + 1 :]
-    return long[-1].isalpha()
-
-
 def near_miss(name: str, named: frozenset[str] | set[str] | list[str]) -> str | None:
     """The architecture of ``named`` that ``name`` is probably a misspelling of, or None.
 
     None when ``name`` is named itself, is a real architecture, or is not close to any."""
     if name in named:
         return None
-    folded = _folded(name)
-    candidates = sorted(n for n in named if _folded(n) == folded)
-    if not candidates:
-        lowered = name.lower()
-        candidates = sorted(n for n in named if _one_letter_apart(lowered, n.lower()))
-    if not candidates or is_known(name):
+    close = closest(name, named, separators=True, one_letter=True)
+    if close is None or is_known(name):
         return None
-    return candidates[0]
+    return close
 
 
 def main() -> int:

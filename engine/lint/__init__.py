@@ -7,7 +7,7 @@ suppressions, policy tests as data with coverage, and a canonical formatter.
     []
 
 Rules live in :mod:`kvpolicy.lint.rules` (``kvpolicy rules`` lists them); the exact analysis
-behind the precedence and safety rules in :mod:`kvpolicy.lint.analysis`.
+behind the precedence and safety rules in :mod:`kvpolicy.lint.precedence`.
 """
 
 from .rules import CATEGORIES, RULES, Finding, LintRule

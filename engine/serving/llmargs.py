@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any
 
 from ..read.fields import CACHE_TRANSCEIVER_FIELDS
+from ..wording import closest
 
 __all__ = ["KV_CACHE_FIELDS", "SECTIONS", "Refusal", "check_sections", "misspelling_of"]
 
@@ -110,22 +111,6 @@ def _models() -> dict[str, Any]:
     }
 
 
-def _folded(name: str) -> str:
-    return name.lower().replace("_", "").replace("-", "")
-
-
-def _closest(name: str, known: frozenset[str] | tuple[str, ...], cutoff: float) -> str | None:
-    """The known name ``name`` was probably meant to be: equal but for case and underscores, or the
-    closest by difflib's ratio at or above ``cutoff``."""
-    import difflib
-
-    for candidate in sorted(known):
-        if _folded(candidate) == _folded(name):
-            return candidate
-    found = difflib.get_close_matches(name.lower(), sorted(known), n=1, cutoff=cutoff)
-    return found[0] if found else None
-
-
 def misspelling_of(key: Any) -> str | None:
     """The section name (``cache_transceiver_config`` or ``kv_cache_config``) that ``key`` is a near
     miss of: not equal, but equal ignoring case and underscores, or difflib ratio >= 0.85. None for
@@ -133,7 +118,7 @@ def misspelling_of(key: Any) -> str | None:
     so other unknown keys are left alone)."""
     if not isinstance(key, str) or key in SECTIONS:
         return None
-    return _closest(key, tuple(SECTIONS), NEAR_MISS_RATIO)
+    return closest(key.lower(), SECTIONS, cutoff=NEAR_MISS_RATIO, separators=True)
 
 
 #: A refused key: its path in the document, and the message.
@@ -171,7 +156,7 @@ def check_sections(settings: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, 
             if error.get("type") != "extra_forbidden" or not error.get("loc"):
                 continue
             field = str(error["loc"][0])
-            meant = _closest(field, known, 0.7)
+            meant = closest(field.lower(), known, cutoff=0.7, separators=True)
             hint = f"; did you mean {meant!r}?" if meant else ";"
             problems.append((
                 (*at, by_name.get(field, field)),

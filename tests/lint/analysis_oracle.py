@@ -1,5 +1,6 @@
-"""FROZEN ORACLE: ``kvpolicy.lint.analysis`` as it was before the constraints stage was made lazy
-(commit 5d58bd6), kept verbatim but for this docstring and the name ``oracle_analyse``.
+"""FROZEN ORACLE: ``kvpolicy.lint.precedence`` (then ``kvpolicy.lint.analysis``) as it was before the
+constraints stage was made lazy (commit 5d58bd6), kept verbatim but for this docstring and the name
+``oracle_analyse``.
 
 Its constraints stage enumerates every combination of the free inputs of every final state and
 keeps every witness: slow (~10 s over the shipped policies), but obviously exact. The production

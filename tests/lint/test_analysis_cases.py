@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvpolicy.lint import analysis
+from kvpolicy.lint import precedence
 from kvpolicy.read.loader import parse_policy
 
 from tests.lint.analysis_oracle import oracle_analyse
@@ -61,7 +61,7 @@ def test_every_witness_of_a_family_over_two_free_inputs_in_enumeration_order(tmp
     the inputs before and after it: every witness, in the order the enumeration met them."""
     policy = _policy(tmp_path, TWO_FREE_INPUTS)
     family = ("b-features", "backend", "backend-default", ())
-    witnesses = analysis.analyse(policy).rejected[family]
+    witnesses = precedence.analyse(policy).rejected[family]
     expected = oracle_analyse(policy).rejected[family]
     assert len(witnesses) == len(expected) == 16
     assert [_items(w) for w in witnesses] == [_items(w) for w in expected]
@@ -94,7 +94,7 @@ def test_constraint_witness_is_the_first_of_its_lightest_firing_values_not_the_l
     """A constraint's witness is the first smallest context where it fires, in enumeration order
     (E = "x" before any other value), whatever order the values themselves sort in."""
     policy = _policy(tmp_path, OTHER_VALUE)
-    result = analysis.analyse(policy)
+    result = precedence.analyse(policy)
     expected = oracle_analyse(policy)
     assert [(k, _items(w)) for k, w in result.constraints.items()] == [(k, _items(w)) for k, w in expected.constraints.items()]
     assert result.constraints["a-set"]["env:E"] == "x"
@@ -103,7 +103,7 @@ def test_constraint_witness_is_the_first_of_its_lightest_firing_values_not_the_l
 
 def _same_as_oracle(policy: Any) -> Any:
     """The analysis's constraint witnesses and families agree with the oracle's, entries in order."""
-    result = analysis.analyse(policy)
+    result = precedence.analyse(policy)
     expected = oracle_analyse(policy)
     assert [(k, _items(w)) for k, w in result.constraints.items()] == [(k, _items(w)) for k, w in expected.constraints.items()]
     assert list(result.rejected) == list(expected.rejected)
@@ -137,7 +137,7 @@ def test_architectures_that_differ_only_in_a_model_type_row_are_told_apart(tmp_p
     """Every row used (the first plain one and the first per model type) sets an architecture's
     class: two architectures whose tables differ in a model type's row alone do not share one."""
     policy = _policy(tmp_path, PREFERENCE_BY_MODEL_TYPE)
-    assert analysis.preference_table(policy.decisions["kv_cache_manager"])["ArchA"] == [(None, "V1"), ("m", "V2")]
+    assert precedence.preference_table(policy.decisions["kv_cache_manager"])["ArchA"] == [(None, "V1"), ("m", "V2")]
     compare(policy)
     result = _same_as_oracle(policy)
     assert result.constraints["v2-manager"]["architecture"] == "ArchA"
@@ -147,7 +147,7 @@ def test_witnesses_equal_a_list_only_of_the_same_length(tmp_path: Path) -> None:
     """A family's witnesses equal the list of the same witnesses, and no shorter or longer list
     (nor one that differs in a witness)."""
     policy = _policy(tmp_path, TWO_FREE_INPUTS)
-    witnesses = analysis.analyse(policy).rejected[("b-features", "backend", "backend-default", ())]
+    witnesses = precedence.analyse(policy).rejected[("b-features", "backend", "backend-default", ())]
     every = list(witnesses)
     assert witnesses == every and witnesses == tuple(every)
     assert witnesses != every[:-1] and witnesses != every[:1] and witnesses != [] and witnesses != every + every[:1]

@@ -23,7 +23,7 @@ import tomlkit
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kvpolicy.errors import PolicyError
-from kvpolicy.lint import analysis
+from kvpolicy.lint import precedence
 from kvpolicy.read.loader import parse_policy, shipped_root
 
 from tests.support.strategies import policies
@@ -55,14 +55,14 @@ def _run(function: Any, policy: Any) -> tuple[Any, Any]:
     """(result, its snapshot), or (None, the refusal)."""
     try:
         result = function(policy)
-    except (analysis.AnalysisLimit, analysis_oracle.AnalysisLimit) as exc:
+    except (precedence.AnalysisLimit, analysis_oracle.AnalysisLimit) as exc:
         return None, ("refused", str(exc))
     return result, _snapshot(result)
 
 
 def _assert_same(policy: Any) -> None:
     oracle, expected = _run(oracle_analyse, policy)
-    result, got = _run(analysis.analyse, policy)
+    result, got = _run(precedence.analyse, policy)
     if isinstance(expected, dict) and isinstance(got, dict):
         for part in expected:  # part by part, for a readable failure
             assert got[part] == expected[part], part
@@ -162,7 +162,7 @@ fix = "no"
 def test_same_result_as_the_oracle_on_ties_and_blocks() -> None:
     policy = parse_policy(TIES_AND_BLOCKS.encode(), "ties.toml")
     _assert_same(policy)
-    result = analysis.analyse(policy)
+    result = precedence.analyse(policy)
     assert {"runtime-adjusted", "manager-adjusted"} <= set(result.rules)
     assert {c.id for c in policy.constraints} == set(result.constraints)
     assert len(result.rejected) >= 4
@@ -173,17 +173,17 @@ def test_same_result_as_the_oracle_on_ties_and_blocks() -> None:
 
 def _plans(policy: Any) -> list[Any]:
     plans: list[Any] = []
-    original = analysis._Plan.__init__
+    original = precedence._Plan.__init__
 
     def spy(self: Any, *args: Any) -> None:
         original(self, *args)
         plans.append(self)
 
-    analysis._Plan.__init__ = spy  # type: ignore[method-assign]
+    precedence._Plan.__init__ = spy  # type: ignore[method-assign]
     try:
-        analysis.analyse(policy)
+        precedence.analyse(policy)
     finally:
-        analysis._Plan.__init__ = original  # type: ignore[method-assign]
+        precedence._Plan.__init__ = original  # type: ignore[method-assign]
     return plans
 
 
@@ -276,7 +276,7 @@ def test_same_result_as_the_oracle_on_policies_with_adjustments(text: str) -> No
 def test_same_refusal_as_the_oracle_when_over_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     policy = parse_policy(SHIPPED[-1].read_bytes(), str(SHIPPED[-1]))
     for limit in (1_000, 200_000, 2_000_000):
-        monkeypatch.setattr(analysis, "RULE_TEST_LIMIT", limit)
+        monkeypatch.setattr(precedence, "RULE_TEST_LIMIT", limit)
         monkeypatch.setattr(analysis_oracle, "RULE_TEST_LIMIT", limit)
         _assert_same(policy)
 
@@ -284,7 +284,7 @@ def test_same_refusal_as_the_oracle_when_over_budget(monkeypatch: pytest.MonkeyP
 def test_witness_sequences_behave_as_lists() -> None:
     policy = parse_policy(SHIPPED[-1].read_bytes(), str(SHIPPED[-1]))
     oracle = oracle_analyse(policy).rejected
-    got = analysis.analyse(policy).rejected
+    got = precedence.analyse(policy).rejected
     assert got, "the newest policy has KVP030 families"
     for family, witnesses in got.items():
         expected = oracle[family]

@@ -13,7 +13,7 @@ import pytest
 from kvpolicy.read import cache as kvcache
 from kvpolicy.cli.fmt import check_format
 from kvpolicy.lint import cases as lint_cases
-from kvpolicy.lint import rules as lint_rules
+from kvpolicy.lint.rules import base as rules_base
 from kvpolicy.lint import runner
 from kvpolicy.lint.report import render
 from kvpolicy.lint.runner import LintConfig, lint_paths
@@ -54,13 +54,13 @@ def _same(a, b):
 class _Counter:
     def __init__(self, monkeypatch):
         self.calls = 0
-        original = lint_rules.analyse
+        original = rules_base.analyse
 
         def counted(policy):
             self.calls += 1
             return original(policy)
 
-        monkeypatch.setattr(lint_rules, "analyse", counted)
+        monkeypatch.setattr(rules_base, "analyse", counted)
 
 
 def test_an_unchanged_folder_is_answered_from_the_cache_with_the_findings_a_fresh_run_gives(cache_dir, folder, monkeypatch):

@@ -7,7 +7,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvpolicy.lint import analysis, rules
+from kvpolicy.lint import precedence
+from kvpolicy.lint.rules import precedence as precedence_rules
+from kvpolicy.lint.rules import reference as reference_rules
 from kvpolicy.lint.runner import lint_files, load_policy_bytes
 from kvpolicy.read.loader import shipped_root
 
@@ -46,9 +48,9 @@ def _all_pairs(file):
     for decision in file.policy.decisions.values():
         for narrow in decision.requirements:
             for broad in decision.requirements:
-                if broad is narrow or broad.value != narrow.value or not rules._implies(narrow.when, broad.when):
+                if broad is narrow or broad.value != narrow.value or not precedence_rules._implies(narrow.when, broad.when):
                     continue
-                if rules._implies(broad.when, narrow.when) and (narrow.location.line, narrow.id) < (broad.location.line, broad.id):
+                if precedence_rules._implies(broad.when, narrow.when) and (narrow.location.line, narrow.id) < (broad.location.line, broad.id):
                     continue
                 found.append((narrow.id, broad.id))
                 break
@@ -61,14 +63,14 @@ def test_redundant_requirements_are_found_by_index_exactly_as_by_all_pairs(seed)
     assert file.policy is not None, file.problems
     expected = _all_pairs(file)
     assert len(expected) > 10, "the generated requirements should imply each other often"
-    got = [(f.message.split()[1], f.related[0][1].split()[1]) for f in rules.redundant_requirement(file)]
+    got = [(f.message.split()[1], f.related[0][1].split()[1]) for f in precedence_rules.redundant_requirement(file)]
     assert got == expected
 
 
 def test_redundancy_check_stops_at_its_budget_and_says_so(monkeypatch):
-    monkeypatch.setattr(rules, "IMPLICATION_TESTS", 200)
+    monkeypatch.setattr(precedence_rules, "IMPLICATION_TESTS", 200)
     file = load_policy_bytes(_with_requirements(120, 0), "many.toml")
-    findings = list(rules.redundant_requirement(file))
+    findings = list(precedence_rules.redundant_requirement(file))
     assert "redundancy not checked from requirement" in findings[-1].message
     assert findings[-1].location.line > 1
     assert len(findings) < len(_all_pairs(file)) + 1
@@ -80,24 +82,24 @@ def _with_unknown_architectures(names: list[str]) -> bytes:
 
 
 def test_near_miss_check_compares_a_bounded_number_of_names_and_says_so(monkeypatch):
-    monkeypatch.setattr(rules, "NEAR_MISS_CHECKS", 3)
+    monkeypatch.setattr(reference_rules, "NEAR_MISS_CHECKS", 3)
     names = ["LLamaForCausalLM", "Synth0ForCausalLM", "Synth1ForCausalLM", "Synth2ForCausalLM", "Synth3ForCausalLM", "QWen2ForCausalLM"]
     file = load_policy_bytes(_with_unknown_architectures(names), "unknown.toml")
-    messages = [f.message for f in rules.unknown_architecture(file)]
+    messages = [f.message for f in reference_rules.unknown_architecture(file)]
     assert messages[0] == "unknown architecture 'LLamaForCausalLM'; did you mean 'LlamaForCausalLM'?"
     assert "3 more architecture names were not compared" in messages[-1]
     assert not any("QWen2" in m for m in messages), "past the bound: not compared"
-    monkeypatch.setattr(rules, "NEAR_MISS_CHECKS", 100)
-    messages = [f.message for f in rules.unknown_architecture(file)]
+    monkeypatch.setattr(reference_rules, "NEAR_MISS_CHECKS", 100)
+    messages = [f.message for f in reference_rules.unknown_architecture(file)]
     assert any("did you mean 'Qwen2ForCausalLM'" in m for m in messages) and not any("not compared" in m for m in messages)
 
 
 def test_analysis_refuses_a_step_whose_rule_tests_exceed_the_budget_before_running_it(monkeypatch):
     policy = load_policy_bytes(NEWEST.encode(), "newest.toml").policy
-    analysis.analyse(policy)  # within both budgets as shipped
-    monkeypatch.setattr(analysis, "RULE_TEST_LIMIT", 1_000)
-    with pytest.raises(analysis.AnalysisLimit, match="rule tests"):
-        analysis.analyse(policy)
+    precedence.analyse(policy)  # within both budgets as shipped
+    monkeypatch.setattr(precedence, "RULE_TEST_LIMIT", 1_000)
+    with pytest.raises(precedence.AnalysisLimit, match="rule tests"):
+        precedence.analyse(policy)
     result = lint_files([load_policy_bytes(NEWEST.encode(), "newest.toml")])
     assert [f.code for f in result.findings] == ["KVP029"] and "rule tests" in result.findings[0].message
 
@@ -105,10 +107,10 @@ def test_analysis_refuses_a_step_whose_rule_tests_exceed_the_budget_before_runni
 def _levels_pairwise(policy, order):
     """Architecture classes as first defined: each name against every condition and table."""
     names = [None, *policy.architectures()]
-    tables_of = {name: analysis.preference_table(policy.decisions[name]) for name in order}
+    tables_of = {name: precedence.preference_table(policy.decisions[name]) for name in order}
     out = []
     for level in range(len(order) + 1):
-        conditions, tables = analysis.level_inputs(policy, order[level:], tables_of)
+        conditions, tables = precedence.level_inputs(policy, order[level:], tables_of)
         matchers = [c.subjects["architecture"].values for c in conditions if "architecture" in c.subjects]
         classes = {}
         for name in names:
@@ -123,6 +125,6 @@ def test_architecture_classes_match_their_pairwise_definition(version):
     raw = _with_requirements(60, 1) if version == "generated" else (shipped_root() / f"{version}.toml").read_bytes()
     policy = load_policy_bytes(raw, "p.toml").policy
     order = policy.decision_order()
-    _, members_at = analysis._architecture_levels(policy, order)
+    _, members_at = precedence._architecture_levels(policy, order)
     got = [sorted(sorted([n or "" for n in names] + ([""] if rep is None else [])) for rep, names in members.items()) for members in members_at]
     assert got == _levels_pairwise(policy, order)

@@ -1,4 +1,4 @@
-"""Rule behaviours that mutation testing of ``engine/lint/rules.py`` found unchecked: KVP024's
+"""Rule behaviours that mutation testing of lint's rules (``engine/lint/rules/``) found unchecked: KVP024's
 implication index, implication test and budget, KVP011's comparison bound, KVP022 on
 requirements, KVP030's message for one constraint in several contexts, the version rules over
 more than one pair of files, and near-miss hints at exactly the similarity cutoff."""
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from kvpolicy.lint import RULES, lint_paths
-from kvpolicy.lint import rules
+from kvpolicy.lint.rules import precedence as precedence_rules
+from kvpolicy.lint.rules import reference as reference_rules
 
 from tests.support.lint import claim_holds, git, two_versions, with_source
 
@@ -160,9 +161,9 @@ def test_redundancy_budget_counts_the_pairs_the_index_offers_and_is_spent_exactl
         ("pipelined", PIPELINED),
         ("ucx-env", f'{UCX_ENV} = "1"'),
     )
-    monkeypatch.setattr(rules, "IMPLICATION_TESTS", 4)
+    monkeypatch.setattr(precedence_rules, "IMPLICATION_TESTS", 4)
     assert _kvp024(path) == [("narrow", "pipelined")]
-    monkeypatch.setattr(rules, "IMPLICATION_TESTS", 3)
+    monkeypatch.setattr(precedence_rules, "IMPLICATION_TESTS", 3)
     assert _kvp024(path) == [("narrow", "pipelined"), ("unchecked", "ucx-env")]
 
 
@@ -195,7 +196,7 @@ def test_near_miss_check_compares_exactly_its_bound_and_counts_every_name_past_i
     )
     text = text.replace("[decisions.transceiver_runtime.preference]", conditional + "[decisions.transceiver_runtime.preference]")
     path = _write(tmp_path, text)
-    monkeypatch.setattr(rules, "NEAR_MISS_CHECKS", 2)
+    monkeypatch.setattr(reference_rules, "NEAR_MISS_CHECKS", 2)
     found = [(f.location.line, f.message) for f in lint_paths([path], cache=False).findings if f.code == "KVP011"]
     hint = "unknown architecture 'LlamaForCausalLm'; did you mean 'LlamaForCausalLM'?"
     assert found == [

@@ -216,7 +216,7 @@ def test_repeated_source_compares_the_changes_cited(tmp_path):
 def test_every_shipped_version_changes_something_and_cites_a_new_upstream_change(shipped_lint):
     """The shipped history passes KVP052 and KVP053 because each version differs from the one
     before it and its source names an upstream PR the previous one does not, not by suppression."""
-    from kvpolicy.lint.rules import _policy_content, _references
+    from kvpolicy.lint.rules.versioning import _policy_content, _references
 
     assert not {"KVP052", "KVP053"} & {f.code for f in shipped_lint.findings + shipped_lint.suppressed}
     versions = kvpolicy.load().versions()

@@ -1,4 +1,4 @@
-"""Lint's exact analysis (kvpolicy.lint.analysis) against brute force over a policy's whole domain
+"""Lint's exact analysis (kvpolicy.lint.precedence) against brute force over a policy's whole domain
 (every context class, evaluated by the resolver)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import itertools
 import kvpolicy
 from kvpolicy.evaluate.domain import domain_of
 from kvpolicy.evaluate.resolver import compile_condition
-from kvpolicy.lint.analysis import analyse
+from kvpolicy.lint.precedence import analyse
 
 
 def without_adjustments(policy):
