@@ -6,7 +6,7 @@ constraint, with the text its messages need and the ``file:line:col`` of each ru
 :class:`DecisionIndex` is built from that data alone: it normalises contexts, generates the
 straight-line evaluators (:mod:`kvpolicy.evaluate.compiler`) and formats diagnostics. It never touches the
 model, so a policy whose index was stored by :mod:`kvpolicy.read.cache` resolves without importing
-pydantic or jsonschema; the trace, lint and diff still use the model (:mod:`kvpolicy.evaluate.resolver`).
+pydantic or jsonschema; the trace, lint and diff still use the model (:mod:`kvpolicy.evaluate.interpreter`).
 
 Index data read back from the cache is untrusted: :func:`check_index` checks its shape and types
 before anything is built from it, and the generated code never contains a string from it (see
