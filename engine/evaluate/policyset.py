@@ -311,7 +311,7 @@ def _load_file(path: Path, *, root: Path | None = None, siblings: dict[str, Path
     data = cache.cached_index(key)
     if data is not None:
         from .compiler import CompiledIndex
-        from .index import check_index
+        from .indexcheck import check_index
 
         try:
             check_index(data)
