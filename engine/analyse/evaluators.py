@@ -14,7 +14,7 @@ Constraints come last and decide nothing, so a cube that a constraint splits is 
 (:func:`split_constraints`), keeping everything decided so far, instead of being evaluated again
 from the start.
 
-The symbolic evaluator mirrors :meth:`kvpolicy.evaluate.resolver.Program.outcome` stage by stage
+The symbolic evaluator mirrors :meth:`kvpolicy.evaluate.interpreter.Program.outcome` stage by stage
 (explicit, requirements, preference, conditional defaults, default, constraints); the tests check
 it against brute-force evaluation of every point with the engine's own evaluator
 (:func:`outcome_of`).

@@ -10,7 +10,7 @@ Safety: nothing from a policy file is ever put into the generated source. Every 
 namespace; the source holds only identifiers and operators written here. The input is the plain
 data of a :class:`kvpolicy.evaluate.index.DecisionIndex` (possibly read back from the cache): only its
 shape (how many rules, which subjects, which operators) decides the code. The interpreter in
-:mod:`kvpolicy.evaluate.resolver` stays the reference (it also produces traces); the test suite checks that
+:mod:`kvpolicy.evaluate.interpreter` stays the reference (it also produces traces); the test suite checks that
 both agree on every context it generates.
 """
 

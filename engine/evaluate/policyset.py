@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     from .compiler import CompiledIndex
     from ..read.model import Policy
-    from .resolver import Program
+    from .interpreter import Program
 
 __all__ = ["PolicySet", "load"]
 
@@ -37,7 +37,7 @@ class PolicySet:
     # shadowing the method below, so that a call costs one Python call.
 
     def __init__(self, policy: Policy, siblings: dict[str, Path] | None = None) -> None:
-        from .resolver import Program
+        from .interpreter import Program
 
         self._policy: Policy | None = policy
         self._compiled: Program | None = Program(policy)
@@ -79,7 +79,7 @@ class PolicySet:
     @property
     def _program(self) -> Program:
         if self._compiled is None:
-            from .resolver import Program
+            from .interpreter import Program
 
             self._compiled = Program(self.policy, self._index)
         return self._compiled
@@ -311,7 +311,7 @@ def _load_file(path: Path, *, root: Path | None = None, siblings: dict[str, Path
     data = cache.cached_index(key)
     if data is not None:
         from .compiler import CompiledIndex
-        from .index import check_index
+        from .indexcheck import check_index
 
         try:
             check_index(data)

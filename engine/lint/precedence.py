@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ..read.model import Condition, Decision, Policy, Row
-from ..evaluate.resolver import RowIndex, compile_condition
+from ..evaluate.interpreter import RowIndex, compile_condition
 
 __all__ = ["Analysis", "AnalysisLimit", "Witnesses", "analyse", "context_of", "describe_context"]
 

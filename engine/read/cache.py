@@ -7,7 +7,7 @@ version, the index format, the schema and the file's bytes. A cold ``kvpolicy re
 unchanged file reads it back and resolves from it: no parse, no schema, no typed model, so neither
 jsonschema nor pydantic is imported. An entry is a header line naming its key and the sha256 of
 the JSON that follows; a read checks both (a truncated or altered entry is a miss), then
-:func:`kvpolicy.evaluate.index.check_index` checks the data's shape and types and that it names the digest
+:func:`kvpolicy.evaluate.indexcheck.check_index` checks the data's shape and types and that it names the digest
 of the file being loaded. Nothing in an entry is executed: the evaluator is generated again from
 the data, and the generated code never contains a string from it.
 

@@ -1,4 +1,5 @@
-"""Policy files to the typed model: TOML, then the JSON Schema, then semantic checks.
+"""Policy files to the typed model: TOML, then the JSON Schema (:mod:`kvpolicy.read.schema`), then
+semantic checks.
 
 Every stage collects all of its problems before raising, so one run shows everything wrong with a
 file. Problems carry ``file:line:col`` and a check id (``toml``, ``schema``, ``unknown-name``,
@@ -10,11 +11,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import re
 import string
-from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from .model import (
     Rule,
     UpstreamBaseline,
 )
+from .schema import schema, schema_bytes, schema_problems, shown_value
 from .source import Location, SourceDocument, TomlSyntaxError, parse_document
 
 __all__ = [
@@ -66,19 +65,6 @@ PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer
 _PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _CONTEXT_SUBJECTS = frozenset({"architecture", "model_type"})
-
-
-@lru_cache(maxsize=1)
-def schema() -> dict[str, Any]:
-    """The JSON Schema of the policy format (shipped as ``policies/policy.schema.json``)."""
-    return json.loads((shipped_root() / "policy.schema.json").read_text(encoding="utf-8"))
-
-
-@lru_cache(maxsize=1)
-def _validator() -> Any:
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(schema())
 
 
 def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
@@ -110,7 +96,7 @@ def parse_policy(raw: bytes, path: str) -> Policy:
             document = parse_document(raw, path)
         except TomlSyntaxError as exc:
             raise PolicyError(PolicyProblem(exc.location, exc.check, exc.reason)) from None
-        problems = _schema_problems(document)
+        problems = schema_problems(document)
         if problems:
             raise PolicyError(problems)
         _remember_document(raw, document)
@@ -121,14 +107,14 @@ def parse_policy(raw: bytes, path: str) -> Policy:
     return policy
 
 
-# -- schema ------------------------------------------------------------------------------------
+# -- documents parsed and checked before --------------------------------------------------------
 
 
 def _document_key(raw: bytes) -> str:
     from ..version import __version__
     from . import cache
 
-    return cache.document_key(raw, _schema_bytes(), __version__)
+    return cache.document_key(raw, schema_bytes(), __version__)
 
 
 def _cached_document(raw: bytes, path: str) -> SourceDocument | None:
@@ -160,317 +146,6 @@ def _remember_document(raw: bytes, document: SourceDocument) -> None:
         return
     positions, inline = document.recorded_map()
     cache.remember_document(_document_key(raw), document.data, positions, inline)
-
-
-@lru_cache(maxsize=1)
-def _schema_bytes() -> bytes:
-    return (shipped_root() / "policy.schema.json").read_bytes()
-
-
-def _schema_problems(document: SourceDocument, *, compiled_rows: bool = True) -> list[PolicyProblem]:
-    """Every schema problem of a document. With ``compiled_rows``, preference rows are checked by
-    a validator compiled from the schema's ``row`` definition (see :func:`compiled_row_validator`)
-    and only the rest goes through jsonschema: the verdict and every message are the same
-    (property-tested), without resolving ``$ref`` once per row."""
-    if compiled_rows:
-        accept = compiled_document_validator()
-        if accept is not None and accept(document.data):
-            return []
-    problems = []
-    data = _without_valid_rows(document.data) if compiled_rows else document.data
-    for error in _validator().iter_errors(data):
-        path = tuple(error.absolute_path)
-        message = _schema_message(error)
-        if error.validator == "additionalProperties":
-            extra = _extra_keys(error)
-            location = document.locate(path + (extra[0],)) if extra else document.locate(path)
-        else:
-            location = document.locate(path)
-        problems.append(PolicyProblem(location, "schema", message))
-    problems.sort(key=lambda p: (p.location.line, p.location.column, p.message))
-    return problems
-
-
-# -- the compiled row validator ---------------------------------------------------------------------
-
-#: Annotations a compiled validator may ignore: they never change a verdict.
-_ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default", "$schema", "$id", "$defs"})
-
-#: JSON Schema ``type`` names -> the check jsonschema makes (a bool is neither integer nor number;
-#: an integral float is an integer).
-_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-}
-
-
-def _compile_schema(
-    node: Any, defs: dict[str, Any], compiled_defs: dict[str, Callable[[Any], bool] | None] | None = None
-) -> Callable[[Any], bool] | None:
-    """A predicate that is true only where jsonschema's verdict on ``node`` is "valid", for the
-    keywords the policy schema uses (``$ref`` to ``#/$defs/``, ``type``, ``properties``,
-    ``required``, ``additionalProperties: false``, ``pattern``, ``minLength``, ``maxLength``,
-    ``enum`` and ``const`` of strings, ``items``, ``minItems``, ``maxItems``, ``uniqueItems``,
-    ``maxProperties``, ``propertyNames``, ``oneOf`` of branches of distinct types); None when
-    ``node`` uses any other keyword, so the caller falls back to jsonschema.
-
-    A false answer is never final: the caller then asks jsonschema (for the verdict and the
-    messages), so where exactness would cost (``uniqueItems`` over values that are not strings)
-    the predicate may say "no"; it must never say "yes" to a document jsonschema refuses."""
-    if not isinstance(node, dict):
-        return None
-    if compiled_defs is None:
-        compiled_defs = {}
-    # Each check is called with one value; its other parameters only bind values as defaults, which
-    # a one-argument Callable cannot express (mypy cannot infer such a lambda against it).
-    checks: list[Callable[..., bool]] = []
-    for keyword, argument in node.items():
-        if keyword in _ANNOTATIONS:
-            continue
-        if keyword == "$ref":
-            prefix = "#/$defs/"
-            if not isinstance(argument, str) or not argument.startswith(prefix) or argument[len(prefix):] not in defs:
-                return None
-            name = argument[len(prefix):]
-            if name not in compiled_defs:
-                compiled_defs[name] = None  # a recursive reference resolves through the table below
-                compiled_defs[name] = _compile_schema(defs[name], defs, compiled_defs)
-                if compiled_defs[name] is None:
-                    return None
-            done = compiled_defs[name]
-            if done is not None:  # compiled already: call it directly
-                checks.append(done)
-            else:  # a recursive reference: through the table, filled once its definition is compiled
-                checks.append(lambda v, name=name, table=compiled_defs: table[name](v))
-        elif keyword == "type" and isinstance(argument, str) and argument in _TYPES:
-            checks.append(_TYPES[argument])
-        elif keyword == "pattern" and isinstance(argument, str):
-            search = re.compile(argument).search
-            checks.append(lambda v, search=search: not isinstance(v, str) or search(v) is not None)
-        elif keyword in ("minLength", "maxLength") and type(argument) is int:
-            if keyword == "minLength":
-                checks.append(lambda v, n=argument: not isinstance(v, str) or len(v) >= n)
-            else:
-                checks.append(lambda v, n=argument: not isinstance(v, str) or len(v) <= n)
-        elif keyword == "enum" and isinstance(argument, list) and all(isinstance(a, str) for a in argument):
-            options = frozenset(argument)
-            checks.append(lambda v, options=options: isinstance(v, str) and v in options)
-        elif keyword == "const" and isinstance(argument, str):
-            checks.append(lambda v, wanted=argument: isinstance(v, str) and v == wanted)
-        elif keyword == "const" and type(argument) is int:  # (1.0 is also 1 to jsonschema: left to it)
-            checks.append(lambda v, wanted=argument: type(v) is int and v == wanted)
-        elif keyword == "required" and isinstance(argument, list):
-            names = tuple(argument)
-            checks.append(lambda v, names=names: not isinstance(v, dict) or all(n in v for n in names))
-        elif keyword == "additionalProperties" and argument is False and "patternProperties" not in node:
-            allowed = frozenset(node.get("properties", {}))
-            checks.append(lambda v, allowed=allowed: not isinstance(v, dict) or allowed.issuperset(v))
-        elif keyword == "additionalProperties" and isinstance(argument, dict) and "patternProperties" not in node:
-            check = _compile_schema(argument, defs, compiled_defs)
-            if check is None:
-                return None
-            named = frozenset(node.get("properties", {}))
-            checks.append(
-                lambda v, named=named, check=check: not isinstance(v, dict)
-                or all(check(item) for key, item in v.items() if key not in named)
-            )
-        elif keyword == "properties" and isinstance(argument, dict):
-            compiled = {}
-            for name, sub in argument.items():
-                check = _compile_schema(sub, defs, compiled_defs)
-                if check is None:
-                    return None
-                compiled[name] = check
-            checks.append(_properties(tuple(compiled.items())))
-        elif keyword == "items" and isinstance(argument, dict) and "prefixItems" not in node:
-            check = _compile_schema(argument, defs, compiled_defs)
-            if check is None:
-                return None
-            checks.append(lambda v, check=check: not isinstance(v, list) or all(map(check, v)))
-        elif keyword in ("minItems", "maxItems", "maxProperties") and type(argument) is int:
-            kind = dict if keyword == "maxProperties" else list
-            if keyword == "minItems":
-                checks.append(lambda v, n=argument: not isinstance(v, list) or len(v) >= n)
-            else:
-                checks.append(lambda v, n=argument, kind=kind: not isinstance(v, kind) or len(v) <= n)
-        elif keyword == "uniqueItems" and isinstance(argument, bool):
-            if argument:  # strings only: anything else is left to jsonschema ("no" is never final)
-                checks.append(
-                    lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v))
-                )
-        elif keyword == "propertyNames":
-            check = _compile_schema(argument, defs, compiled_defs)
-            if check is None:
-                return None
-            checks.append(lambda v, check=check: not isinstance(v, dict) or all(map(check, v)))
-        elif keyword == "oneOf" and isinstance(argument, list) and argument:
-            # Exactly one branch: with branches of pairwise distinct types (never integer and
-            # number together) at most one can hold, so "exactly one" is "any", and a branch
-            # that wrongly says "no" only sends the document to jsonschema.
-            kinds = [_declared_type(branch, defs) for branch in argument]
-            if any(k not in _TYPES for k in kinds) or len(set(kinds)) != len(kinds) or {"integer", "number"} <= set(kinds):
-                return None
-            branches = [_compile_schema(branch, defs, compiled_defs) for branch in argument]
-            if any(b is None for b in branches):
-                return None
-            options_t = tuple(branches)
-            checks.append(lambda v, options=options_t: any(b(v) for b in options))
-        else:
-            return None
-    return _all_of(checks)
-
-
-def _all_of(checks: list[Callable[[Any], bool]]) -> Callable[[Any], bool]:
-    """A predicate true where every one of ``checks`` is (short-circuit, in order). Spelled out for
-    the common counts: a generator per value is most of the cost of checking 100,000 rows."""
-    if not checks:
-        return lambda v: True
-    if len(checks) == 1:
-        return checks[0]
-    if len(checks) == 2:
-        a, b = checks
-        return lambda v: a(v) and b(v)
-    if len(checks) == 3:
-        a, b, c = checks
-        return lambda v: a(v) and b(v) and c(v)
-    if len(checks) == 4:
-        a, b, c, d = checks
-        return lambda v: a(v) and b(v) and c(v) and d(v)
-    checks_t = tuple(checks)
-
-    def every(v: Any) -> bool:
-        for check in checks_t:
-            if not check(v):
-                return False
-        return True
-
-    return every
-
-
-def _properties(items: tuple[tuple[str, Callable[[Any], bool]], ...]) -> Callable[[Any], bool]:
-    """``properties``: each named property that is present satisfies its check."""
-
-    def check_properties(v: Any) -> bool:
-        if not isinstance(v, dict):
-            return True
-        for name, check in items:
-            if name in v and not check(v[name]):
-                return False
-        return True
-
-    return check_properties
-
-
-def _declared_type(node: Any, defs: dict[str, Any]) -> str | None:
-    """The single ``type`` a schema node requires, following ``$ref`` (None: none or several)."""
-    for _ in range(16):
-        if not isinstance(node, dict):
-            return None
-        if isinstance(node.get("type"), str):
-            return node["type"]
-        ref = node.get("$ref")
-        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
-            return None
-        node = defs.get(ref[len("#/$defs/"):])
-    return None
-
-
-@lru_cache(maxsize=1)
-def compiled_document_validator() -> Callable[[Any], bool] | None:
-    """The whole schema compiled to a predicate (see :func:`_compile_schema`), or None when it
-    uses a keyword the compiler does not know. A document it accepts is valid without importing
-    jsonschema; one it refuses goes to jsonschema, for the verdict and every message."""
-    spec = schema()
-    return _compile_schema(spec, spec.get("$defs", {}))
-
-
-@lru_cache(maxsize=1)
-def compiled_row_validator() -> tuple[Callable[[Any], bool], int] | None:
-    """The schema's preference ``row`` definition compiled to a predicate, and the most rows a
-    preference may have; None when the schema is not shaped as this fast path expects (then every
-    document goes through jsonschema whole). The JSON Schema stays the published contract."""
-    spec = schema()
-    defs = spec.get("$defs", {})
-    decision = defs.get("decision", {}).get("properties", {}).get("preference", {})
-    rows = defs.get("preference", {}).get("properties", {}).get("rows", {})
-    decisions = spec.get("properties", {}).get("decisions", {})
-    if decision.get("$ref") != "#/$defs/preference" or set(decision) - _ANNOTATIONS - {"$ref"}:
-        return None
-    if any(sub != {"$ref": "#/$defs/decision"} for sub in decisions.get("properties", {}).values()):
-        return None
-    if set(rows) - _ANNOTATIONS - {"type", "items", "maxItems"} or rows.get("type") != "array":
-        return None
-    check = _compile_schema(rows.get("items"), defs)
-    if check is None:
-        return None
-    return check, int(rows.get("maxItems", MAX_POLICY_BYTES))
-
-
-def _without_valid_rows(data: Any) -> Any:
-    """``data`` with every preference whose rows are all valid cut to its first row (copies only
-    along the way; ``data`` is untouched). A preference with an invalid row keeps every row, so
-    jsonschema reports it exactly as before, at the same path."""
-    compiled = compiled_row_validator()
-    if compiled is None or not isinstance(data, dict) or not isinstance(data.get("decisions"), dict):
-        return data
-    check, most = compiled
-    decisions = dict(data["decisions"])
-    for name, spec in decisions.items():
-        if not isinstance(spec, dict) or not isinstance(spec.get("preference"), dict):
-            continue
-        rows = spec["preference"].get("rows")
-        if isinstance(rows, list) and len(rows) > 1 and len(rows) <= most and all(map(check, rows)):
-            decisions[name] = {**spec, "preference": {**spec["preference"], "rows": rows[:1]}}
-    return {**data, "decisions": decisions}
-
-
-#: Unknown keys of one table named in a message; the rest are counted.
-_NAMED_UNKNOWN_KEYS = 10
-
-
-def _extra_keys(error: Any) -> list[str]:
-    allowed = set(error.schema.get("properties", {}))
-    return sorted(k for k in error.instance if k not in allowed) if isinstance(error.instance, dict) else []
-
-
-def _schema_message(error: Any) -> str:
-    where = ".".join(str(p) for p in error.absolute_path) or "the top level"
-    if error.validator == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        extra = _extra_keys(error)
-        # A hostile file may hold a million unknown keys: name (and look up suggestions for) the
-        # first few only, so that the message, and the time it takes, stay bounded.
-        parts = [f"unknown key {key!r} in {where}{suggest(key, allowed)}" for key in extra[:_NAMED_UNKNOWN_KEYS]]
-        if len(extra) > _NAMED_UNKNOWN_KEYS:
-            parts.append(f"and {len(extra) - _NAMED_UNKNOWN_KEYS:,} more unknown keys in {where}")
-        return "; ".join(parts) + (f" (allowed: {', '.join(allowed)})" if allowed else "")
-    if error.validator == "required":
-        return f"{where}: {error.message}; add it"
-    if error.validator == "oneOf":
-        return f"{where}: {_short(error.instance)} is not a value, a list of values or {{ not = ... }}"
-    if error.validator in {"enum", "const"}:
-        options = error.validator_value if error.validator == "enum" else [error.validator_value]
-        return f"{where}: {_short(error.instance)} is not one of {', '.join(map(repr, options))}"
-    if error.validator == "pattern":
-        description = error.schema.get("description", f"it must match {error.validator_value}")
-        return f"{where}: {_short(error.instance)} is not valid: {description}"
-    if error.validator in {"maxItems", "maxProperties", "minItems", "minProperties", "maxLength", "minLength"}:
-        size = len(error.instance) if hasattr(error.instance, "__len__") else "?"
-        bound = "at most" if error.validator.startswith("max") else "at least"
-        return f"{where}: has {size} entries; {bound} {error.validator_value} allowed"
-    if error.validator == "type":
-        return f"{where}: expected {error.validator_value}, got {_short(error.instance)}"
-    return f"{where}: {error.message}"
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # -- model -------------------------------------------------------------------------------------
@@ -831,7 +506,7 @@ class _Builder:
                 self.problem(
                     path,
                     "placeholder",
-                    f"placeholder {_short(shown)} is not a plain {{name}}: messages take no format spec, "
+                    f"placeholder {shown_value(shown)} is not a plain {{name}}: messages take no format spec, "
                     "conversion, attribute or index; write {name} (or {{ and }} for braces)",
                 )
                 continue

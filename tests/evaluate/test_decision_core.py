@@ -16,7 +16,8 @@ import pytest
 
 import kvpolicy
 from kvpolicy import ContextError
-from kvpolicy.evaluate.index import build_index, check_index
+from kvpolicy.evaluate.index import build_index
+from kvpolicy.evaluate.indexcheck import check_index
 
 from tests.support.constants import CLEAN, VERSIONS
 from tests.support.policies import write

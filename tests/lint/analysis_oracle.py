@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpolicy.read.model import Condition, Decision, Policy, Row
-from kvpolicy.evaluate.resolver import RowIndex, compile_condition
+from kvpolicy.evaluate.interpreter import RowIndex, compile_condition
 
 __all__ = ["oracle_analyse"]
 

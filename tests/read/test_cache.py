@@ -248,7 +248,8 @@ def test_a_cached_set_resolves_as_a_parsed_one(policy, tmp_path, monkeypatch):
 
 
 def test_the_index_is_plain_json_data(newest):
-    from kvpolicy.evaluate.index import build_index, check_index
+    from kvpolicy.evaluate.index import build_index
+    from kvpolicy.evaluate.indexcheck import check_index
 
     data = build_index(newest.policy)
     assert json.loads(json.dumps(data)) == data
@@ -337,7 +338,8 @@ def test_the_index_key_depends_on_kvpolicy_version_and_bytes(monkeypatch):
 
 
 def test_check_index_refuses_what_build_index_never_gives(newest):
-    from kvpolicy.evaluate.index import build_index, check_index
+    from kvpolicy.evaluate.index import build_index
+    from kvpolicy.evaluate.indexcheck import check_index
 
     for change in (_set_message, _wrong_type, _code, lambda d: {**d, "format": 0}, lambda d: {**d, "decisions": []}):
         data = json.loads(json.dumps(build_index(newest.policy)))

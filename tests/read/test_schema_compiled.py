@@ -13,7 +13,8 @@ import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.read.loader import _schema_problems, compiled_row_validator, schema, shipped_root
+from kvpolicy.read.policyfile import shipped_root
+from kvpolicy.read.schema import compiled_row_validator, schema, schema_problems
 from kvpolicy.read.source import parse_document
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -79,8 +80,8 @@ ROW_TEXTS = st.sampled_from(
 @given(rows=st.lists(ROW_TEXTS, max_size=4))
 def test_documents_get_the_same_problems_either_way(rows: list[str]):
     document = parse_document(document_with_rows("".join(rows)), "p.toml")
-    fast = _schema_problems(document)
-    whole = _schema_problems(document, compiled_rows=False)
+    fast = schema_problems(document)
+    whole = schema_problems(document, compiled_rows=False)
     assert [(p.location, p.check, p.message) for p in fast] == [(p.location, p.check, p.message) for p in whole]
 
 
@@ -88,14 +89,14 @@ def test_too_many_rows_are_reported_by_the_schema():
     document = parse_document(document_with_rows(""), "p.toml")
     rows = document.data["decisions"]["transceiver_runtime"]["preference"]["rows"]
     rows.extend([{"architecture": "A", "value": "PYTHON"}] * (100_001 - len(rows)))
-    fast = [p.message for p in _schema_problems(document)]
-    assert fast == [p.message for p in _schema_problems(document, compiled_rows=False)]
+    fast = [p.message for p in schema_problems(document)]
+    assert fast == [p.message for p in schema_problems(document, compiled_rows=False)]
     assert any("at most 100000" in m for m in fast)
 
 
 # -- the whole document ------------------------------------------------------------------------------
 
-from kvpolicy.read.loader import _validator, compiled_document_validator  # noqa: E402
+from kvpolicy.read.schema import _validator, compiled_document_validator  # noqa: E402
 
 SHIPPED_DATA = [
     parse_document(path.read_bytes(), path.name).data

@@ -8,7 +8,7 @@ import itertools
 
 import kvpolicy
 from kvpolicy.evaluate.domain import domain_of
-from kvpolicy.evaluate.resolver import compile_condition
+from kvpolicy.evaluate.interpreter import compile_condition
 from kvpolicy.lint.precedence import analyse
 
 

@@ -12,15 +12,16 @@ from . import trees
 
 
 @pytest.fixture(scope="session")
-def shipped():
-    """The shipped 2026.10.22 Policy (no [upstream] baseline)."""
-    return trees.load_policy(trees.POLICIES)
+def shipped_policy(shipped):
+    """The typed model of the shipped version these tests compare with (:data:`trees.SHIPPED`,
+    2026.10.22, no [upstream] baseline), from the suite's ``shipped`` policy sets."""
+    return shipped[trees.SHIPPED].policy
 
 
 @pytest.fixture
-def matching(tmp_path, shipped) -> Path:
+def matching(tmp_path, shipped_policy) -> Path:
     """A tree stating exactly 2026.10.22's facts."""
-    return trees.tree_matching(shipped, tmp_path / "tree")
+    return trees.tree_matching(shipped_policy, tmp_path / "tree")
 
 
 @dataclass
@@ -32,9 +33,9 @@ class Baselined:
 
 
 @pytest.fixture
-def baselined(tmp_path, shipped) -> Baselined:
+def baselined(tmp_path, shipped_policy) -> Baselined:
     """The matching tree, and a copy of 2026.10.22 whose [upstream] records it exactly."""
-    root = trees.tree_matching(shipped, tmp_path / "tree")
+    root = trees.tree_matching(shipped_policy, tmp_path / "tree")
     facts = trees.facts_of(root)
     folder = trees.policy_folder(tmp_path / "policies", upstream=trees.baseline_of(facts))
     return Baselined(root, folder, trees.load_policy(folder), facts)

@@ -32,8 +32,8 @@ def test_drift_exits_1_with_one_line_per_item_and_a_summary(matching, capsys):
     assert lines[-1] == "drift: 1 (1 no-baseline); 0 can be drafted (kvpolicy upstream draft), the rest need a person"
 
 
-def test_text_items_name_their_upstream_file_and_line(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
+def test_text_items_name_their_upstream_file_and_line(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
     code, out, _ = cli(capsys, *CHECK, root, "--policy", POLICIES, "--version", "2026.10.22")
     [item] = [line for line in out.splitlines() if line.startswith("UPS003")]
     where = trees.facts_of(root).architectures["LlamaForCausalLM"].hooks["transceiver_runtime"].where
@@ -64,8 +64,8 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, matching, capsys, argv
     assert out == ""
 
 
-def test_json_lists_every_item_with_its_code_and_kind(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path, edit={"NovelForCausalLM": ("PYTHON", None)}, runtime_default="auto")
+def test_json_lists_every_item_with_its_code_and_kind(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path, edit={"NovelForCausalLM": ("PYTHON", None)}, runtime_default="auto")
     code, out, err = cli(capsys, *CHECK, root, "--policy", POLICIES, "--version", "2026.10.22", "--format", "json")
     assert code == 1
     body = json.loads(out)
@@ -79,8 +79,8 @@ def test_json_lists_every_item_with_its_code_and_kind(tmp_path, shipped, capsys)
     assert err.strip() == "kvpolicy upstream: 3 drift against 2026.10.22"
 
 
-def test_github_annotations_sit_on_the_policy_file(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
+def test_github_annotations_sit_on_the_policy_file(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
     code, out, _ = cli(capsys, *CHECK, root, "--policy", POLICIES, "--version", "2026.10.22", "--format", "github")
     assert code == 1
     lines = out.splitlines()
@@ -91,8 +91,8 @@ def test_github_annotations_sit_on_the_policy_file(tmp_path, shipped, capsys):
     assert "2026.10.22.toml" in changed.split(",")[0]
 
 
-def test_sarif_is_version_2_1_0_with_a_rule_per_kind(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
+def test_sarif_is_version_2_1_0_with_a_rule_per_kind(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
     code, out, _ = cli(capsys, *CHECK, root, "--policy", POLICIES, "--version", "2026.10.22", "--format", "sarif")
     assert code == 1
     log = json.loads(out)
@@ -119,8 +119,8 @@ def test_output_file_gets_the_report_and_stderr_the_summary(matching, tmp_path, 
     assert err.strip() == "kvpolicy upstream: 1 drift against 2026.10.22"
 
 
-def test_without_version_the_tree_release_picks_the_version(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path, extra={"tensorrt_llm/version.py": '__version__ = "1.4.0rc1"\n'})
+def test_without_version_the_tree_release_picks_the_version(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path, extra={"tensorrt_llm/version.py": '__version__ = "1.4.0rc1"\n'})
     code, out, _ = cli(capsys, *CHECK, root, "--policy", POLICIES, "--format", "json")
     body = json.loads(out)
     assert (body["release"], body["version"], body["chosen_by"]) == ("1.4.0rc1", "2026.10.22", "TensorRT-LLM 1.4.0rc1 maps to it")
@@ -132,14 +132,14 @@ def test_without_version_or_release_the_newest_is_chosen(baselined, capsys):
     assert code == 0 and (body["version"], body["chosen_by"], body["drift"]) == ("2026.10.22", "the newest: the tree names no release", [])
 
 
-def test_a_release_the_table_does_not_know_falls_back_to_the_newest(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path, extra={"tensorrt_llm/version.py": '__version__ = "0.1.0"\n'})
+def test_a_release_the_table_does_not_know_falls_back_to_the_newest(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path, extra={"tensorrt_llm/version.py": '__version__ = "0.1.0"\n'})
     code, out, _ = cli(capsys, *CHECK, root, "--policy", POLICIES, "--format", "json")
     assert json.loads(out)["chosen_by"].startswith("the newest: TensorRT-LLM 0.1.0 maps to no version")
 
 
-def test_a_checkout_reports_its_kind(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path)
+def test_a_checkout_reports_its_kind(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path)
     (root / ".git").mkdir()
     code, out, _ = cli(capsys, *CHECK, root, "--policy", POLICIES, "--version", "2026.10.22", "--format", "json")
     assert json.loads(out)["tree_kind"] == "checkout"

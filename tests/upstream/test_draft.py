@@ -22,8 +22,8 @@ NOVEL = {f"{MODELS}/modeling_novel.py": module(IMPORTS, model_class("Novel", ["N
 TODO_COMMENT = re.compile(r"[ \t]*# TODO\(kvpolicy new\)[^\n]*")
 
 
-def _checkout(path, shipped, subject="Add the model zoo (#11111)"):
-    root = tree_matching(shipped, path)
+def _checkout(path, shipped_policy, subject="Add the model zoo (#11111)"):
+    root = tree_matching(shipped_policy, path)
     git(root, "init", "-q")
     commit_all(root, subject, FIRST)
     return root
@@ -35,8 +35,8 @@ def _row(text: str, arch: str) -> str:
     return rows[0]
 
 
-def test_a_draft_from_a_stating_tree_passes_check_once_its_todo_comments_are_removed(tmp_path, shipped, capsys):
-    root = _checkout(tmp_path / "tree", shipped)
+def test_a_draft_from_a_stating_tree_passes_check_once_its_todo_comments_are_removed(tmp_path, shipped_policy, capsys):
+    root = _checkout(tmp_path / "tree", shipped_policy)
     folder = policy_folder(tmp_path / "policies", cases=True)
     code, out, err = cli(capsys, "upstream", "draft", root, "--dir", folder, "--as", "2027.01.01")
     assert code == 0, err
@@ -51,7 +51,7 @@ def test_a_draft_from_a_stating_tree_passes_check_once_its_todo_comments_are_rem
     assert set(policy.upstream.env) == set(facts.env)
     assert policy.upstream.fingerprints == {name: fact.fingerprint for name, fact in facts.logic.items()}
     assert policy.upstream.read.startswith("TensorRT-LLM checkout tree at ")
-    assert [r.architecture for r in policy.rows()] == [r.architecture for r in shipped.rows()]  # nothing to draft
+    assert [r.architecture for r in policy.rows()] == [r.architecture for r in shipped_policy.rows()]  # nothing to draft
 
     drafted.write_text(TODO_COMMENT.sub("", text))
     code, out, err = cli(capsys, "upstream", "check", root, "--policy", folder, "--version", "2027.01.01")
@@ -59,8 +59,8 @@ def test_a_draft_from_a_stating_tree_passes_check_once_its_todo_comments_are_rem
     assert "no drift" in out
 
 
-def test_a_drafted_row_cites_the_pr_and_date_of_the_commit_that_added_its_hook(tmp_path, shipped, capsys):
-    root = _checkout(tmp_path / "tree", shipped)
+def test_a_drafted_row_cites_the_pr_and_date_of_the_commit_that_added_its_hook(tmp_path, shipped_policy, capsys):
+    root = _checkout(tmp_path / "tree", shipped_policy)
     trees.write(root, NOVEL)
     commit_all(root, "[None][feat] Prefer the Python transceiver for Novel (#12345)", SECOND)
     head = git(root, "rev-parse", "HEAD").strip()
@@ -80,8 +80,8 @@ def test_a_drafted_row_cites_the_pr_and_date_of_the_commit_that_added_its_hook(t
     assert 'name = "NovelForCausalLM prefers PYTHON (transceiver_runtime; drafted by kvpolicy upstream)"' in cases
 
 
-def test_a_commit_subject_without_a_pr_number_is_cited_by_its_commit(tmp_path, shipped, capsys):
-    root = _checkout(tmp_path / "tree", shipped)
+def test_a_commit_subject_without_a_pr_number_is_cited_by_its_commit(tmp_path, shipped_policy, capsys):
+    root = _checkout(tmp_path / "tree", shipped_policy)
     trees.write(root, NOVEL)
     commit_all(root, "Prefer Python for Novel", SECOND)
     folder = policy_folder(tmp_path / "policies")
@@ -90,8 +90,8 @@ def test_a_commit_subject_without_a_pr_number_is_cited_by_its_commit(tmp_path, s
     assert "(2027-01-05, 'Prefer Python for Novel': its subject names no PR)" in row
 
 
-def test_without_as_the_version_is_the_head_commit_date(tmp_path, shipped, capsys):
-    root = _checkout(tmp_path / "tree", shipped)
+def test_without_as_the_version_is_the_head_commit_date(tmp_path, shipped_policy, capsys):
+    root = _checkout(tmp_path / "tree", shipped_policy)
     trees.write(root, NOVEL)
     commit_all(root, "Novel (#12345)", SECOND)
     folder = policy_folder(tmp_path / "policies")
@@ -99,8 +99,8 @@ def test_without_as_the_version_is_the_head_commit_date(tmp_path, shipped, capsy
     assert code == 0 and (folder / "2027.01.05.toml").is_file()
 
 
-def test_without_git_a_drafted_row_holds_a_placeholder_that_lint_refuses(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path / "tree", extra=NOVEL)
+def test_without_git_a_drafted_row_holds_a_placeholder_that_lint_refuses(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path / "tree", extra=NOVEL)
     folder = policy_folder(tmp_path / "policies")
     code, out, err = cli(capsys, "upstream", "draft", root, "--dir", folder, "--as", "2027.02.01")
     assert code == 0, err
@@ -114,10 +114,10 @@ def test_without_git_a_drafted_row_holds_a_placeholder_that_lint_refuses(tmp_pat
     assert any(f["code"] == "KVP042" and f["line"] == row_line and f["filename"].endswith("2027.02.01.toml") for f in findings), findings
 
 
-def test_a_changed_hook_rewrites_the_row_in_place_with_its_new_source(tmp_path, shipped, capsys):
-    root = _checkout(tmp_path / "tree", shipped)
+def test_a_changed_hook_rewrites_the_row_in_place_with_its_new_source(tmp_path, shipped_policy, capsys):
+    root = _checkout(tmp_path / "tree", shipped_policy)
     folder = policy_folder(tmp_path / "policies")
-    later = tree_matching(shipped, tmp_path / "later", edit={"LlamaForCausalLM": ("CPP", "V2")})
+    later = tree_matching(shipped_policy, tmp_path / "later", edit={"LlamaForCausalLM": ("CPP", "V2")})
     for path in later.rglob("*.py"):
         target = root / path.relative_to(later)
         if not target.is_file() or target.read_bytes() != path.read_bytes():
@@ -145,16 +145,16 @@ def test_a_changed_hook_rewrites_the_row_in_place_with_its_new_source(tmp_path, 
     ],
     ids=["not-after-newest", "not-a-version", "unknown-base"],
 )
-def test_draft_refuses_bad_arguments_with_exit_2(tmp_path, shipped, capsys, args, message):
-    root = tree_matching(shipped, tmp_path / "tree")
+def test_draft_refuses_bad_arguments_with_exit_2(tmp_path, shipped_policy, capsys, args, message):
+    root = tree_matching(shipped_policy, tmp_path / "tree")
     folder = policy_folder(tmp_path / "policies")
     code, out, err = cli(capsys, "upstream", "draft", root, "--dir", folder, *args)
     assert code == 2 and message in err
     assert sorted(p.name for p in folder.iterdir()) == ["2026.10.22.toml", "policy.schema.json"]
 
 
-def test_draft_refuses_a_dir_that_is_not_a_folder_and_a_path_that_is_not_a_tree(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path / "tree")
+def test_draft_refuses_a_dir_that_is_not_a_folder_and_a_path_that_is_not_a_tree(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path / "tree")
     code, _, err = cli(capsys, "upstream", "draft", root, "--dir", tmp_path / "nowhere")
     assert code == 2 and "not a folder" in err
     code, _, err = cli(capsys, "upstream", "draft", tmp_path / "nowhere", "--dir", policy_folder(tmp_path / "p"))
@@ -164,8 +164,8 @@ def test_draft_refuses_a_dir_that_is_not_a_folder_and_a_path_that_is_not_a_tree(
 # -- bugs --
 
 
-def test_an_alias_registered_later_cites_the_commit_that_registered_it(tmp_path, shipped, capsys):
-    root = _checkout(tmp_path / "tree", shipped)
+def test_an_alias_registered_later_cites_the_commit_that_registered_it(tmp_path, shipped_policy, capsys):
+    root = _checkout(tmp_path / "tree", shipped_policy)
     trees.write(root, NOVEL)
     commit_all(root, "Novel (#12345)", SECOND)
     text = (root / MODELS / "modeling_novel.py").read_text()
@@ -191,8 +191,8 @@ def test_drafting_from_a_version_without_a_preference_table_does_not_crash(tmp_p
     assert code == 0 and (folder / "2027.02.01.toml").is_file()
 
 
-def test_removing_a_row_keeps_the_other_rows_comments(tmp_path, shipped, capsys):
-    root = tree_matching(shipped, tmp_path / "tree", edit={"Gemma3ForCausalLM": None})
+def test_removing_a_row_keeps_the_other_rows_comments(tmp_path, shipped_policy, capsys):
+    root = tree_matching(shipped_policy, tmp_path / "tree", edit={"Gemma3ForCausalLM": None})
     folder = policy_folder(tmp_path / "policies")
     code, out, err = cli(capsys, "upstream", "draft", root, "--dir", folder, "--as", "2027.02.01")
     assert code == 0 and "removed transceiver_runtime row Gemma3ForCausalLM" in out
@@ -201,12 +201,12 @@ def test_removing_a_row_keeps_the_other_rows_comments(tmp_path, shipped, capsys)
     assert text.count("# kvpolicy: ignore[KVP030]") == base.count("# kvpolicy: ignore[KVP030]") - 1  # only the removed row's
 
 
-def test_a_draft_with_a_new_row_passes_kvpolicy_check_once_a_person_has_filled_every_todo(tmp_path, shipped, capsys):
+def test_a_draft_with_a_new_row_passes_kvpolicy_check_once_a_person_has_filled_every_todo(tmp_path, shipped_policy, capsys):
     """The whole round trip of the docs' workflow: a hook added upstream in a commit with a PR number
     is drafted as a row with its source from git and a case; a person fills the summary and source and
     deletes the TODO comments (having read what they name); then `kvpolicy check` (lint, fmt --check,
     cases at 100% coverage) passes on the folder."""
-    root = _checkout(tmp_path / "tree", shipped)
+    root = _checkout(tmp_path / "tree", shipped_policy)
     trees.write(root, NOVEL)
     commit_all(root, "[None][feat] Prefer the Python transceiver for Novel (#12345)", SECOND)
     folder = policy_folder(tmp_path / "policies", cases=True)

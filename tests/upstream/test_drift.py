@@ -43,8 +43,8 @@ def _shipped_without_model_type_rows() -> list[str]:
 # -- a tree that states the version --
 
 
-def test_a_tree_stating_the_version_drifts_only_by_the_missing_baseline(matching, shipped):
-    drift = drift_of(matching, shipped)
+def test_a_tree_stating_the_version_drifts_only_by_the_missing_baseline(matching, shipped_policy):
+    drift = drift_of(matching, shipped_policy)
     assert [d.kind for d in drift] == ["no-baseline"]
     [item] = drift
     assert item.code == "UPS050" and not item.draftable and item.where is None
@@ -79,34 +79,34 @@ def test_the_matching_tree_exercises_every_idiom(matching):
 # -- rows --
 
 
-def test_row_missing_when_the_tree_prefers_a_value_the_version_has_no_row_for(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, edit={"NovelForCausalLM": ("PYTHON", None)})
-    item = the_one(drift_of(root, shipped), "row-missing")
+def test_row_missing_when_the_tree_prefers_a_value_the_version_has_no_row_for(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, edit={"NovelForCausalLM": ("PYTHON", None)})
+    item = the_one(drift_of(root, shipped_policy), "row-missing")
     assert (item.decision, item.architecture, item.old, item.new, item.policy_line) == (RT, "NovelForCausalLM", None, "PYTHON", None)
     assert item.draftable
     assert item.where.file.startswith(MODELS) and "PYTHON" in text_at(root, item.where)
 
 
-def test_row_changed_when_the_hook_gives_another_value(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
-    item = the_one(drift_of(root, shipped), "row-changed")
+def test_row_changed_when_the_hook_gives_another_value(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, edit={"LlamaForCausalLM": ("CPP", "V2")})
+    item = the_one(drift_of(root, shipped_policy), "row-changed")
     assert (item.decision, item.architecture, item.old, item.new) == (RT, "LlamaForCausalLM", "PYTHON", "CPP")
     assert item.policy_line == policy_line('architecture = "LlamaForCausalLM", value = "PYTHON"')
     assert "CPP" in text_at(root, item.where)
     assert item.draftable
 
 
-def test_row_extra_when_the_class_has_no_hook_behind_the_row(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": (None, "V2")})
-    item = the_one(drift_of(root, shipped), "row-extra")
+def test_row_extra_when_the_class_has_no_hook_behind_the_row(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, edit={"LlamaForCausalLM": (None, "V2")})
+    item = the_one(drift_of(root, shipped_policy), "row-extra")
     assert (item.decision, item.architecture, item.old, item.new) == (RT, "LlamaForCausalLM", "PYTHON", None)
     assert item.policy_line == policy_line('architecture = "LlamaForCausalLM", value = "PYTHON"')
     assert item.where is not None and "has no hook behind it" in item.message
 
 
-def test_row_extra_for_both_decisions_when_the_architecture_is_not_registered(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": None})
-    drift = [d for d in drift_of(root, shipped) if d.kind != "no-baseline"]
+def test_row_extra_for_both_decisions_when_the_architecture_is_not_registered(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, edit={"LlamaForCausalLM": None})
+    drift = [d for d in drift_of(root, shipped_policy) if d.kind != "no-baseline"]
     assert [(d.kind, d.decision, d.architecture, d.where) for d in drift] == [
         ("row-extra", RT, "LlamaForCausalLM", None),
         ("row-extra", KV, "LlamaForCausalLM", None),
@@ -138,9 +138,9 @@ def _branchy_file(name: str = "Branchy", arch: str = "BranchyForCausalLM", body:
     return {f"{MODELS}/modeling_{name.lower()}.py": module(IMPORTS, model_class(name, [arch], runtime=body))}
 
 
-def test_row_unreadable_when_a_hook_branches_and_no_one_recorded_reading_it(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, extra=_branchy_file())
-    item = the_one(drift_of(root, shipped), "row-unreadable")
+def test_row_unreadable_when_a_hook_branches_and_no_one_recorded_reading_it(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, extra=_branchy_file())
+    item = the_one(drift_of(root, shipped_policy), "row-unreadable")
     assert (item.decision, item.architecture, item.old, item.new) == (RT, "BranchyForCausalLM", None, None)
     assert not item.draftable
     assert "def get_preferred_transceiver_runtime" in text_at(root, item.where)
@@ -150,8 +150,8 @@ def test_row_unreadable_when_a_hook_branches_and_no_one_recorded_reading_it(tmp_
     )
 
 
-def test_an_unknown_hook_whose_fingerprint_the_baseline_records_is_not_drift(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path / "tree", extra=_branchy_file())
+def test_an_unknown_hook_whose_fingerprint_the_baseline_records_is_not_drift(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path / "tree", extra=_branchy_file())
     facts = trees.facts_of(root)
     policy = trees.load_policy(trees.policy_folder(tmp_path / "p", upstream=trees.baseline_of(facts)))
     assert drift_of(root, policy) == []
@@ -160,18 +160,18 @@ def test_an_unknown_hook_whose_fingerprint_the_baseline_records_is_not_drift(tmp
     assert kinds(drift_of(root, policy)) == ["row-unreadable", "logic-changed"]
 
 
-def test_row_unreadable_for_an_index_entry_no_class_registers(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path)
+def test_row_unreadable_for_an_index_entry_no_class_registers(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path)
     index = (root / INDEX).read_text().replace("}\n", '    "IndexedForCausalLM": "modeling_kvp_grouped",\n}\n')
     trees.write(root, {INDEX: index})
-    drift = [d for d in drift_of(root, shipped) if d.kind != "no-baseline"]
+    drift = [d for d in drift_of(root, shipped_policy) if d.kind != "no-baseline"]
     assert {(d.kind, d.decision, d.architecture) for d in drift} == {("row-unreadable", RT, "IndexedForCausalLM"), ("row-unreadable", KV, "IndexedForCausalLM")}
     assert all("read it by hand" in d.message and d.where.file == INDEX for d in drift)
 
 
-def test_a_same_named_class_in_another_module_with_different_logic_is_still_unreadable(tmp_path, shipped):
+def test_a_same_named_class_in_another_module_with_different_logic_is_still_unreadable(tmp_path, shipped_policy):
     first = {f"{MODELS}/modeling_aaa.py": module(IMPORTS, model_class("MultimodalModel", ["AaaForConditionalGeneration"], runtime=BRANCHY))}
-    root = tree_matching(shipped, tmp_path / "tree", extra=first)
+    root = tree_matching(shipped_policy, tmp_path / "tree", extra=first)
     policy = trees.load_policy(trees.policy_folder(tmp_path / "p", upstream=trees.baseline_of(trees.facts_of(root))))
     other = Code('if pretrained_config is None:\n    return "CPP"\nreturn "PYTHON"\n')
     trees.write(root, {f"{MODELS}/modeling_zzz.py": module(IMPORTS, model_class("MultimodalModel", ["ZzzForConditionalGeneration"], runtime=other))})
@@ -182,32 +182,32 @@ def test_a_same_named_class_in_another_module_with_different_logic_is_still_unre
 # -- config fields --
 
 
-def test_field_added_when_the_tree_has_a_field_the_version_refuses(tmp_path, shipped):
-    fields = sorted(version_fields(shipped) | {"kv_transfer_budget_mb"})
-    root = tree_matching(shipped, tmp_path, fields=fields)
-    item = the_one(drift_of(root, shipped), "field-added")
+def test_field_added_when_the_tree_has_a_field_the_version_refuses(tmp_path, shipped_policy):
+    fields = sorted(version_fields(shipped_policy) | {"kv_transfer_budget_mb"})
+    root = tree_matching(shipped_policy, tmp_path, fields=fields)
+    item = the_one(drift_of(root, shipped_policy), "field-added")
     assert (item.subject, item.old, item.new) == ("cache_transceiver_config.kv_transfer_budget_mb", None, "kv_transfer_budget_mb")
     assert (item.where.file, item.where.line) == (ARGS, line(root, ARGS, "kv_transfer_budget_mb:"))
 
 
-def test_field_removed_when_the_version_accepts_a_field_the_tree_lacks(tmp_path, shipped):
-    fields = sorted(version_fields(shipped) - {"max_tokens_in_buffer"})
-    item = the_one(drift_of(tree_matching(shipped, tmp_path, fields=fields), shipped), "field-removed")
+def test_field_removed_when_the_version_accepts_a_field_the_tree_lacks(tmp_path, shipped_policy):
+    fields = sorted(version_fields(shipped_policy) - {"max_tokens_in_buffer"})
+    item = the_one(drift_of(tree_matching(shipped_policy, tmp_path, fields=fields), shipped_policy), "field-removed")
     assert (item.subject, item.old, item.new, item.where) == ("cache_transceiver_config.max_tokens_in_buffer", "max_tokens_in_buffer", None, None)
 
 
-def test_field_values_when_a_literal_differs_from_the_decision(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, backend_literals=("DEFAULT", "UCX", "NIXL", "MOONCAKE"))
-    item = the_one(drift_of(root, shipped), "field-values")
+def test_field_values_when_a_literal_differs_from_the_decision(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, backend_literals=("DEFAULT", "UCX", "NIXL", "MOONCAKE"))
+    item = the_one(drift_of(root, shipped_policy), "field-values")
     assert item.subject == "cache_transceiver_config.backend" and item.decision == "backend"
     assert (item.old, item.new) == ("DEFAULT, MOONCAKE, MPI, NIXL, UCX", "DEFAULT, MOONCAKE, NIXL, UCX")
     assert item.policy_line == policy_line("[decisions.backend]")
     assert item.where == trees.facts_of(root).fields["CacheTransceiverConfig"]["backend"].where
 
 
-def test_field_values_are_compared_without_case(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, runtime_literals=("cpp", "python", "AUTO"))
-    assert kinds(drift_of(root, shipped)) == []
+def test_field_values_are_compared_without_case(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, runtime_literals=("cpp", "python", "AUTO"))
+    assert kinds(drift_of(root, shipped_policy)) == []
 
 
 @pytest.mark.parametrize(
@@ -221,36 +221,36 @@ def test_field_values_are_compared_without_case(tmp_path, shipped):
     ],
     ids=["runtime-auto", "runtime-null", "runtime-cpp", "kv-auto", "kv-false"],
 )
-def test_field_default_when_a_left_out_field_requests_something_else(tmp_path, shipped, override, subject, old, new):
-    root = tree_matching(shipped, tmp_path, **override)
-    item = the_one(drift_of(root, shipped), "field-default")
+def test_field_default_when_a_left_out_field_requests_something_else(tmp_path, shipped_policy, override, subject, old, new):
+    root = tree_matching(shipped_policy, tmp_path, **override)
+    item = the_one(drift_of(root, shipped_policy), "field-default")
     assert (item.subject, item.old, item.new) == (subject, old, new)
     assert item.where.file == ARGS and subject.rsplit(".", 1)[1] in text_at(root, item.where)
     decision = RT if "runtime" in subject else KV
     assert item.decision == decision and item.policy_line == policy_line(f"[decisions.{decision}]")
 
 
-def test_a_tree_without_cache_transceiver_config_is_unread_not_field_drift(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path)
+def test_a_tree_without_cache_transceiver_config_is_unread_not_field_drift(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path)
     trees.write(root, {ARGS: (root / ARGS).read_text().replace("class CacheTransceiverConfig(", "class RenamedTransceiverConfig(")})
-    item = the_one(drift_of(root, shipped), "unread")
+    item = the_one(drift_of(root, shipped_policy), "unread")
     assert item.subject == "CacheTransceiverConfig" and "no drift is claimed" in item.message
 
 
 # -- checkpoint rules --
 
 
-def test_checkpoint_added_when_the_loader_writes_an_architecture_no_rule_has(tmp_path, shipped):
-    checkpoints = {**trees.matching_base(shipped)["checkpoints"], "novel_type": "NovelForCausalLM"}
-    root = tree_matching(shipped, tmp_path, checkpoints=checkpoints)
-    item = the_one(drift_of(root, shipped), "checkpoint-added")
+def test_checkpoint_added_when_the_loader_writes_an_architecture_no_rule_has(tmp_path, shipped_policy):
+    checkpoints = {**trees.matching_base(shipped_policy)["checkpoints"], "novel_type": "NovelForCausalLM"}
+    root = tree_matching(shipped_policy, tmp_path, checkpoints=checkpoints)
+    item = the_one(drift_of(root, shipped_policy), "checkpoint-added")
     assert (item.subject, item.new) == ("NovelForCausalLM", "NovelForCausalLM")
     assert (item.where.file, item.where.line) == (CONFIG_UTILS, line(root, CONFIG_UTILS, '"NovelForCausalLM"'))
 
 
-def test_checkpoint_removed_when_the_loader_no_longer_writes_a_rule_architecture(tmp_path, shipped):
-    checkpoints = {k: v for k, v in trees.matching_base(shipped)["checkpoints"].items() if v != "Qwen4ExpForCausalLM"}
-    item = the_one(drift_of(tree_matching(shipped, tmp_path, checkpoints=checkpoints), shipped), "checkpoint-removed")
+def test_checkpoint_removed_when_the_loader_no_longer_writes_a_rule_architecture(tmp_path, shipped_policy):
+    checkpoints = {k: v for k, v in trees.matching_base(shipped_policy)["checkpoints"].items() if v != "Qwen4ExpForCausalLM"}
+    item = the_one(drift_of(tree_matching(shipped_policy, tmp_path, checkpoints=checkpoints), shipped_policy), "checkpoint-removed")
     assert (item.subject, item.old, item.where) == ("Qwen4ExpForCausalLM", "Qwen4ExpForCausalLM", None)
     assert item.policy_line == policy_line("[[checkpoint_rules]]", 4)  # the fourth rule: qwen4-exp-text-checkpoint
 
@@ -258,8 +258,8 @@ def test_checkpoint_removed_when_the_loader_no_longer_writes_a_rule_architecture
 # -- the baseline --
 
 
-def test_no_baseline_for_a_version_without_an_upstream_table(matching, shipped):
-    assert kinds(drift_of(matching, shipped), ignore=()) == ["no-baseline"]
+def test_no_baseline_for_a_version_without_an_upstream_table(matching, shipped_policy):
+    assert kinds(drift_of(matching, shipped_policy), ignore=()) == ["no-baseline"]
 
 
 def test_env_added_when_the_area_names_a_variable_the_baseline_lacks(tmp_path, baselined):
@@ -323,18 +323,18 @@ def test_logic_added_when_a_new_start_up_validator_appears(baselined):
 # -- what was not read --
 
 
-def test_unread_for_a_file_that_does_not_parse_at_its_line(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, extra={f"{MODELS}/modeling_broken.py": "x = 1\n\ndef broken(:\n    pass\n"})
-    item = the_one(drift_of(root, shipped), "unread")
+def test_unread_for_a_file_that_does_not_parse_at_its_line(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, extra={f"{MODELS}/modeling_broken.py": "x = 1\n\ndef broken(:\n    pass\n"})
+    item = the_one(drift_of(root, shipped_policy), "unread")
     assert (item.where.file, item.where.line) == (f"{MODELS}/modeling_broken.py", 3)
     assert "does not parse" in item.message
 
 
-def test_rows_of_an_architecture_whose_module_is_not_in_the_tree_are_not_claimed_as_drift(tmp_path, shipped):
-    root = tree_matching(shipped, tmp_path, edit={"LlamaForCausalLM": None})
+def test_rows_of_an_architecture_whose_module_is_not_in_the_tree_are_not_claimed_as_drift(tmp_path, shipped_policy):
+    root = tree_matching(shipped_policy, tmp_path, edit={"LlamaForCausalLM": None})
     index = (root / INDEX).read_text().replace("}\n", '    "LlamaForCausalLM": "modeling_llama",\n}\n')
     trees.write(root, {INDEX: index})
-    item = the_one(drift_of(root, shipped), "unread")
+    item = the_one(drift_of(root, shipped_policy), "unread")
     assert item.where.file == INDEX and "tensorrt_llm._torch.models.modeling_llama" in item.message and "LlamaForCausalLM" in item.message
 
 

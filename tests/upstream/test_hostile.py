@@ -24,7 +24,7 @@ def _foo(arch: str = "FooForCausalLM", name: str = "Foo") -> str:
 # -- limits --
 
 
-def test_a_file_over_the_size_limit_is_skipped_and_reported(tmp_path, monkeypatch, shipped):
+def test_a_file_over_the_size_limit_is_skipped_and_reported(tmp_path, monkeypatch, shipped_policy):
     big = _foo("BigForCausalLM", "Big") + "\n# padding\n" * 400
     root = simple_tree(tmp_path, {"modeling_foo.py": _foo(), "modeling_big.py": big})
     monkeypatch.setattr(upstream_source, "MAX_FILE_BYTES", 2000)
@@ -34,7 +34,7 @@ def test_a_file_over_the_size_limit_is_skipped_and_reported(tmp_path, monkeypatc
     assert [(r, why) for r, why in tree.skipped] == [(rel, f"{len(big.encode())} bytes, over the 2000-byte limit")]
     facts = extract(tree)
     assert "BigForCausalLM" not in facts.architectures and "FooForCausalLM" in facts.architectures
-    unread = [d for d in compare(facts, shipped) if d.kind == "unread"]
+    unread = [d for d in compare(facts, shipped_policy) if d.kind == "unread"]
     assert [(d.where.file, d.where.line) for d in unread] == [(rel, 1)] and "over the 2000-byte limit" in unread[0].message
 
 
@@ -73,7 +73,7 @@ def test_a_symlinked_folder_is_not_descended_into(tmp_path):
     assert "EvilForCausalLM" not in extract(tree).architectures
 
 
-def test_a_symlinked_single_file_of_the_scope_is_not_read(tmp_path, shipped):
+def test_a_symlinked_single_file_of_the_scope_is_not_read(tmp_path, shipped_policy):
     root = simple_tree(tmp_path / "tree")
     real = tmp_path / "elsewhere_llm_args.py"
     real.write_text((root / ARGS).read_text())
@@ -81,7 +81,7 @@ def test_a_symlinked_single_file_of_the_scope_is_not_read(tmp_path, shipped):
     (root / ARGS).symlink_to(real)
     tree = open_tree(root)
     assert (ARGS, "a symbolic link (never followed)") in tree.skipped
-    drift = compare(extract(tree), shipped)
+    drift = compare(extract(tree), shipped_policy)
     assert {d.subject for d in drift if d.kind == "unread"} >= {ARGS, "CacheTransceiverConfig"}
 
 

@@ -1,10 +1,12 @@
-"""Compile a policy into a decision index and resolve contexts against it.
+"""The reference interpreter: a policy's typed model evaluated rule by rule, with traces.
 
-The compiled form is built once per policy: conditions become small closures, preference tables
-become dicts keyed by architecture (so a lookup costs the same for 10 rows as for 10,000), and the
-decisions are ordered by their declared inputs. ``resolve`` walks that index without tracing; the
-trace of a resolution is produced on demand by the same code with tracing on, so the two can never
-disagree.
+:class:`Program` turns each condition into a small closure and each preference table into a dict
+keyed by architecture (:class:`RowIndex`: a lookup costs the same for 10 rows as for 10,000), with
+the decisions ordered by their declared inputs. ``resolve`` does not run it: it runs the evaluator
+generated from the decision index (:mod:`kvpolicy.evaluate.compiler`). The interpreter is the
+reference that evaluator is tested against, and it writes the trace of a resolution
+(``Resolution.trace``, what ``kvpolicy explain`` prints); lint's precedence analysis builds on its
+conditions and row index.
 """
 
 from __future__ import annotations
