@@ -534,7 +534,7 @@ def is_multimodal(get: Callable[..., Any]) -> bool:
     return bool(text) and bool(vision) and get("language_model_only", None) is not True
 
 
-def _pretrained(ctx: dict[str, Any], value: Any, rules: list[list[Any]] = ()) -> None:  # type: ignore[assignment]
+def _pretrained(ctx: dict[str, Any], value: Any, rules: list[list[Any]] | tuple[()] = ()) -> None:
     if value is None:
         return
     get = value.get if isinstance(value, Mapping) else lambda k, d=None: getattr(value, k, d)
@@ -609,7 +609,7 @@ def compile_message(template: str, decisions: frozenset[str]) -> Callable[[dict[
     if len(pieces) <= 2 and pieces[0][1] is not None and not pieces[0][2] and all(g is None for _, g, _ in pieces[1:]):
         head, getter, _ = pieces[0]
         tail = pieces[1][0] if len(pieces) == 2 else ""
-        return lambda ctx, values, preferred: head + getter(ctx, values, preferred) + tail  # type: ignore[misc]
+        return lambda ctx, values, preferred: head + getter(ctx, values, preferred) + tail  # type: ignore[misc]  # getter is one of the callables in pieces, typed object there
 
     def render(ctx: dict[str, Any], values: dict[str, Any], preferred: str | None) -> str:
         out = []

@@ -325,11 +325,11 @@ class Program:
         row = decision.row_for(ctx["architecture"], ctx["model_type"]) if decision.rows else None
         if row is not None:
             if value is not None:
-                trace.append(TraceStep(name, "preference", row.id, "lost", f"prefers {row.value}"))  # type: ignore[union-attr]
+                trace.append(TraceStep(name, "preference", row.id, "lost", f"prefers {row.value}"))  # type: ignore[union-attr]  # decided before and still here: tracing
             elif decision.adopt(ctx, values):
                 value, rule_id = row.value, row.id
                 if trace is not None:
-                    how = f"adopted since {decision.preference.adopt_when}" if not decision.preference.adopt_when.empty else "adopted verbatim"  # type: ignore[union-attr]
+                    how = f"adopted since {decision.preference.adopt_when}" if not decision.preference.adopt_when.empty else "adopted verbatim"  # type: ignore[union-attr]  # rows exist only under a preference
                     trace.append(TraceStep(name, "preference", row.id, "decided", f"prefers {row.value}, {how}"))
             else:
                 preference = decision.preference
@@ -357,7 +357,7 @@ class Program:
                     if trace is not None:
                         trace.append(TraceStep(name, "conditional", r.id, "decided", f"{r.rule.when}: {r.value}"))
                 else:
-                    trace.append(TraceStep(name, "conditional", r.id, "lost", f"{r.rule.when}: {r.value}"))  # type: ignore[union-attr]
+                    trace.append(TraceStep(name, "conditional", r.id, "lost", f"{r.rule.when}: {r.value}"))  # type: ignore[union-attr]  # untraced, the loop broke once decided
             elif trace is not None:
                 trace.append(TraceStep(name, "conditional", r.id, "skipped", f"not ({r.rule.when})"))
 

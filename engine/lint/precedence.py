@@ -538,7 +538,7 @@ class _Inputs:
         for combo in itertools.product(*(self.options[d] for d in plain)):
             values = tuple(v for v, _ in combo)
             if pairs:
-                get = lambda x, values=values: values[position[x]] if x in position else witness.get(x)  # noqa: E731
+                get = lambda x, values=values: values[position[x]] if x in position else witness.get(x)  # noqa: E731  # binds this combination's values, in the innermost loop
                 if any(get(a) == "1" and get(b) is False for a, b in pairs):
                     continue
             weight = sum(w for _, w in combo)
@@ -854,7 +854,7 @@ class Witnesses(Sequence[dict[str, Any]]):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # compared by contents and mutable, as a list: unhashable
 
     def __repr__(self) -> str:
         return f"<Witnesses: {len(self)}>"
@@ -1136,10 +1136,10 @@ def _decide(
     held = [r for r, test in step.requirements if test(ctx, values)]
     for first, second in itertools.combinations(held, 2):
         if first.value != second.value:
-            pair = tuple(sorted((first.id, second.id)))
-            seen = result.conflicts.get(pair)  # type: ignore[arg-type]
+            pair = (first.id, second.id) if first.id <= second.id else (second.id, first.id)
+            seen = result.conflicts.get(pair)
             if seen is None or _size(witness) < _size(seen):
-                result.conflicts[pair] = witness  # type: ignore[index]
+                result.conflicts[pair] = witness
     if not auto:
         value, rule_id = requested, "explicit"
         for r in held:

@@ -331,7 +331,7 @@ class _Builder:
         return Rule(
             id=spec["id"],
             decision=decision,
-            stage=stage,  # type: ignore[arg-type]
+            stage=stage,  # type: ignore[arg-type]  # one of the schema's stage names, as the callers pass
             when=when,
             value=spec["value"],
             notice=self._notice(spec.get("notice"), path + ("notice",), spec["id"]),

@@ -28,11 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..read.fields import CACHE_TRANSCEIVER_FIELDS  # (re-exported: every field of upstream's CacheTransceiverConfig)
+from .llmargs import check_sections, misspelling_of
+
 __all__ = ["CACHE_TRANSCEIVER_FIELDS", "NON_RESOLVING_BACKENDS", "Server", "ServerProblem", "section_keys", "servers_of", "sides_disagree"]
 
-#: Every field of upstream's ``CacheTransceiverConfig`` (defined with the decision index, which reads it).
-from ..read.fields import CACHE_TRANSCEIVER_FIELDS  # noqa: E402
-from .llmargs import check_sections, misspelling_of  # noqa: E402
 #: Top-level ``backend`` values whose servers never resolve ``transceiver_runtime: auto``.
 NON_RESOLVING_BACKENDS = frozenset({"trt", "tensorrt", "_autodeploy"})
 

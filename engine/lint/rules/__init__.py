@@ -17,7 +17,7 @@ which is the catalogue's order.
 from __future__ import annotations
 
 # Each category module registers its rules when imported: this order is the catalogue's.
-from . import syntax, reference, precedence, safety, documentation, versioning, suppression  # noqa: F401
+from . import syntax, reference, precedence, safety, documentation, versioning, suppression  # noqa: F401  # imported to register
 from .base import ANALYSIS_RULES, CATEGORIES, PLACEHOLDER, RULES, Finding, LintRule, PolicyFile, Severity, catalogue
 
 __all__ = ["ANALYSIS_RULES", "CATEGORIES", "PLACEHOLDER", "RULES", "Finding", "LintRule", "PolicyFile", "Severity", "catalogue"]

@@ -98,7 +98,7 @@ def _predecessors(files: list[PolicyFile]) -> Iterator[tuple[PolicyFile, PolicyF
         if file.policy is not None:
             folders.setdefault(str(Path(file.path).parent), []).append(file)
     for found in folders.values():
-        found.sort(key=lambda f: (version_key(f.policy.version), f.path))  # type: ignore[union-attr]
+        found.sort(key=lambda f: (version_key(f.policy.version), f.path))  # type: ignore[union-attr]  # only loaded files are in folders
         for earlier, later in zip(found, found[1:]):
             assert earlier.policy is not None and later.policy is not None
             if earlier.policy.version != later.policy.version:
