@@ -17,14 +17,15 @@ import threading
 import time
 
 import pytest
-from conftest import requires_nixl
-from transfer_worker import Worker
 
 from kvpolicy.transports import KVLayout
 from kvpolicy.transports.agent import NixlSettings, import_nixl
 from kvpolicy.transports.probe import MetadataProbe, ProbeOutcome
 
 from tests.support.nixl_blobs import crashing_mutants
+
+from .conftest import requires_nixl
+from .transfer_worker import Worker
 
 pytestmark = requires_nixl
 
