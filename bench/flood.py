@@ -19,8 +19,10 @@ import statistics
 import sys
 import time
 
+# tests.transports.transfer_worker lives in the repository, not in the package; its workers (forked
+# from multiprocessing's fork server) inherit this sys.path.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "transports")]
+sys.path.insert(0, ROOT)
 
 LAYOUT = dict(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="A's requests per phase")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
-    from transfer_worker import Worker
+    from tests.transports.transfer_worker import Worker
 
     from kvpolicy.transports import Limits
 

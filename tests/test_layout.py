@@ -193,9 +193,8 @@ def _test_files() -> list[Path]:
 
 
 def _imported_modules(path: Path) -> list[tuple[str, list[str], int]]:
-    """(module, names taken from it, line) for every import in a file under tests/, wherever it is;
-    relative imports resolved against the file's package, bare names (the rootdir-relative imports of
-    a folder without __init__.py, e.g. tests/transports) against its folder."""
+    """(module, names taken from it, line) for every import in a file under tests/ (or bench/),
+    wherever it is; relative imports resolved against the file's package."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     package = parts[:-1]
@@ -223,6 +222,24 @@ def test_no_test_module_imports_another_test_modules_names():
                 if imported.startswith("test_"):
                     taken.append(f"{path.relative_to(ROOT)}:{line}: {module} {names}")
     assert taken == [], "move what more than one test module uses into tests/support"
+
+
+def test_every_tests_folder_is_a_package_and_imported_by_its_package_path():
+    """Each folder of tests/ is a package (``tests.transports``, ...): its modules import one another
+    relatively or as ``tests.<folder>.<module>``, and so do the benchmarks and the worker processes
+    multiprocessing starts (they unpickle their target by that name). A bare-name import of a sibling
+    works only where someone put that folder on sys.path."""
+    folders = sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert [str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists()] == [], "give it an __init__.py"
+    workers = {p.stem for p in (TESTS / "transports").glob("*.py")}
+    bare = []
+    for path in [*_test_files(), *sorted((ROOT / "bench").glob("*.py"))]:
+        for module, _, line in _imported_modules(path):
+            top = module.partition(".")[0]
+            sibling = path.parent != ROOT / "bench" and (path.parent / f"{top}.py").exists()
+            if sibling or (path.parent == ROOT / "bench" and top in workers):
+                bare.append(f"{path.relative_to(ROOT)}:{line}: {module}")
+    assert bare == [], "import it as tests.<folder>.<module> (or relatively from its own folder)"
 
 
 def _comments(path: Path) -> list[tuple[int, str]]:

@@ -19,6 +19,8 @@ How a child is made (``mode``), measured in ``bench/probe.py``:
     ``server_probes`` probes (state a blob left behind does not live long).
 ``"spawn"``: a fresh interpreter per probe (no persistent process at all; the slowest).
 
+This module is the parent's side (slots, limits, the remembered verdicts, starting and watching the
+helpers and children) and the protocol between them; what runs in them is :mod:`.probe_child`.
 Each child creates its agent with :func:`.agent.create_agent` and the transceiver's
 :class:`.agent.NixlSettings` (backends, progress thread, UCX environment: the same parser, the same
 transports), and imports the NIXL build the parent process imported (without the ~1.7 s ``torch``
@@ -58,7 +60,6 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from .agent import NixlSettings, import_nixl
 
@@ -70,7 +71,11 @@ MODES = ("fork", "server", "spawn")
 MAX_BLOB = 16 << 20
 """Largest blob probed (the control plane's own limit is lower: ``control.MAX_METADATA``)."""
 
-# What a child reports: its exit status (or the helper's reply code).
+CHILD_PROGRAM = "kvpolicy.transports.probe_child"
+"""The module the helpers and children run (``python -m``); this module never imports it."""
+
+# The protocol with the child program, which imports these from here. What a child reports: its exit
+# status (or the helper's reply code).
 OK, REJECTED, CANNOT_RUN = 0, 10, 11
 TIMED_OUT = 12  # (reply code only: the helper killed the child at its deadline)
 CLOSED = 13  # (parent only: closed before the child answered)
@@ -78,9 +83,9 @@ _GRACE_S = 3.0
 """How long past a probe's timeout its helper may stay silent before it is killed (it kills the child
 at the timeout itself; this only catches a helper that stopped answering)."""
 
-_REQUEST = struct.Struct("<IdI")  # probe id, timeout_s, blob length
-_REPLY = struct.Struct("<IiI")  # probe id (0: helper start-up), code (<0: -signal), message length
-_MESSAGE_LIMIT = 1024
+REQUEST = struct.Struct("<IdI")  # probe id, timeout_s, blob length
+REPLY = struct.Struct("<IiI")  # probe id (0: helper start-up), code (<0: -signal), message length
+MESSAGE_LIMIT = 1024
 
 
 @dataclass(frozen=True)
@@ -404,7 +409,7 @@ class MetadataProbe:
         if self._command is None:
             api = import_nixl(self.settings)  # (this process imported it already: no cost)
             settings = {"progress_delay_us": self.settings.progress_delay_us, "ucx_env": self.settings.ucx_env, "backends": self.settings.backends}
-            self._command = [sys.executable, "-m", "kvpolicy.transports.probe", api.__name__, json.dumps(settings)]
+            self._command = [sys.executable, "-m", CHILD_PROGRAM, api.__name__, json.dumps(settings)]
         return [*self._command, role, str(self.server_probes)]
 
     def _environment(self) -> dict[str, str]:
@@ -429,10 +434,10 @@ class MetadataProbe:
         with self._lock:
             self._children.add(child)
         try:
-            request = _REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
+            request = REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
             out, _ = child.communicate(request, timeout=self.start_timeout_s + probe.timeout_s + _GRACE_S)
             code = child.returncode
-            message = out[: _MESSAGE_LIMIT].decode(errors="replace")
+            message = out[: MESSAGE_LIMIT].decode(errors="replace")
             outcome = ProbeOutcome(code, message, probe.timeout_s)
         except subprocess.TimeoutExpired:
             outcome = ProbeOutcome(TIMED_OUT, "", probe.timeout_s)
@@ -641,16 +646,16 @@ class _HelperClient:
                 probe = self.queue.popleft()
                 probe.sent = time.monotonic()
                 self.sent[probe.id] = probe
-                out += _REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
+                out += REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
 
     def _replies(self, buffer: bytearray) -> None:
         owner = self._owner()
-        while len(buffer) >= _REPLY.size:
-            probe_id, code, size = _REPLY.unpack_from(buffer)
-            if len(buffer) < _REPLY.size + size:
+        while len(buffer) >= REPLY.size:
+            probe_id, code, size = REPLY.unpack_from(buffer)
+            if len(buffer) < REPLY.size + size:
                 return
-            message = bytes(buffer[_REPLY.size : _REPLY.size + size]).decode(errors="replace")
-            del buffer[: _REPLY.size + size]
+            message = bytes(buffer[REPLY.size : REPLY.size + size]).decode(errors="replace")
+            del buffer[: REPLY.size + size]
             if probe_id == 0:
                 if code == OK:
                     self.ready = True
@@ -748,274 +753,3 @@ class _HelperClient:
 
 def _status(code: int) -> str:
     return f"signal {-code}, {_signal_name(-code)}" if code < 0 else f"status {code}"
-
-
-# ------------------------------------------------------------------ the helper and child side ----
-
-
-def _load_once(blob: bytes, settings: NixlSettings, create_agent: Callable[..., Any], destroy: bool) -> tuple[int, str]:
-    """Create a fresh agent as the transceiver does, load ``blob`` as :meth:`.local.LocalSide.load_agent`
-    does, remove it again. (code, message)."""
-    try:
-        agent = create_agent(f"kvpolicy-probe-{os.getpid()}-{time.monotonic_ns()}", settings)
-    except Exception as exc:
-        return CANNOT_RUN, f"creating an agent failed: {type(exc).__name__}: {exc}"
-    try:
-        try:
-            loaded = agent.add_remote_agent(blob)
-        except Exception as exc:
-            return REJECTED, f"{type(exc).__name__}: {exc}"
-        try:
-            agent.remove_remote_agent(loaded)
-        except Exception as exc:
-            return REJECTED, f"removing it failed: {type(exc).__name__}: {exc}"
-        return OK, ""
-    finally:
-        if destroy:
-            del agent
-
-
-def _prepare(api_name: str, settings: NixlSettings) -> Callable[..., Any]:
-    """Import the NIXL build the parent imported (``api_name``, e.g. ``nixl_cu12._api``) and return
-    :func:`.agent.create_agent`, which imports ``nixl._api``: that name is bound to the build
-    directly, so the ``nixl`` meta package's CUDA detection (which imports torch) is skipped."""
-    import importlib
-    import types
-
-    settings.apply_environment()
-    api = importlib.import_module(api_name)
-    if "nixl" not in sys.modules:
-        package = types.ModuleType("nixl")
-        package.__path__ = []
-        package._api = api  # type: ignore[attr-defined]  # a stand-in nixl package: ModuleType declares no _api
-        sys.modules["nixl"] = package
-    sys.modules.setdefault("nixl._api", api)
-    from .agent import create_agent
-
-    return create_agent
-
-
-def _warm_plugins(api: Any, settings: NixlSettings) -> None:
-    """Load the backend plugins (and with them UCX: ~0.4 s) without creating an agent's threads or a
-    UCX context, so that forked children start from there."""
-    bindings = api.nixlBind
-    config = bindings.nixlAgentConfig()
-    config.useProgThread = False
-    config.useListenThread = False
-    agent = bindings.nixlAgent("kvpolicy-probe-warm", config)
-    for backend in settings.backends:
-        agent.getPluginParams(backend)
-    del agent
-
-
-def _read_exact(fd: int, size: int) -> bytes | None:
-    data = bytearray()
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _reply(fd: int, probe_id: int, code: int, message: str) -> None:
-    raw = message.encode(errors="replace")[:_MESSAGE_LIMIT]
-    _write_all(fd, _REPLY.pack(probe_id, code, len(raw)) + raw)
-
-
-def _arm(timeout_s: float) -> None:
-    """A hard timeout of this process's own: SIGALRM's default action ends it, even inside C code."""
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-
-
-def _take_fds(quiet: bool) -> tuple[int, int]:
-    """The protocol moves to fds of its own; fds 0 and 1 become /dev/null (UCX logs to stdout), and
-    2 too when quiet."""
-    proto_in, proto_out = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(devnull if quiet else 2, 1)
-    os.close(devnull)
-    return proto_in, proto_out
-
-
-def _serve_child(api_name: str, settings: NixlSettings) -> int:
-    """(Spawn mode.) Read one request on stdin, load it, exit with the outcome (message on stdout)."""
-    proto_in, proto_out = _take_fds(quiet=False)
-    header = _read_exact(proto_in, _REQUEST.size)
-    if header is None:
-        return CANNOT_RUN
-    _, timeout_s, size = _REQUEST.unpack(header)
-    blob = _read_exact(proto_in, size)
-    if blob is None:
-        return CANNOT_RUN
-    try:
-        create_agent = _prepare(api_name, settings)
-    except Exception as exc:
-        _write_all(proto_out, f"NIXL cannot load: {type(exc).__name__}: {exc}".encode()[:_MESSAGE_LIMIT])
-        return CANNOT_RUN
-    _arm(timeout_s)
-    code, message = _load_once(blob, settings, create_agent, destroy=False)
-    _write_all(proto_out, message.encode(errors="replace")[:_MESSAGE_LIMIT])
-    os._exit(code)  # no teardown: nothing to keep, and UCX's exit path has crashed before
-
-
-def _serve_server(api_name: str, settings: NixlSettings, probes: int) -> int:
-    """(Server mode.) Load each request's blob in a fresh agent, one at a time; exit after ``probes``."""
-    proto_in, proto_out = _take_fds(quiet=False)
-    try:
-        create_agent = _prepare(api_name, settings)
-    except Exception as exc:
-        _reply(proto_out, 0, CANNOT_RUN, f"NIXL cannot load: {type(exc).__name__}: {exc}")
-        return 1
-    _reply(proto_out, 0, OK, "")
-    for _ in range(probes):
-        header = _read_exact(proto_in, _REQUEST.size)
-        if header is None:
-            return 0
-        probe_id, timeout_s, size = _REQUEST.unpack(header)
-        blob = _read_exact(proto_in, size)
-        if blob is None:
-            return 0
-        _arm(timeout_s)
-        code, message = _load_once(blob, settings, create_agent, destroy=True)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        _reply(proto_out, probe_id, code, message)
-    os._exit(0)
-
-
-def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
-    """(Fork mode.) Fork one single-use child per request; kill it at its deadline; reply when it ends."""
-    proto_in, proto_out = _take_fds(quiet=False)
-    try:
-        create_agent = _prepare(api_name, settings)
-        _warm_plugins(sys.modules["nixl._api"], settings)
-    except Exception as exc:
-        _reply(proto_out, 0, CANNOT_RUN, f"NIXL cannot load: {type(exc).__name__}: {exc}")
-        return 1
-    _reply(proto_out, 0, OK, "")
-    os.set_blocking(proto_in, False)
-    selector = selectors.DefaultSelector()
-    selector.register(proto_in, selectors.EVENT_READ, None)
-    children: dict[int, tuple[int, float, int, int | None]] = {}  # pid -> (probe id, deadline, result fd, pidfd)
-    buffer = bytearray()
-    stdin_open = True
-    pidfd_open = getattr(os, "pidfd_open", None)
-
-    def reap(pid: int, status: int | None) -> None:
-        probe_id, _, result_fd, pidfd = children.pop(pid)
-        if pidfd is not None:
-            selector.unregister(pidfd)
-            os.close(pidfd)
-        message = b""
-        try:
-            os.set_blocking(result_fd, False)
-            message = os.read(result_fd, _MESSAGE_LIMIT)
-        except (BlockingIOError, OSError):
-            pass
-        os.close(result_fd)
-        if status is None:
-            code = TIMED_OUT
-        elif os.WIFSIGNALED(status):
-            code = -os.WTERMSIG(status)
-        else:
-            code = os.WEXITSTATUS(status)
-        _reply(proto_out, probe_id, code, message.decode(errors="replace"))
-
-    while stdin_open or children:
-        now = time.monotonic()
-        deadlines = [deadline for _, deadline, _, _ in children.values()]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        if pidfd_open is None and children:
-            timeout = min(timeout if timeout is not None else 0.01, 0.01)
-        for key, _ in selector.select(timeout):
-            if key.fd == proto_in:
-                try:
-                    chunk = os.read(proto_in, 1 << 16)
-                except BlockingIOError:
-                    continue
-                if not chunk:  # the parent went away: so do we, and our children
-                    stdin_open = False
-                    selector.unregister(proto_in)
-                    for pid in list(children):
-                        _kill_pid(pid)
-                    continue
-                buffer += chunk
-                while len(buffer) >= _REQUEST.size:
-                    probe_id, timeout_s, size = _REQUEST.unpack_from(buffer)
-                    if len(buffer) < _REQUEST.size + size:
-                        break
-                    blob = bytes(buffer[_REQUEST.size : _REQUEST.size + size])
-                    del buffer[: _REQUEST.size + size]
-                    result_r, result_w = os.pipe()
-                    pid = os.fork()
-                    if pid == 0:  # the child: a pristine copy of this process
-                        try:
-                            os.close(result_r)
-                            os.close(proto_in)
-                            os.close(proto_out)
-                            _arm(timeout_s)
-                            code, message = _load_once(blob, settings, create_agent, destroy=False)
-                            os.write(result_w, message.encode(errors="replace")[:_MESSAGE_LIMIT])
-                        except BaseException:
-                            code = CANNOT_RUN
-                        os._exit(code)
-                    os.close(result_w)
-                    pidfd = None
-                    if pidfd_open is not None:
-                        try:
-                            pidfd = pidfd_open(pid)
-                            selector.register(pidfd, selectors.EVENT_READ, pid)
-                        except OSError:
-                            pidfd, pidfd_open = None, None
-                    children[pid] = (probe_id, time.monotonic() + timeout_s + 1.0, result_r, pidfd)
-            else:
-                pid = key.data
-                _, status = os.waitpid(pid, 0)
-                reap(pid, status)
-        for pid in list(children):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                reap(pid, status)
-            elif time.monotonic() >= children[pid][1]:
-                _kill_pid(pid)
-                os.waitpid(pid, 0)
-                reap(pid, None)
-    return 0
-
-
-def _kill_pid(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def main(argv: list[str]) -> int:
-    """``python -m kvpolicy.transports.probe API_MODULE SETTINGS_JSON fork|server|child PROBES``."""
-    api_name, settings_json, role, probes = argv
-    raw = json.loads(settings_json)
-    settings = NixlSettings(
-        progress_delay_us=int(raw["progress_delay_us"]),
-        ucx_env=tuple((str(k), str(v)) for k, v in raw["ucx_env"]),
-        backends=tuple(raw["backends"]),
-    )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent decides when helpers end)
-    if role == "fork":
-        return _serve_zygote(api_name, settings)
-    if role == "server":
-        return _serve_server(api_name, settings, int(probes))
-    if role == "child":
-        return _serve_child(api_name, settings)
-    raise SystemExit(f"unknown role {role!r}")
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

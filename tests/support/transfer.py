@@ -1,7 +1,6 @@
 """Helpers of the transfer layer's tests (tests/transports): layouts, waiting for counters, a fake
 sender on the control plane, a hello's rank, stopping a process, and the pairs of ranks several
-modules start. Run where tests/transports is on sys.path (pytest's rootdir-relative imports there):
-``transfer_worker`` is imported from it when a helper needs it."""
+modules start. :mod:`tests.transports.transfer_worker` is imported when a helper needs it."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ class FakeSender:
 
     def __init__(self) -> None:
         import zmq.auth
-        from transfer_worker import new_key
+        from tests.transports.transfer_worker import new_key
 
         from kvpolicy.transports.addresses import address_with_key
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import zmq
 import zmq.auth
-from transfer_worker import KEYS_DIR, new_key
 
 from kvpolicy.transports import control
 from kvpolicy.transports.addresses import fingerprint, split_address
+
+from .transfer_worker import KEYS_DIR, new_key
 
 
 def dealer(address: str, secret_file: str | None = None) -> zmq.Socket:

@@ -14,7 +14,7 @@ from tests.support.nixl import NIXL_OK, NIXL_WHY, requires_nixl  # noqa: F401  (
 @pytest.fixture
 def workers():
     """Start worker processes on demand; every one is stopped (and killed if need be) at teardown."""
-    from transfer_worker import Worker
+    from .transfer_worker import Worker
 
     started: list[Worker] = []
 

@@ -8,14 +8,15 @@ keeps that statement true: if UCX ever enforces deregistration here, it fails an
 from __future__ import annotations
 
 import pytest
-from conftest import requires_nixl
+
+from .conftest import requires_nixl
 
 pytestmark = requires_nixl
 
 
 @pytest.mark.parametrize(("label", "tls"), [("default (CMA)", None), ("tcp", "tcp")])
 def test_a_deregistered_region_still_takes_a_peers_write_on_these_transports(label, tls):
-    from deregistration_probe import run
+    from .deregistration_probe import run
 
     env = {"UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib", **({"UCX_TLS": tls} if tls else {})}
     (first, landed_first, second), after = run(label, env, quiet=True)

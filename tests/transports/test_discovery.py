@@ -11,10 +11,8 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import ETCD_WHY, requires_etcd, requires_nixl
 
 from kvpolicy.transports import KVLayout
-from transfer_worker import WorkerError
 from kvpolicy.transports import discovery
 from kvpolicy.transports.discovery import (
     EtcdClient,
@@ -26,6 +24,9 @@ from kvpolicy.transports.discovery import (
     RegistryUnavailable,
 )
 from tests.testbed import EtcdServer, free_port
+
+from .conftest import ETCD_WHY, requires_etcd, requires_nixl
+from .transfer_worker import WorkerError
 
 KEY = "O=rzdiv-E3qv8KYDT?8?tR:PDof35KVZY(Re.-Ya"  # a CURVE public key (Z85), as zmq.curve_keypair() makes
 RECORD = RankRecord("tcp://127.0.0.1:5555", KEY)
@@ -250,7 +251,7 @@ def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
 
 
 def test_etcd_metadata_needs_the_endpoints(monkeypatch):
-    from conftest import NIXL_OK
+    from .conftest import NIXL_OK
 
     if not NIXL_OK:
         pytest.skip("NIXL cannot load here")

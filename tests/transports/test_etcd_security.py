@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-from conftest import ETCD_WHY
 
 from kvpolicy.transports.discovery import (
     EtcdClient,
@@ -26,6 +25,8 @@ from kvpolicy.transports.discovery import (
     nixl_metadata_key,
 )
 from tests.testbed import EtcdServer, make_pki
+
+from .conftest import ETCD_WHY
 
 GENUINE_KEY = "O=rzdiv-E3qv8KYDT?8?tR:PDof35KVZY(Re.-Ya"
 ROGUE_KEY = "JW.#B@/ypIuR^FWkUUkw?XC>IQfj%.o1eZAOcEi."
@@ -281,7 +282,7 @@ def test_secure_etcd_across_two_namespaces():
     """The two-host set-up: etcd (TLS, auth) inside the prefill namespace, set up from inside it; a
     process in the decode namespace registers and looks up over the veth link with the settings
     that :meth:`EtcdServer.client_env` hands to child processes; without them it is refused."""
-    from conftest import netns_why
+    from .conftest import netns_why
 
     from tests.testbed import HostPair
 

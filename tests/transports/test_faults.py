@@ -5,11 +5,12 @@ from __future__ import annotations
 import msgpack
 import pytest
 import zmq
-from conftest import requires_nixl
 
 from kvpolicy.transports import KVLayout, control
 
 from tests.support.transfer import FakeSender, eventually
+
+from .conftest import requires_nixl
 
 pytestmark = requires_nixl
 
@@ -90,7 +91,7 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
     decode.call("connect", prefill.address)
 
     # An allowed key that never says hello (a stranger without a key does not get this far).
-    from attackers import allowed_dealer
+    from .attackers import allowed_dealer
 
     foreign, _ = allowed_dealer(prefill.address)
     try:

@@ -7,12 +7,13 @@ import signal
 import time
 
 import pytest
-from conftest import requires_nixl
-from transfer_worker import WorkerError
 
 from kvpolicy.transports import KVLayout, RequestState
 
 from tests.support.transfer import eventually, slow_other_decode, stop
+
+from .conftest import requires_nixl
+from .transfer_worker import WorkerError
 
 pytestmark = requires_nixl
 

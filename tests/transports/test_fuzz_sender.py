@@ -8,14 +8,15 @@ import time
 
 import msgpack
 import pytest
-from attackers import allowed_dealer
-from conftest import requires_nixl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.transports import KVLayout, control
 
 from tests.support.transfer import eventually
+
+from .attackers import allowed_dealer
+from .conftest import requires_nixl
 
 pytestmark = requires_nixl
 
@@ -76,7 +77,7 @@ def _mutate(template: bytes, data: st.DataObject) -> bytes:
 
 @pytest.fixture(scope="module")
 def live():
-    from transfer_worker import Worker
+    from .transfer_worker import Worker
 
     prefill = Worker("prefill", layout=LAYOUT.to_wire(), seed=1)
     decode = Worker("decode", layout=LAYOUT.to_wire(), seed=2)

@@ -13,7 +13,6 @@ import random
 import time
 
 import pytest
-from conftest import requires_nixl
 
 from kvpolicy.transports import KVLayout
 from kvpolicy.transports.addresses import split_address
@@ -22,6 +21,8 @@ from tests.support.transfer import HOSTS_BLOCKS as BLOCKS
 from tests.support.transfer import HOSTS_LAYOUT as LAYOUT
 from tests.support.transfer import HOSTS_TIMEOUT as TIMEOUT
 from tests.support.transfer import start_pair
+
+from .conftest import requires_nixl
 
 pytestmark = requires_nixl
 

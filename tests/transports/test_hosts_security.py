@@ -4,12 +4,13 @@ on the decode host, the sender on the prefill host, metadata goes through etcd."
 from __future__ import annotations
 
 import pytest
-from conftest import requires_nixl
-from transfer_worker import KEYS_DIR, WorkerError, new_key
 
 from tests.support.transfer import HOSTS_LAYOUT as LAYOUT
 from tests.support.transfer import HOSTS_TIMEOUT as TIMEOUT
 from tests.support.transfer import start_pair
+
+from .conftest import requires_nixl
+from .transfer_worker import KEYS_DIR, WorkerError, new_key
 
 pytestmark = requires_nixl
 

@@ -9,16 +9,17 @@ import threading
 import time
 
 import pytest
-from attackers import RogueSender
-from conftest import requires_nixl
-from tcp_proxy import TcpProxy
-from transfer_worker import WorkerError
 
 from kvpolicy.transports import KVLayout, control
 from kvpolicy.transports.addresses import address_with_key, split_address
 
 from tests.support.nixl_blobs import crashing_mutants
 from tests.support.transfer import eventually, fake_rank, slow_other_decode, stop
+
+from .attackers import RogueSender
+from .conftest import requires_nixl
+from .tcp_proxy import TcpProxy
+from .transfer_worker import WorkerError
 
 pytestmark = requires_nixl
 
@@ -196,7 +197,7 @@ def _folder_of(tmp_path, *workers_and_keys) -> str:
     """An allow-list folder holding copies of these workers' public key files (0700, as it must be)."""
     import shutil
 
-    from transfer_worker import KEYS_DIR
+    from .transfer_worker import KEYS_DIR
 
     folder = tmp_path / "peers"
     folder.mkdir(mode=0o700)
@@ -206,7 +207,7 @@ def _folder_of(tmp_path, *workers_and_keys) -> str:
 
 
 def test_a_key_taken_off_the_allow_list_loses_its_session_and_a_remade_key_is_read_at_once(workers, tmp_path):
-    from transfer_worker import KEYS_DIR, new_key
+    from .transfer_worker import KEYS_DIR, new_key
 
     prefill_key, prefill_secret = new_key("prefill")
     decode_key, decode_secret = new_key("decode")
@@ -226,7 +227,7 @@ def test_a_key_taken_off_the_allow_list_loses_its_session_and_a_remade_key_is_re
     assert decode.call("wait", "removed")["state"] == "timed_out"
     assert prefill.call("stats")["closed_removed_keys"] == 1
     # And no new handshake with that key passes (another process holding it, or this one again).
-    from attackers import dealer, recv, try_send
+    from .attackers import dealer, recv, try_send
 
     refused = prefill.call("stats")["refused_handshakes"]
     sock = dealer(prefill.address, decode_secret)
@@ -252,7 +253,7 @@ def test_an_ask_parked_before_its_key_was_removed_is_dropped_at_once_and_never_s
     then taken off the list. With no frame from anyone, the prefill drops the parked ask within a
     check of the folder, and an offer to any receiver made later (on an idle prefill) writes nothing
     into that decoder's blocks."""
-    from transfer_worker import new_key
+    from .transfer_worker import new_key
 
     prefill_key, prefill_secret = new_key("prefill")
     decode_key, decode_secret = new_key("decode")
@@ -280,8 +281,8 @@ def test_roles_keep_a_sender_from_saying_hello_and_a_receiver_from_posing_as_a_s
     another prefill (and get its welcome, or its pool with reads), and a decoder never connects to a
     'sender' that holds a decode key (a compromised decoder would get its hello: its whole pool)."""
     import zmq.auth
-    from attackers import dealer, recv, try_send
-    from transfer_worker import KEYS_DIR
+    from .attackers import dealer, recv, try_send
+    from .transfer_worker import KEYS_DIR
 
     from kvpolicy.transports import create_keys
 
@@ -318,7 +319,7 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
     """The insider takes the victim decoder's NIXL metadata, renames the agent in it to one bound to
     its own key, and says hello: the name checks pass, but the metadata reaches the victim's memory.
     The sender's proof nonce goes to that agent (the victim), so the insider cannot echo it."""
-    from attackers import allowed_dealer, recv
+    from .attackers import allowed_dealer, recv
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof
@@ -348,7 +349,7 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     hello with the victim's metadata renamed and echoes what a counter would give next (and, in
     further hellos, other guesses). Nonces are 128 random bits per hello and the first wrong echo ends
     each proving: no guess, in any number of hellos, is welcomed, and nothing is written to the victim."""
-    from attackers import allowed_dealer, recv
+    from .attackers import allowed_dealer, recv
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof
@@ -378,7 +379,7 @@ def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_l
     """An allowed peer sends NIXL metadata that kills NIXL's parser (one byte changed, found by
     bench/probe.py --search): the sender's strict reader refuses it before any NIXL call (no probe
     child is even started), and the sender goes on serving."""
-    from attackers import allowed_dealer, recv
+    from .attackers import allowed_dealer, recv
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     decode = workers("decode", layout=LAYOUT.to_wire(), seed=2)
@@ -431,7 +432,7 @@ def test_a_thousand_hellos_with_mutated_metadata_leave_the_prefill_serving_bit_e
     values), announcing whatever pool the mutated metadata describes. Each is refused by the strict
     reader, or probed and loaded by NIXL in the prefill itself; the prefill never crashes and serves
     an honest decoder bit-exactly after."""
-    from attackers import LiveAgent, allowed_dealer
+    from .attackers import LiveAgent, allowed_dealer
 
     from kvpolicy.transports.metadata import Expected, MetadataError, admit
 
@@ -485,7 +486,7 @@ def test_a_thousand_unproved_hellos_cost_neither_the_sender_nor_a_third_party_de
     metadata connects to the agent it describes, before any proof; after a failed proof the key's
     hellos are refused before their metadata is read (1 s, doubling), so only a handful are loaded:
     the victim's and the sender's descriptors stay flat, and both still serve."""
-    from attackers import allowed_dealer
+    from .attackers import allowed_dealer
 
     unlimited = {"hellos_per_s": 100_000.0, "hello_burst": 100_000}
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, limits=unlimited, timeout_s=2.0)
@@ -524,7 +525,7 @@ def test_a_copy_of_a_peers_worker_under_another_agent_costs_that_peer_nothing(wo
     """Issue 38, item 2, where the sender can tell: a hello whose metadata is a copy of a worker the
     sender has loaded already (a peer it serves), or of its own, under another agent name, is refused
     before NIXL connects anywhere: no probe, no load, no proof, nothing on the victim's side."""
-    from attackers import allowed_dealer
+    from .attackers import allowed_dealer
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, limits={"hellos_per_s": 1000.0, "hello_burst": 1000})
     victim = workers("victim", layout=LAYOUT.to_wire(), seed=2)

@@ -50,3 +50,17 @@ def test_the_demo_package_imports_without_torch():
     code = "import sys, kvpolicy.demo; print([m for m in ('torch', 'transformers', 'zmq') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_serving_process_never_imports_the_probes_child_program():
+    """The metadata probe's helpers run ``python -m`` :data:`.probe.CHILD_PROGRAM`; the probe itself
+    only names it (its code stays out of a serving process's imports)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util, sys, kvpolicy.transports.probe as p;"
+        "print(p.CHILD_PROGRAM in sys.modules, importlib.util.find_spec(p.CHILD_PROGRAM) is not None)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["False", "True"]

@@ -6,11 +6,12 @@ import socket
 import time
 
 import pytest
-from conftest import requires_nixl
-from transfer_worker import WorkerError
 
 from kvpolicy.transports import BlockPool, KVLayout, RequestState
 from kvpolicy.transports.addresses import split_address
+
+from .conftest import requires_nixl
+from .transfer_worker import WorkerError
 
 pytestmark = requires_nixl
 
@@ -114,7 +115,7 @@ def test_quarantine_is_bounded_per_sender_name(workers):
     """A sender name whose earlier processes keep more blocks quarantined than
     Limits.quarantined_per_peer gets no new receive, also from a new process under that name: a
     sender that never answers cannot pin more of the pool over any number of restarts."""
-    from transfer_worker import new_key
+    from .transfer_worker import new_key
 
     key_name, identity = new_key("prefill")
     first = workers("prefill-first", layout=LAYOUT.to_wire(), seed=1, identity=identity, key_name=key_name)

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import requires_nixl
 
 from kvpolicy.transports.metadata import (
     AgentMetadata,
@@ -27,6 +26,8 @@ from kvpolicy.transports.metadata import (
 
 from tests.support.nixl_blobs import REAL_ADDRESSES
 from tests.support.transfer import LAYOUT
+
+from .conftest import requires_nixl
 
 FIXTURES = Path(__file__).parent / "nixl_fixtures"
 BLOB = (FIXTURES / "nixl-1.5.1-dram-1mib.bin").read_bytes()
@@ -216,7 +217,7 @@ def test_fuzz_every_one_byte_mutation_and_truncation_of_live_metadata_is_refused
     from kvpolicy.transports import NixlSettings
     from kvpolicy.transports.probe import MetadataProbe
 
-    from attackers import LiveAgent
+    from .attackers import LiveAgent
 
     live = LiveAgent("live-0", 64 * LAYOUT.block_bytes)
     blob = live.metadata

@@ -17,14 +17,15 @@ import threading
 import time
 
 import pytest
-from conftest import requires_nixl
-from transfer_worker import Worker
 
 from kvpolicy.transports import KVLayout
 from kvpolicy.transports.agent import NixlSettings, import_nixl
 from kvpolicy.transports.probe import MetadataProbe, ProbeOutcome
 
 from tests.support.nixl_blobs import crashing_mutants
+
+from .conftest import requires_nixl
+from .transfer_worker import Worker
 
 pytestmark = requires_nixl
 
@@ -248,7 +249,8 @@ def test_outcomes_read_as_reasons():
 _ORPHAN = """
 import os, sys, time
 from kvpolicy.transports.agent import NixlSettings
-from kvpolicy.transports.probe import MetadataProbe, _prepare
+from kvpolicy.transports.probe import MetadataProbe
+from kvpolicy.transports.probe_child import _prepare
 _prepare(sys.argv[1], NixlSettings())  # (import the NIXL build directly: no torch)
 probe = MetadataProbe(NixlSettings())
 probe.warm()
@@ -259,9 +261,10 @@ os._exit(0)  # dies without closing anything
 """
 
 
-def test_a_helper_ends_when_the_process_that_made_it_dies():
+def test_a_helper_ends_when_the_process_that_made_it_dies(tmp_path):
     api = import_nixl(NixlSettings()).__name__
-    out = subprocess.run([sys.executable, "-c", _ORPHAN, api], capture_output=True, timeout=120, check=True).stdout
+    # (from a folder outside the repository: the helper is found as the installed module it is)
+    out = subprocess.run([sys.executable, "-c", _ORPHAN, api], capture_output=True, timeout=120, check=True, cwd=tmp_path).stdout
     zygote = int(out.split()[0])
     for _ in range(500):  # its stdin closed with its parent: it exits at once
         try:

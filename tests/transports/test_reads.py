@@ -11,9 +11,10 @@ import time
 
 import msgpack
 import pytest
-from conftest import requires_nixl
 
 from kvpolicy.transports import KVLayout, control
+
+from .conftest import requires_nixl
 
 pytestmark = requires_nixl
 
@@ -239,7 +240,7 @@ def test_a_receiver_loads_no_metadata_an_insider_forged(workers, forged):
     nothing from it (it may still be written to, as before)."""
     import threading
 
-    from attackers import RogueSender
+    from .attackers import RogueSender
 
     victim = workers("victim", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1, allow_reads=True)
     decode = workers("decode", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=2)

@@ -11,11 +11,12 @@ import time
 
 import msgpack
 import pytest
-from conftest import requires_nixl
 
 from kvpolicy.transports import BlockPool, KVLayout, RequestState, control
 from kvpolicy.transports.connections import REQUESTS_PER_FRAME
 from kvpolicy.transports.peers import RESULTS_PER_FRAME
+
+from .conftest import requires_nixl
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=8, head_dim=32)
 BLOCKS = 256

@@ -7,13 +7,14 @@ import time
 
 import msgpack
 import pytest
-from attackers import allowed_dealer, dealer, plain_dealer, recv, try_send
-from conftest import requires_nixl
-from transfer_worker import KEYS_DIR, WorkerError, new_key
 
 from kvpolicy.transports import KVLayout, control
 
 from tests.support.transfer import eventually, fake_rank
+
+from .attackers import allowed_dealer, dealer, plain_dealer, recv, try_send
+from .conftest import requires_nixl
+from .transfer_worker import KEYS_DIR, WorkerError, new_key
 
 pytestmark = requires_nixl
 

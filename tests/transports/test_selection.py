@@ -8,7 +8,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import requires_nixl
 
 import kvpolicy
 from kvpolicy.transports import (
@@ -19,6 +18,8 @@ from kvpolicy.transports import (
     open_transceiver,
     selection,
 )
+
+from .conftest import requires_nixl
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, tokens_per_block=4, head_dim=8)
 

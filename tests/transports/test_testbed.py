@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import netns_why, requires_etcd
 
 from tests.testbed import HostPair
+
+from .conftest import netns_why, requires_etcd
 
 
 @requires_etcd

@@ -7,9 +7,10 @@ import time
 
 import pytest
 import torch
-from conftest import requires_nixl
 
 from kvpolicy.transports import KVLayout
+
+from .conftest import requires_nixl
 
 pytestmark = requires_nixl
 
@@ -22,7 +23,7 @@ def pair(request):
     """A prefill and a decode rank with the same layout, the decode rank connected to the prefill.
     Twice: the sender writes (the default), and the sender allows reads and names the receiver, so
     the decode rank reads every request it can (:mod:`kvpolicy.transports.reads`)."""
-    from transfer_worker import Worker
+    from .transfer_worker import Worker
 
     reads = request.param == "reads"
     prefill = Worker("prefill", layout=LAYOUT.to_wire(), num_blocks=BLOCKS, seed=1, allow_reads=reads)

@@ -9,14 +9,15 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from attackers import allowed_dealer
-from conftest import requires_nixl
-from transfer_worker import KEYS_DIR, fill_pattern, new_key
 
 from kvpolicy.transports import KVLayout, TransferError, control
 from kvpolicy.transports.addresses import split_address
 
 from tests.support.transfer import FakeSender, eventually, fake_rank
+
+from .attackers import allowed_dealer
+from .conftest import requires_nixl
+from .transfer_worker import KEYS_DIR, fill_pattern, new_key
 
 pytestmark = requires_nixl
 
