@@ -33,7 +33,7 @@ from resolve import SHIPPED_CONTEXTS, compare_if_elif, generated_policy, latency
 from kvpolicy.cli.diff import render_text  # noqa: E402
 from kvpolicy.analyse.diff import diff_policies  # noqa: E402
 from kvpolicy.lint.runner import lint_paths  # noqa: E402
-from kvpolicy.read.loader import load_policy_file  # noqa: E402
+from kvpolicy.read.loader import load_policy_file, shipped_root  # noqa: E402
 from kvpolicy.evaluate.policyset import PolicySet  # noqa: E402
 
 DEFAULT_SIZES = (10, 1_000, 10_000)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cedar["load_per_row_vs_cedar"] = cedar["load_ms_per_row"] / cedar["cedar_ms_per_policy"]
         result["cedar"] = cedar
     result["cli"] = cold_cli(args.repeat)
-    shipped = PolicySet(load_policy_file(Path(str(__import__("kvpolicy").loader.shipped_root())) / "2026.09.10.toml"))
+    shipped = PolicySet(load_policy_file(Path(str(shipped_root())) / "2026.09.10.toml"))
     result["shipped_resolve"] = latency(shipped, SHIPPED_CONTEXTS, args.seconds)
     # Against the if/elif encoding of the same policy (answers asserted equal first), and contexts
     # with diagnostics against those without, interleaved in this run.

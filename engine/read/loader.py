@@ -64,9 +64,6 @@ PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer
 #: conversion, no attribute or index.
 _PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-_CONTEXT_SUBJECTS = frozenset({"architecture", "model_type"})
-
-
 def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
     """Read, parse and check one policy file; raise :class:`PolicyError` listing every problem.
 
