@@ -30,9 +30,7 @@ class DecisionLog:
             raise ValueError("max_bytes must be positive and backups non-negative")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handler = logging.handlers.RotatingFileHandler(
-            self.path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
-        )
+        self._handler = logging.handlers.RotatingFileHandler(self.path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
         self._handler.setFormatter(logging.Formatter("%(message)s"))
         self._lock = threading.Lock()
 
@@ -45,9 +43,7 @@ class DecisionLog:
             **resolution.to_dict(),
             "labels": labels,
         }
-        entry["diagnostics"] = [
-            {"id": d["id"], "severity": d["severity"], "decision": d["decision"]} for d in entry["diagnostics"]
-        ]
+        entry["diagnostics"] = [{"id": d["id"], "severity": d["severity"], "decision": d["decision"]} for d in entry["diagnostics"]]
         line = json.dumps(entry, sort_keys=True, separators=(",", ":"))
         record = logging.LogRecord("kvpolicy.decisions", logging.INFO, __file__, 0, line, None, None)
         with self._lock:

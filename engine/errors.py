@@ -50,9 +50,7 @@ class PolicyError(ValueError):
     """A policy file or folder cannot be used. ``problems`` lists every problem found, not only the first."""
 
     def __init__(self, problems: list[PolicyProblem] | PolicyProblem) -> None:
-        self.problems: tuple[PolicyProblem, ...] = (
-            (problems,) if isinstance(problems, PolicyProblem) else tuple(problems)
-        )
+        self.problems: tuple[PolicyProblem, ...] = (problems,) if isinstance(problems, PolicyProblem) else tuple(problems)
         count = len(self.problems)
         head = f"{count} problem{'s' if count != 1 else ''} in policy"
         super().__init__(head + ":\n" + "\n".join(f"  {problem}" for problem in self.problems))

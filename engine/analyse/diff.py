@@ -188,9 +188,7 @@ def _sections(result: Diff) -> list[Section]:
                 if sum(size_of(intersect(c, restriction)) for c in cubes) == subset_count:
                     # Show only what narrows the section: full on every dimension the section
                     # already bounds the same way.
-                    shown = tuple(
-                        r if r != b else frozenset(d.values) for r, b, d in zip(restriction, box, result.dimensions)
-                    )
+                    shown = tuple(r if r != b else frozenset(d.values) for r, b, d in zip(restriction, box, result.dimensions))
                     changes.append(DiagnosticChange(sign, key, subset_count, restriction=shown))
                 else:
                     merged = merge(subset)
@@ -214,9 +212,7 @@ def _sections(result: Diff) -> list[Section]:
     return sections
 
 
-def _by_values(
-    result: Diff, cubes: list[Cube], members: set[int], outcomes: frozenset, with_rules: bool, both: bool
-) -> ByValues | None:
+def _by_values(result: Diff, cubes: list[Cube], members: set[int], outcomes: frozenset, with_rules: bool, both: bool) -> ByValues | None:
     """The contexts as (a cube of inputs) x (what OLD, or both versions alike, resolve), if exact.
 
     The contexts of a box that resolve so are exactly the section's when the box holds the whole
@@ -316,13 +312,9 @@ def diff_policies(old: Any, new: Any) -> Diff:
     blocks = _blocks(dimensions)
     for change, cubes in by_change.items():
         merged = merge(cubes)
-        groups.append(
-            Group(change, tuple(merged), sum(size_of(c) for c in merged), _factor(merged, blocks), frozenset(resolved[change]))
-        )
+        groups.append(Group(change, tuple(merged), sum(size_of(c) for c in merged), _factor(merged, blocks), frozenset(resolved[change])))
     # Value changes first; groups with the same decision change next to each other.
-    groups.sort(
-        key=lambda g: (not g.change.values_change, [str(d) for d in g.change.decisions], not g.change.starts_failing, -g.count, g.change.summary())
-    )
+    groups.sort(key=lambda g: (not g.change.values_change, [str(d) for d in g.change.decisions], not g.change.starts_failing, -g.count, g.change.summary()))
     total = size_of(tuple(frozenset(d.values) for d in dimensions))
     # Each leaf's group, by index (-1: unchanged); equal changes are hashed once per object.
     index_of = {g.change: i for i, g in enumerate(groups)}

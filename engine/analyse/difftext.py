@@ -32,8 +32,7 @@ __all__ = [
 
 #: The second line of every text diff: what a context is.
 CONTEXT_NOTE = (
-    "(a context: architecture, backend with its environment, runtime, kv_cache_manager, timeout and features;"
-    " what a line does not name may take any value)"
+    "(a context: architecture, backend with its environment, runtime, kv_cache_manager, timeout and features; what a line does not name may take any value)"
 )
 
 

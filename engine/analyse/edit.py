@@ -129,12 +129,7 @@ class PolicyEdit:
         counts: dict[tuple[str, str], int] = {}
         for change in self.changes:
             counts[(change.kind, change.sign)] = counts.get((change.kind, change.sign), 0) + 1
-        parts = [
-            f"{plural(counts[(kind, sign)], noun)} {_SIGNS[sign]}"
-            for kind, noun in _KINDS.items()
-            for sign in _SIGNS
-            if (kind, sign) in counts
-        ]
+        parts = [f"{plural(counts[(kind, sign)], noun)} {_SIGNS[sign]}" for kind, noun in _KINDS.items() for sign in _SIGNS if (kind, sign) in counts]
         return ", ".join(parts) if parts else "nothing changed in the rules"
 
     def to_dict(self) -> dict[str, Any]:
@@ -217,14 +212,17 @@ def _rule_changes(stage: str, decision: str, before: Iterable[Rule], after: Iter
             present = _present(a, b)
             sign = "+" if a is None else "-"
             fields = tuple((n, *_sides(sign, v)) for n, v in _rule_fields(present) if v is not None)
-            change = EditChange(sign, stage, rule_id, decision, fields, present.reason, present.source,
-                                _where(present.location), _rule_names(a, b))
+            change = EditChange(sign, stage, rule_id, decision, fields, present.reason, present.source, _where(present.location), _rule_names(a, b))
             found.append(((_line(present), rule_id), change))
             continue
         fields = _differing(*((n, x, y) for (n, x), (_, y) in zip(_rule_fields(a), _rule_fields(b))), *_provenance(a, b))
         if fields:
-            found.append(((_line(b), rule_id), EditChange("~", stage, rule_id, decision, fields, b.reason, b.source,
-                                                           _where(b.location), _names_if_decisive(fields, _rule_names(a, b)))))
+            found.append(
+                (
+                    (_line(b), rule_id),
+                    EditChange("~", stage, rule_id, decision, fields, b.reason, b.source, _where(b.location), _names_if_decisive(fields, _rule_names(a, b))),
+                )
+            )
     if stage in ("conditional", "adjustment"):  # the first that holds decides: order is meaning
         kept_old = [r.id for r in before if r.id in new]
         kept_new = [r.id for r in after if r.id in old]
@@ -239,8 +237,7 @@ def _default_change(decision: str, a: Rule, b: Rule) -> list[EditChange]:
     fields = _differing(("id", a.id, b.id), *((n, x, y) for (n, x), (_, y) in zip(_rule_fields(a), _rule_fields(b))), *_provenance(a, b))
     if not fields:
         return []
-    return [EditChange("~", "default", b.id, decision, fields, b.reason, b.source, _where(b.location),
-                       _names_if_decisive(fields, _rule_names(a, b)))]
+    return [EditChange("~", "default", b.id, decision, fields, b.reason, b.source, _where(b.location), _names_if_decisive(fields, _rule_names(a, b)))]
 
 
 def _preference_changes(name: str, a: Decision, b: Decision) -> list[tuple[tuple, EditChange]]:
@@ -262,9 +259,22 @@ def _preference_changes(name: str, a: Decision, b: Decision) -> list[tuple[tuple
             # Whether any row is adopted changes with these: every row's decisions may change.
             names = frozenset(r.id for r in (*rows_a.values(), *rows_b.values()))
             names |= notices
-            found.append(((_STAGE_RANK["preference"], 0, ""), EditChange(
-                sign, "preference", preference.id, name, fields, preference.reason, preference.source, _where(preference.location),
-                _names_if_decisive(fields, names))))
+            found.append(
+                (
+                    (_STAGE_RANK["preference"], 0, ""),
+                    EditChange(
+                        sign,
+                        "preference",
+                        preference.id,
+                        name,
+                        fields,
+                        preference.reason,
+                        preference.source,
+                        _where(preference.location),
+                        _names_if_decisive(fields, names),
+                    ),
+                )
+            )
     for key in rows_a.keys() | rows_b.keys():
         ra, rb = rows_a.get(key), rows_b.get(key)
         if ra is not None and rb is not None and (ra.value, ra.reason, ra.source) == (rb.value, rb.reason, rb.source):
@@ -272,14 +282,16 @@ def _preference_changes(name: str, a: Decision, b: Decision) -> list[tuple[tuple
         if ra is None or rb is None:
             row = _present(ra, rb)
             sign = "+" if ra is None else "-"
-            change = EditChange(sign, "row", row.id, name, (("value", *_sides(sign, row.value)),),
-                                row.reason, row.source, _where(row.location), notices | {row.id})
+            change = EditChange(
+                sign, "row", row.id, name, (("value", *_sides(sign, row.value)),), row.reason, row.source, _where(row.location), notices | {row.id}
+            )
             found.append(((_STAGE_RANK["row"], _line(row), row.id), change))
             continue
         fields = _differing(("value", ra.value, rb.value), *_provenance(ra, rb))
         if fields:
-            change = EditChange("~", "row", rb.id, name, fields, rb.reason, rb.source, _where(rb.location),
-                                _names_if_decisive(fields, notices | {ra.id, rb.id}))
+            change = EditChange(
+                "~", "row", rb.id, name, fields, rb.reason, rb.source, _where(rb.location), _names_if_decisive(fields, notices | {ra.id, rb.id})
+            )
             found.append(((_STAGE_RANK["row"], _line(rb), rb.id), change))
     return found
 
@@ -306,15 +318,41 @@ def _constraint_changes(before: Iterable[Constraint], after: Iterable[Constraint
             present = _present(a, b)
             sign = "+" if a is None else "-"
             fields = tuple((n, *_sides(sign, v)) for n, v in fields_of(present) if n in ("severity", "when"))
-            found.append(((_line(present), constraint_id), EditChange(
-                sign, "constraint", constraint_id, present.decision, fields, present.reason, present.source,
-                _where(present.location), frozenset([constraint_id]))))
+            found.append(
+                (
+                    (_line(present), constraint_id),
+                    EditChange(
+                        sign,
+                        "constraint",
+                        constraint_id,
+                        present.decision,
+                        fields,
+                        present.reason,
+                        present.source,
+                        _where(present.location),
+                        frozenset([constraint_id]),
+                    ),
+                )
+            )
             continue
         fields = _differing(*((n, x, y) for (n, x), (_, y) in zip(fields_of(a), fields_of(b))), *_provenance(a, b))
         if fields:
-            found.append(((_line(b), constraint_id), EditChange(
-                "~", "constraint", constraint_id, b.decision, fields, b.reason, b.source, _where(b.location),
-                _names_if_decisive(fields, frozenset([constraint_id])))))
+            found.append(
+                (
+                    (_line(b), constraint_id),
+                    EditChange(
+                        "~",
+                        "constraint",
+                        constraint_id,
+                        b.decision,
+                        fields,
+                        b.reason,
+                        b.source,
+                        _where(b.location),
+                        _names_if_decisive(fields, frozenset([constraint_id])),
+                    ),
+                )
+            )
     return found
 
 
@@ -348,8 +386,21 @@ def _checkpoint_changes(before: tuple[CheckpointRule, ...], after: tuple[Checkpo
         if a is None or b is None:
             present = _present(a, b)
             sign = "+" if a is None else "-"
-            found.append(((1, rule_id), EditChange(sign, "checkpoint rule", rule_id, None, (("reads", *_sides(sign, reads(present))),),
-                                                    present.reason, present.source, _where(present.location))))
+            found.append(
+                (
+                    (1, rule_id),
+                    EditChange(
+                        sign,
+                        "checkpoint rule",
+                        rule_id,
+                        None,
+                        (("reads", *_sides(sign, reads(present))),),
+                        present.reason,
+                        present.source,
+                        _where(present.location),
+                    ),
+                )
+            )
             continue
         fields = _differing(("reads", reads(a), reads(b)), *_provenance(a, b))
         if fields:

@@ -55,9 +55,7 @@ class Evaluator:
     ``PREF[{architecture}]`` (see :func:`canonical_rule`), so every architecture whose row gives
     the same value stays in one cube instead of one cube per architecture."""
 
-    def __init__(
-        self, policy: Policy, order: tuple[str, ...], dimensions: tuple[Dimension, ...], row_indexes: dict[int, RowIndex] | None = None
-    ) -> None:
+    def __init__(self, policy: Policy, order: tuple[str, ...], dimensions: tuple[Dimension, ...], row_indexes: dict[int, RowIndex] | None = None) -> None:
         self.policy = policy
         self.diagnose = True
         self.read_rows = False
@@ -68,10 +66,7 @@ class Evaluator:
         self.plan: list[tuple[Any, ...]] = []  # one tuple per decision, unpacked by decide()
         for name in order:
             decision = policy.decisions[name]
-            requirements = tuple(
-                (self._compile(r.when), r.value, r.id, _notice_key(r.notice, name))
-                for r in sorted(decision.requirements, key=lambda r: r.id)
-            )
+            requirements = tuple((self._compile(r.when), r.value, r.id, _notice_key(r.notice, name)) for r in sorted(decision.requirements, key=lambda r: r.id))
             rows = None
             adopt = not_adopted = None
             if decision.preference is not None and decision.preference.rows:
@@ -79,13 +74,9 @@ class Evaluator:
                 rows = {m: row_key(decision, *m, index=index) for m in self.models}
                 adopt = self._compile(decision.preference.adopt_when)
                 not_adopted = _notice_key(decision.preference.on_not_adopted, name)
-            conditionals = tuple(
-                (self._compile(r.when), r.value, r.id, _notice_key(r.notice, name)) for r in decision.conditionals
-            )
+            conditionals = tuple((self._compile(r.when), r.value, r.id, _notice_key(r.notice, name)) for r in decision.conditionals)
             default = (decision.default.value, decision.default.id, _notice_key(decision.default.notice, name))
-            self.plan.append(
-                (name, self.index[name], decision.undecided, requirements, rows, adopt, not_adopted, conditionals, default)
-            )
+            self.plan.append((name, self.index[name], decision.undecided, requirements, rows, adopt, not_adopted, conditionals, default))
         self.adjustments = tuple(
             (
                 name,
@@ -96,20 +87,15 @@ class Evaluator:
             for name in order
             if policy.decisions[name].adjustments
         )
-        self.constraints = tuple(
-            (self._compile(c.when), (c.id, c.severity, c.decision)) for c in sorted(policy.constraints, key=lambda c: c.id)
-        )
+        self.constraints = tuple((self._compile(c.when), (c.id, c.severity, c.decision)) for c in sorted(policy.constraints, key=lambda c: c.id))
         self._owned = tuple((compiled, key, (True,)) for compiled, key in self.constraints)
         # Requested values this policy accepts (the other policy may know more values), and
         # features it does not declare (``resolve`` rejects a context that carries one).
-        self.accepted = tuple(
-            (name, self.index[name], frozenset(policy.decisions[name].requests))
-            for name in order
-        )
+        self.accepted = tuple((name, self.index[name], frozenset(policy.decisions[name].requests)) for name in order)
         self.undeclared = tuple(
-            (d.name[len("feature:"):], i)
+            (d.name[len("feature:") :], i)
             for i, d in enumerate(dimensions)
-            if d.name.startswith("feature:") and d.name[len("feature:"):] not in policy.features
+            if d.name.startswith("feature:") and d.name[len("feature:") :] not in policy.features
         )
 
     def resolutions_only(self) -> Evaluator:
@@ -131,9 +117,7 @@ class Evaluator:
         if self.dimensions != other.dimensions or self._shape() != other._shape():
             return None
         return frozenset(
-            model
-            for model in self.models
-            if any(mine[4] is not None and mine[4][model] != theirs[4][model] for mine, theirs in zip(self.plan, other.plan))
+            model for model in self.models if any(mine[4] is not None and mine[4][model] != theirs[4][model] for mine, theirs in zip(self.plan, other.plan))
         )
 
     def _compile(self, condition: Condition) -> _Compiled:
@@ -273,9 +257,7 @@ def joint_constraints(first: Evaluator, second: Evaluator) -> tuple:
     return tuple(joint)
 
 
-def split_constraints(
-    constraints: tuple, cube: Cube, states: tuple[Any, ...], shared: bool = True
-) -> list[tuple[Cube, tuple[list[DiagnosticKey], ...]]]:
+def split_constraints(constraints: tuple, cube: Cube, states: tuple[Any, ...], shared: bool = True) -> list[tuple[Cube, tuple[list[DiagnosticKey], ...]]]:
     """The constraints that hold for each decided state (see :meth:`Evaluator.decide`; an
     :class:`Outcome` for a rejected context, which no constraint reads), on the pieces of
     ``cube`` where every one of them is constant. ``constraints``: (compiled condition, key,
@@ -298,9 +280,7 @@ def split_constraints(
     active = []
     for (decided, tests), key, owners in constraints:
         applies = tuple(
-            owner
-            and not isinstance(state, Outcome)
-            and not any((state[3][subject] in accepted) is negate for subject, accepted, negate in decided)
+            owner and not isinstance(state, Outcome) and not any((state[3][subject] in accepted) is negate for subject, accepted, negate in decided)
             for owner, state in zip(owners, states)
         )
         if not any(applies) or (not shared and all(applies)):

@@ -297,11 +297,17 @@ def impact_of(
         result = _config_impact(path, old, new, root, architecture_map or ArchitectureMap())
         if result.skipped and path in named:
             # A file named on its own is meant as a serving config: saying nothing would read as "fine".
-            result = ConfigImpact(result.path, problems=(ConfigProblem(
-                result.path, None,
-                "no cache_transceiver_config in any layout TensorRT-LLM reads (context_servers/generation_servers, "
-                "worker_config.ctx/gen, or the top level): nothing to check; is a key misspelt?",
-            ),))
+            result = ConfigImpact(
+                result.path,
+                problems=(
+                    ConfigProblem(
+                        result.path,
+                        None,
+                        "no cache_transceiver_config in any layout TensorRT-LLM reads (context_servers/generation_servers, "
+                        "worker_config.ctx/gen, or the top level): nothing to check; is a key misspelt?",
+                    ),
+                ),
+            )
         results.append(result)
     return results
 
@@ -391,8 +397,7 @@ def _over_models(result: ConfigImpact, old: PolicySet, new: PolicySet, disaggreg
     shown = result
     for model in models:
         sections = [
-            replace(s, old=_for_model(old, s.old, model), new=_for_model(new, s.new, model))
-            if s.identity is not None and not s.identity.known else s
+            replace(s, old=_for_model(old, s.old, model), new=_for_model(new, s.new, model)) if s.identity is not None and not s.identity.known else s
             for s in result.sections
         ]
         candidate = replace(

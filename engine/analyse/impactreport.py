@@ -50,6 +50,7 @@ FAIL_ON = {
 #: The report formats (``--format``; ``-o FORMAT=FILE``).
 FORMATS = ("text", "json", "github", "sarif")
 
+
 def fail_tokens(result: ConfigImpact) -> set[str]:
     """What ``--fail-on`` compares: the config's and its sections' statuses, ``unknown`` when its
     model was not identified, ``unknown-may-fail`` when some model it may be would fail."""
@@ -78,8 +79,7 @@ def gate_line(results: list[ConfigImpact], fail_on: str) -> str:
         return f"gate: fails (exit 1) on {because} (--fail-on {fail_on})"
     quiet = counts["malformed"]
     if quiet:
-        return (f"gate: passes (exit 0); {plural(quiet, 'config')} malformed under both versions, not caused by the edit "
-                "(--fail-on malformed fails on them)")
+        return f"gate: passes (exit 0); {plural(quiet, 'config')} malformed under both versions, not caused by the edit (--fail-on malformed fails on them)"
     return f"gate: passes (exit 0) (--fail-on {fail_on})"
 
 
@@ -101,8 +101,19 @@ _COUNTED = {
 
 def _counts(results: list[ConfigImpact]) -> str:
     counts = Counter(r.status for r in results if not r.skipped)
-    order = ("starts failing", "fails differently", "malformed", "architecture unknown", "runtime changes", "backend changes",
-             "changes", "new warning", "stops failing", "still failing", "unchanged")
+    order = (
+        "starts failing",
+        "fails differently",
+        "malformed",
+        "architecture unknown",
+        "runtime changes",
+        "backend changes",
+        "changes",
+        "new warning",
+        "stops failing",
+        "still failing",
+        "unchanged",
+    )
     return ", ".join(f"{counts[s]} {_COUNTED.get(s, (s, s))[counts[s] != 1]}" for s in order if counts[s])
 
 
@@ -138,9 +149,7 @@ def _short_path(path: str, folder: str) -> str:
     return str(Path(path).relative_to(folder)) if folder else path
 
 
-def render_text(
-    results: list[ConfigImpact], old: str, new: str, edit: PolicyEdit | None = None, env_names: frozenset[str] | None = None
-) -> str:
+def render_text(results: list[ConfigImpact], old: str, new: str, edit: PolicyEdit | None = None, env_names: frozenset[str] | None = None) -> str:
     """Summary table first (after ``edit``, what changed in the files, as ``kvpolicy diff`` prints
     it first), details after."""
     read = [r for r in results if not r.skipped]
@@ -162,18 +171,19 @@ def render_text(
     for result in read:
         first = True
         for section in result.sections:
-            rows.append((
-                _short_path(result.path, folder) if first else "",
-                _SIDE_LABELS.get(section.name, section.name),
-                _architecture(result) if first else "",
-                section.old.short(),
-                section.new.short(),
-                section.status,
-            ))
+            rows.append(
+                (
+                    _short_path(result.path, folder) if first else "",
+                    _SIDE_LABELS.get(section.name, section.name),
+                    _architecture(result) if first else "",
+                    section.old.short(),
+                    section.new.short(),
+                    section.status,
+                )
+            )
             first = False
         if result.mismatch_old or result.mismatch_new:
-            rows.append(("", "both", "", "mismatch" if result.mismatch_old else "ok", "mismatch" if result.mismatch_new else "ok",
-                         result.status))
+            rows.append(("", "both", "", "mismatch" if result.mismatch_old else "ok", "mismatch" if result.mismatch_new else "ok", result.status))
         if result.problems:
             rows.append((_short_path(result.path, folder) if first else "", "-", "", "", "", "malformed"))
     if len(rows) > 1:
@@ -280,10 +290,17 @@ def to_json(results: list[ConfigImpact], old: str, new: str) -> dict[str, Any]:
                 "problems": [{"location": p.location, "line": p.line, "message": p.message} for p in r.problems],
                 "mismatch": {"old": r.mismatch_old, "new": r.mismatch_new},
                 "sections": [
-                    {"name": s.name, "line": s.line, "status": s.status, "parallel": dict(s.parallel),
-                     "model": s.identity.describe() if s.identity is not None else None,
-                     "possibilities": [{"status": status, "architectures": list(labels)} for status, labels in s.possibilities],
-                     "old": _side_json(s.old), "new": _side_json(s.new), "used": list(s.used)}
+                    {
+                        "name": s.name,
+                        "line": s.line,
+                        "status": s.status,
+                        "parallel": dict(s.parallel),
+                        "model": s.identity.describe() if s.identity is not None else None,
+                        "possibilities": [{"status": status, "architectures": list(labels)} for status, labels in s.possibilities],
+                        "old": _side_json(s.old),
+                        "new": _side_json(s.new),
+                        "used": list(s.used),
+                    }
                     for s in r.sections
                 ],
             }
@@ -326,7 +343,7 @@ def render_github(results: list[ConfigImpact], old: str, new: str, *, summary_fi
     hidden: dict[str, int] = {}
     for level in ("error", "warning", "notice"):
         of_level = [note.annotation() for note in notes if note.level == level]
-        shown += of_level[:GITHUB_PER_LEVEL - 1] if len(of_level) > GITHUB_PER_LEVEL else of_level
+        shown += of_level[: GITHUB_PER_LEVEL - 1] if len(of_level) > GITHUB_PER_LEVEL else of_level
         if len(of_level) > GITHUB_PER_LEVEL:
             hidden[level] = len(of_level) - (GITHUB_PER_LEVEL - 1)
             where = "the step summary" if summary_file else "--format text, json or sarif"
@@ -390,7 +407,6 @@ def _github_notes(results: list[ConfigImpact], old: str, new: str) -> list[_Note
     return sorted(lines, key=lambda note: note.rank)
 
 
-
 #: SARIF rules of ``impact``: one per status worth a look, with its level.
 _SARIF_RULES = {
     "starts-failing": ("error", "A config that starts under the old version fails under the new one"),
@@ -412,13 +428,15 @@ def render_sarif(results: list[ConfigImpact], old: str, new: str) -> str:
 
     def add(rule: str, level: str, path: str, line: int | None, message: str) -> None:
         region = {"region": {"startLine": line}} if line else {}
-        found.append({
-            "ruleId": rule,
-            "ruleIndex": list(_SARIF_RULES).index(rule),
-            "level": level,
-            "message": {"text": message},
-            "locations": [{"physicalLocation": {"artifactLocation": {"uri": Path(path).as_posix()}, **region}}],
-        })
+        found.append(
+            {
+                "ruleId": rule,
+                "ruleIndex": list(_SARIF_RULES).index(rule),
+                "level": level,
+                "message": {"text": message},
+                "locations": [{"physicalLocation": {"artifactLocation": {"uri": Path(path).as_posix()}, **region}}],
+            }
+        )
 
     for r in results:
         if r.skipped:
@@ -430,9 +448,14 @@ def render_sarif(results: list[ConfigImpact], old: str, new: str) -> str:
         line = r.sections[0].line if r.sections else None
         if r.status == "architecture unknown":
             detail = "; ".join(f"{status} for {', '.join(labels)}" for status, labels in r.possibilities)
-            add("architecture-unknown", "error" if r.may_fail else "warning", r.path, line,
+            add(
+                "architecture-unknown",
+                "error" if r.may_fail else "warning",
+                r.path,
+                line,
                 f"the model is unknown and the outcome from {old} to {new} depends on it: {detail}. "
-                "Give the checkpoint's config.json (--models-root, $LLM_MODELS_ROOT) or --arch-map")
+                "Give the checkpoint's config.json (--models-root, $LLM_MODELS_ROOT) or --arch-map",
+            )
             continue
         status = r.status
         rule = {"starts failing": "starts-failing", "fails differently": "fails-differently", "still failing": "still-failing"}.get(
@@ -448,21 +471,25 @@ def render_sarif(results: list[ConfigImpact], old: str, new: str) -> str:
     document = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {
-                "name": "kvpolicy impact",
-                "version": __version__,
-                "rules": [
-                    {
-                        "id": rule,
-                        "shortDescription": {"text": text},
-                        "defaultConfiguration": {"level": level},
-                        "helpUri": f"{DOCS_URL}diff-impact/#what-each-status-means",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "kvpolicy impact",
+                        "version": __version__,
+                        "rules": [
+                            {
+                                "id": rule,
+                                "shortDescription": {"text": text},
+                                "defaultConfiguration": {"level": level},
+                                "helpUri": f"{DOCS_URL}diff-impact/#what-each-status-means",
+                            }
+                            for rule, (level, text) in _SARIF_RULES.items()
+                        ],
                     }
-                    for rule, (level, text) in _SARIF_RULES.items()
-                ],
-            }},
-            "results": found,
-        }],
+                },
+                "results": found,
+            }
+        ],
     }
     return json.dumps(document, indent=2) + "\n"

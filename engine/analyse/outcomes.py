@@ -63,9 +63,7 @@ class Outcome:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @classmethod
-    def of(
-        cls, values: dict[str, Any], decided_by: dict[str, str], diagnostics: Iterable[Any], architecture: str | None = None
-    ) -> Outcome:
+    def of(cls, values: dict[str, Any], decided_by: dict[str, str], diagnostics: Iterable[Any], architecture: str | None = None) -> Outcome:
         """From what :meth:`kvpolicy.PolicySet.outcome` returns for a context of ``architecture``
         (rule ids canonical as :func:`canonical_rule` makes them; diagnostics compared as a multiset)."""
         return cls(
@@ -140,10 +138,7 @@ class Change:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
-            "decisions": [
-                {"decision": d.decision, "old": d.old, "new": d.new, "old_rule": d.old_rule, "new_rule": d.new_rule}
-                for d in self.decisions
-            ],
+            "decisions": [{"decision": d.decision, "old": d.old, "new": d.new, "old_rule": d.old_rule, "new_rule": d.new_rule} for d in self.decisions],
             "diagnostics_added": [{"id": i, "severity": s, "decision": d} for i, s, d in self.added],
             "diagnostics_removed": [{"id": i, "severity": s, "decision": d} for i, s, d in self.removed],
         }
@@ -273,7 +268,7 @@ def canonical_rule(rule: str, architecture: str | None) -> str:
     if architecture is not None and rule.endswith("]"):
         head, bracket, rest = rule.partition("[")
         if bracket and (rest == architecture + "]" or rest.startswith(architecture + ",model_type=")):
-            return f"{head}[{ARCHITECTURE_SLOT}{rest[len(architecture):]}"
+            return f"{head}[{ARCHITECTURE_SLOT}{rest[len(architecture) :]}"
     return rule
 
 

@@ -39,9 +39,7 @@ def evaluate_cubes(old: Any, new: Any, domain: Domain | None = None) -> Iterator
         yield from unchanged.leaves()
 
 
-def partition(
-    old: Any, new: Any, domain: Domain | None, *, shared: bool = True
-) -> tuple[Iterator[tuple[Cube, Outcome, Outcome]], Unchanged | None]:
+def partition(old: Any, new: Any, domain: Domain | None, *, shared: bool = True) -> tuple[Iterator[tuple[Cube, Outcome, Outcome]], Unchanged | None]:
     """The joint partition in two parts: leaves where the versions may differ, evaluated with
     both, and (when there is one) a function giving the leaves of the rest, where they provably
     resolve alike, evaluated with OLD alone.

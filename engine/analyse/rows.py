@@ -19,9 +19,7 @@ __all__ = ["RowIndex", "row_index", "row_key"]
 RowIndex = dict[str, tuple["Row | None", dict[str, Row]]]
 
 
-def row_key(
-    decision: Decision, architecture: str | None, model_type: str | None, index: RowIndex | None = None
-) -> tuple[str, str] | None:
+def row_key(decision: Decision, architecture: str | None, model_type: str | None, index: RowIndex | None = None) -> tuple[str, str] | None:
     """What a model's preference row gives: (value, rule id as :func:`canonical_rule` makes it),
     or None when no row applies. Models with equal keys resolve alike wherever the rows decide."""
     row = _row_for(decision, architecture, model_type, index)
@@ -44,9 +42,7 @@ def row_index(decision: Decision) -> RowIndex:
     return index
 
 
-def _row_for(
-    decision: Decision, architecture: str | None, model_type: str | None, index: RowIndex | None = None
-) -> Row | None:
+def _row_for(decision: Decision, architecture: str | None, model_type: str | None, index: RowIndex | None = None) -> Row | None:
     """The preference row the resolver picks: a model_type-qualified row first, then the plain one
     (the first of each in file order). ``index`` (from :func:`row_index`) makes it a lookup."""
     if architecture is None or decision.preference is None:

@@ -32,13 +32,12 @@ def register(sub: Any) -> None:
             "the folder cannot be used."
         ),
     )
-    parser.add_argument(
-        "path", nargs="?", default=None, metavar="DIR", help=f"the policy folder (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})"
-    )
+    parser.add_argument("path", nargs="?", default=None, metavar="DIR", help=f"the policy folder (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})")
     parser.add_argument("--threshold", type=float, default=100.0, metavar="PCT", help="minimum rule coverage (default: 100)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.kvpolicy] from this file (default: nearest pyproject.toml)")
     parser.add_argument(
-        "--no-cache", action="store_true",
+        "--no-cache",
+        action="store_true",
         help="compute every result again instead of reading unchanged files' results from the cache "
         "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
     )
@@ -242,13 +241,13 @@ def run_new(args: Any) -> int:
         return fail(str(exc))
     text, count = _VERSION_LINE.subn(lambda m: f'{m.group(1)}"{version}"', text, count=1)
     if count != 1:
-        return fail(f"{newest_file}: no top-level `version = \"...\"` line to rewrite")
+        return fail(f'{newest_file}: no top-level `version = "..."` line to rewrite')
     # What the version is (summary, source, header comment) is the author's to say: placeholders
     # that lint refuses (KVP042) until they are filled, never the previous version's claims.
     marks = placeholders()
     fresh = _fresh_header(text, marks)
     if fresh is None:
-        return fail(f"{newest_file}: no top-level `summary = \"...\"` and `source = \"...\"` lines to rewrite")
+        return fail(f'{newest_file}: no top-level `summary = "..."` and `source = "..."` lines to rewrite')
     text = fresh
     target.write_text(text, encoding="utf-8")
     try:

@@ -31,7 +31,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="list every case")
     parser.add_argument("--format", choices=("text", "json", "junit"), default="text", help="output format (default: text)")
     parser.add_argument(
-        "--no-cache", action="store_true",
+        "--no-cache",
+        action="store_true",
         help="compute every result again instead of reading unchanged files' results from the cache "
         "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
     )

@@ -60,9 +60,7 @@ def fail(message: str) -> int:
 def add_model_arguments(parser: Any, *, scope: str = "") -> None:
     """``--models-root`` and ``--arch-map``: how a command that reads serving configs finds the model
     each server runs (``scope``, e.g. ``"with --config: "``, starts their help)."""
-    parser.add_argument(
-        "--models-root", metavar="DIR", help=f"{scope}where checkpoint folders (with config.json) live (default: $LLM_MODELS_ROOT)"
-    )
+    parser.add_argument("--models-root", metavar="DIR", help=f"{scope}where checkpoint folders (with config.json) live (default: $LLM_MODELS_ROOT)")
     parser.add_argument("--arch-map", metavar="FILE", help=f"{scope}YAML/JSON mapping of model path globs to architectures")
 
 
@@ -144,7 +142,9 @@ def context_error(exc: ContextError) -> int:
 def add_colour_argument(parser: argparse.ArgumentParser) -> None:
     """``--color auto|always|never`` (auto: on a terminal, unless NO_COLOR is set)."""
     parser.add_argument(
-        "--color", choices=("auto", "always", "never"), default="auto",
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
         help="colour the text report (default auto: on a terminal; NO_COLOR set turns it off, FORCE_COLOR on)",
     )
 

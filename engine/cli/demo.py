@@ -94,8 +94,16 @@ def run(args: Any) -> int:
             if text:
                 print(f"{architecture}: error: {message}")
             else:
-                print(json.dumps({"architecture": architecture, "runtime": resolutions[architecture].runtime,
-                                  "ok": False, "errors": [{"id": "transceiver-not-installed", "message": message}]}))
+                print(
+                    json.dumps(
+                        {
+                            "architecture": architecture,
+                            "runtime": resolutions[architecture].runtime,
+                            "ok": False,
+                            "errors": [{"id": "transceiver-not-installed", "message": message}],
+                        }
+                    )
+                )
         if text:
             print("\nstopped before starting any worker: no transceiver here moves the runtime decided above")
         return 1
@@ -108,8 +116,7 @@ def run(args: Any) -> int:
                 if text:
                     print(f"{architecture}: error[{error.id}]: {error.message}\n  --> {error.location}")
                 else:
-                    print(json.dumps({"architecture": architecture, "runtime": r.runtime, "ok": False,
-                                      "errors": [e._asdict() for e in r.errors]}))
+                    print(json.dumps({"architecture": architecture, "runtime": r.runtime, "ok": False, "errors": [e._asdict() for e in r.errors]}))
         if text:
             print("\nstopped before starting any worker: fix the errors above (or pick another --policy-version)")
         return 1
@@ -155,8 +162,15 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
                 shared = min(shared, args.prompt_len - 1)
                 second = prompt[:shared] + [rng.randrange(model_config.vocab_size) for _ in range(args.prompt_len - shared)]
                 settings = RunSettings(
-                    architecture, args.policy, policy.version, config, args.model_size, seed,
-                    args.tokens_per_block, num_blocks=4 * (args.prompt_len // args.tokens_per_block + 2), device=args.device,
+                    architecture,
+                    args.policy,
+                    policy.version,
+                    config,
+                    args.model_size,
+                    seed,
+                    args.tokens_per_block,
+                    num_blocks=4 * (args.prompt_len // args.tokens_per_block + 2),
+                    device=args.device,
                 )
                 info, results, _ = run_model(prefill, decode, settings, [prompt, second], args.new_tokens, keys.name)
                 references = [reference_generation(model, p, args.new_tokens) for p in (prompt, second)]
@@ -164,27 +178,29 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
                 matches = [r.tokens == ref.tokens for r, ref in zip(results, references)]
                 drift = max(abs(a - b) for r, ref in zip(results, references) for a, b in zip(r.logprobs, ref.logprobs))
                 resolution = resolutions[architecture]
-                rows.append({
-                    "architecture": architecture,
-                    "runtime": resolution.runtime,
-                    "backend": resolution.backend,
-                    "decided_by": resolution.decided_by["transceiver_runtime"],
-                    "worker_decided_by": info["prefill"]["decided_by"]["transceiver_runtime"],
-                    "policy_version": resolution.policy_version,
-                    "tokens_match": all(matches) and drift <= _LOGPROB_TOLERANCE,
-                    "tokens": list(first.tokens),
-                    "max_logprob_diff": drift,
-                    "bytes": first.nbytes,
-                    "gbps": first.gbps,
-                    "descriptors": first.descriptors,
-                    "first_decode_token_ms": first.first_decode_token_s * 1000,
-                    "prefix_reuse": {
-                        "tokens_match": matches[1],
-                        "blocks_total": reuse.blocks_total,
-                        "blocks_received": reuse.blocks_received,
-                        "bytes": reuse.nbytes,
-                    },
-                })
+                rows.append(
+                    {
+                        "architecture": architecture,
+                        "runtime": resolution.runtime,
+                        "backend": resolution.backend,
+                        "decided_by": resolution.decided_by["transceiver_runtime"],
+                        "worker_decided_by": info["prefill"]["decided_by"]["transceiver_runtime"],
+                        "policy_version": resolution.policy_version,
+                        "tokens_match": all(matches) and drift <= _LOGPROB_TOLERANCE,
+                        "tokens": list(first.tokens),
+                        "max_logprob_diff": drift,
+                        "bytes": first.nbytes,
+                        "gbps": first.gbps,
+                        "descriptors": first.descriptors,
+                        "first_decode_token_ms": first.first_decode_token_s * 1000,
+                        "prefix_reuse": {
+                            "tokens_match": matches[1],
+                            "blocks_total": reuse.blocks_total,
+                            "blocks_received": reuse.blocks_received,
+                            "bytes": reuse.nbytes,
+                        },
+                    }
+                )
                 progress.advance(task)
     finally:
         prefill.stop()
@@ -201,8 +217,12 @@ def _run_workers(args: Any, architectures: tuple[str, ...], policy: Any, config:
         for row in rows:
             reuse = row["prefix_reuse"]
             table.add_row(
-                row["architecture"], row["runtime"], "yes" if row["tokens_match"] else "NO",
-                f"{row['max_logprob_diff']:.1e}", f"{row['bytes']:,}", f"{row['gbps']:.3f}",
+                row["architecture"],
+                row["runtime"],
+                "yes" if row["tokens_match"] else "NO",
+                f"{row['max_logprob_diff']:.1e}",
+                f"{row['bytes']:,}",
+                f"{row['gbps']:.3f}",
                 f"{row['first_decode_token_ms']:.1f} ms",
                 f"{reuse['blocks_received']}/{reuse['blocks_total']} blocks, {'match' if reuse['tokens_match'] else 'MISMATCH'}",
             )

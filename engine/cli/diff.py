@@ -177,18 +177,14 @@ def _subgroups(result: Diff, found: list[Entry], dimensions: Any) -> tuple[list[
                 "summary": change_lines(group, result),
                 "description": describe_group(group, dimensions),
                 "cubes": [
-                    {d.name: [_json_value(v) for v in d.values if v in values] for d, values in zip(dimensions, cube)
-                     if len(values) != len(d.values)}
+                    {d.name: [_json_value(v) for v in d.values if v in values] for d, values in zip(dimensions, cube) if len(values) != len(d.values)}
                     for cube in group.cubes
                 ],
             }
         )
         for cube in group.cubes:
             free = [d.name for d, values in zip(dimensions, cube) if len(values) == len(d.values)]
-            axes = [
-                [v for v in d.values if v in values] if len(values) != len(d.values) else [d.values[0]]
-                for d, values in zip(dimensions, cube)
-            ]
+            axes = [[v for v in d.values if v in values] if len(values) != len(d.values) else [d.values[0]] for d, values in zip(dimensions, cube)]
             for point in itertools.product(*axes):
                 contexts.append({**_context(dimensions, point), "any": free, "group": owner[index], "subgroup": number})
     return subgroups, contexts

@@ -25,8 +25,9 @@ def register(sub: Any) -> None:
     summary = "resolve serving configs under two policy versions and report what changes"
     parser = sub.add_parser("impact", help=summary, description=summary + ".")
     parser.add_argument("--configs", nargs="+", required=True, metavar="PATH", help="config files or folders (searched recursively)")
-    parser.add_argument("--from", dest="old", required=True, metavar="OLD",
-                        help="policy file, folder, version id of --policy, or TensorRT-LLM release (v1.3.0rc24)")
+    parser.add_argument(
+        "--from", dest="old", required=True, metavar="OLD", help="policy file, folder, version id of --policy, or TensorRT-LLM release (v1.3.0rc24)"
+    )
     to = parser.add_mutually_exclusive_group(required=True)
     to.add_argument("--to", dest="new", metavar="NEW", help="the same forms as --from")
     add_trtllm_argument(to, "--to its policy version")
@@ -35,7 +36,11 @@ def register(sub: Any) -> None:
     add_model_arguments(parser)
     parser.add_argument("--format", choices=FORMATS, default="text")
     parser.add_argument(
-        "--output", "-o", metavar="[FORMAT=]FILE", action="append", default=[],
+        "--output",
+        "-o",
+        metavar="[FORMAT=]FILE",
+        action="append",
+        default=[],
         help="FILE: write the --format report to FILE instead of stdout; FORMAT=FILE (repeatable): also write "
         "the report in FORMAT to FILE, from the same run (e.g. --format github -o sarif=impact.sarif)",
     )

@@ -34,9 +34,7 @@ def register(sub: Any) -> None:
             f"[tool.kvpolicy] policies names, else ./{DEFAULT_PATH}/. Exit 0 when clean, 1 with findings at or above --fail-level, 2 on a usage error."
         ),
     )
-    parser.add_argument(
-        "paths", nargs="*", metavar="PATHS", help=f"policy files or folders (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})"
-    )
+    parser.add_argument("paths", nargs="*", metavar="PATHS", help=f"policy files or folders (default: [tool.kvpolicy] policies, else ./{DEFAULT_PATH})")
     parser.add_argument("--format", choices=FORMATS, default="text")
     parser.add_argument("--fail-level", choices=("warning", "error"), help="lowest severity that fails the run (default: warning)")
     parser.add_argument("--select", metavar="CODES", help="comma-separated codes, prefixes, names or categories to run")
@@ -44,12 +42,17 @@ def register(sub: Any) -> None:
     parser.add_argument("--base", metavar="GIT_REF", help="also report content changed since GIT_REF without a version bump")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.kvpolicy] from this file (default: nearest pyproject.toml)")
     parser.add_argument(
-        "--output", "-o", metavar="[FORMAT=]FILE", action="append", default=[],
+        "--output",
+        "-o",
+        metavar="[FORMAT=]FILE",
+        action="append",
+        default=[],
         help="FILE: write the --format report to FILE instead of stdout; FORMAT=FILE (repeatable): also write "
         "the report in FORMAT to FILE, from the same run (e.g. -o sarif=kvpolicy.sarif -o junit=lint.xml)",
     )
     parser.add_argument(
-        "--no-cache", action="store_true",
+        "--no-cache",
+        action="store_true",
         help="analyse every file again instead of reading unchanged files' results from the cache "
         "(kept in $KVPOLICY_CACHE_DIR, else ~/.cache/kvpolicy; KVPOLICY_CACHE_DIR='' turns it off)",
     )
@@ -163,10 +166,11 @@ def run_rules(args: Any) -> int:
     if args.format == "json":
         import json
 
-        print(json.dumps([
-            {"code": r.code, "name": r.name, "category": r.category, "severity": r.severity, "summary": r.summary}
-            for r in RULES.values()
-        ], indent=2))
+        print(
+            json.dumps(
+                [{"code": r.code, "name": r.name, "category": r.category, "severity": r.severity, "summary": r.summary} for r in RULES.values()], indent=2
+            )
+        )
         return 0
     sys.stdout.write(rules_table())
     return 0

@@ -71,10 +71,15 @@ def run(args: Any) -> int:
     installed = installed_trtllm()
     tag = normalise_tag(installed) if installed else None
     if args.format == "json":
-        print(json.dumps({
-            "installed": installed,
-            "releases": [{**row.to_dict(), "installed": row.tag == tag} for row in rows],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "installed": installed,
+                    "releases": [{**row.to_dict(), "installed": row.tag == tag} for row in rows],
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"TensorRT-LLM releases and the policy version that reproduces each ({RELEASES_FILE.name}, shipped with kvpolicy)\n")
     table = [("tag", "date", "policy", "certainty")] + [
@@ -116,8 +121,11 @@ def load_for_release(args: Any, source: PolicySource) -> tuple[PolicySet, str | 
         return fail("--trtllm and --version both pick the policy version: give one of them")
     try:
         choice = choose_version(
-            source.path, version=args.policy_version, release=given,
-            accept_unmodelled=getattr(args, "accept_unmodelled", False), installed=True,
+            source.path,
+            version=args.policy_version,
+            release=given,
+            accept_unmodelled=getattr(args, "accept_unmodelled", False),
+            installed=True,
         )
     except UnmodelledRelease as exc:
         return unmodelled(exc, "--trtllm" if given is not None else None)

@@ -22,21 +22,26 @@ def register(sub: Any) -> None:
     """Add ``report``."""
     summary = "write one self-contained HTML page: decision matrix, history, diff and impact"
     parser = sub.add_parser("report", help=summary, description=summary + ".")
-    parser.add_argument("--from", dest="old", metavar="OLD",
-                        help="the version to compare with: a version id of --policy, a TensorRT-LLM release (v1.3.0rc24), "
-                             "a policy file, a folder or FOLDER@VERSION "
-                             "(default: the version before --to in its folder; 'none': no comparison)")
+    parser.add_argument(
+        "--from",
+        dest="old",
+        metavar="OLD",
+        help="the version to compare with: a version id of --policy, a TensorRT-LLM release (v1.3.0rc24), "
+        "a policy file, a folder or FOLDER@VERSION "
+        "(default: the version before --to in its folder; 'none': no comparison)",
+    )
     to = parser.add_mutually_exclusive_group()
-    to.add_argument("--to", dest="new", metavar="NEW",
-                    help="the version to show: the same forms (default: the newest version of --policy)")
+    to.add_argument("--to", dest="new", metavar="NEW", help="the version to show: the same forms (default: the newest version of --policy)")
     add_trtllm_argument(to, "--to its policy version")
     add_accept_argument(parser)
     parser.add_argument("--policy", metavar="DIR", help=f"the policy folder version ids are looked up in ({POLICIES_DEFAULT})")
     parser.add_argument("--configs", nargs="+", metavar="PATH", help="serving config files or folders for the impact table")
     add_model_arguments(parser)
-    parser.add_argument("--link-base", metavar="URL",
-                        help="prefix for links to config files, e.g. https://github.com/ORG/REPO/blob/SHA/ "
-                             "(default: paths relative to the output file)")
+    parser.add_argument(
+        "--link-base",
+        metavar="URL",
+        help="prefix for links to config files, e.g. https://github.com/ORG/REPO/blob/SHA/ (default: paths relative to the output file)",
+    )
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write ('-': stdout)")
     parser.set_defaults(run=run)
 

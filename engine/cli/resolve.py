@@ -55,13 +55,9 @@ def add_context_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--runtime", metavar="R", help="auto, PYTHON, CPP or null (left out: what the config's field defaults to, auto until TensorRT-LLM 1.4)")
     parser.add_argument("--kv-cache-manager", metavar="M", help="auto, V1 or V2 (left out: the field's default in the version, auto until 1.4)")
-    parser.add_argument(
-        "--timeout-ms", default="60000", metavar="N|null", help="kv_transfer_timeout_ms (default 60000)"
-    )
+    parser.add_argument("--timeout-ms", default="60000", metavar="N|null", help="kv_transfer_timeout_ms (default 60000)")
     parser.add_argument("--feature", action="append", default=[], metavar="F", help="a feature flag (repeatable)")
-    parser.add_argument(
-        "--pipelined", action="store_true", help="enable_pipelined_transfer = true"
-    )
+    parser.add_argument("--pipelined", action="store_true", help="enable_pipelined_transfer = true")
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="an environment variable (repeatable)")
     parser.add_argument(
         "--config",
@@ -160,8 +156,11 @@ def run(args: Any) -> int:
             return fail("--verify-installed: tensorrt_llm is not installed in this environment (`kvpolicy upstream check TREE` reads a checkout)")
         installed_line = checked.line()
         if not checked.matches and not args.accept_unmodelled:
-            print(f"kvpolicy: error: {installed_line}; the version does not model what is installed: "
-                  "pass --accept-unmodelled to answer with it anyway, --version V for another, or draft one (kvpolicy upstream draft)", file=sys.stderr)
+            print(
+                f"kvpolicy: error: {installed_line}; the version does not model what is installed: "
+                "pass --accept-unmodelled to answer with it anyway, --version V for another, or draft one (kvpolicy upstream draft)",
+                file=sys.stderr,
+            )
             return EXIT_UNMODELLED
         release_line = "\n".join(filter(None, (release_line, installed_line)))
     if args.arch:
@@ -222,8 +221,11 @@ def _left_out_notes(policy_set: Any, args: Any) -> list[str]:
         if given is None and name in defaults:
             value, source = defaults[name]
             cited = re.search(r"#\d+", source)
-            notes.append(f"{name} left out: {value}, the config field's default in policy {policy_set.version}"
-                         + (f" ({cited.group(0)})" if cited else "") + f"; {flag} auto asks the policy to decide")
+            notes.append(
+                f"{name} left out: {value}, the config field's default in policy {policy_set.version}"
+                + (f" ({cited.group(0)})" if cited else "")
+                + f"; {flag} auto asks the policy to decide"
+            )
     return notes
 
 
@@ -258,6 +260,7 @@ def _run_config(args: Any, policy_set: Any) -> int:
         blocks = []
         side = 0  # the resolved servers are the verdict's sides, in order
         for server, identity, resolution, why in rows:
+
             def where(diagnostic: Any, server: Any = server) -> str:
                 at, keys = answer.field_location(server, diagnostic.decision)
                 return f"config: {at}: {keys}"
@@ -279,11 +282,7 @@ def _run_config(args: Any, policy_set: Any) -> int:
             for outcome in verdict.outcomes:
                 if outcome.problem:
                     tail.append(f"error[sides-disagree]: {outcome.problem}" + ("" if verdict.known else f" (for {', '.join(outcome.labels)})"))
-                    tail += [
-                        "  config: {}: {}".format(*answer.field_location(server, None))
-                        for server, _, resolution, _ in rows
-                        if resolution is not None
-                    ]
+                    tail += ["  config: {}: {}".format(*answer.field_location(server, None)) for server, _, resolution, _ in rows if resolution is not None]
             depends = not verdict.known and verdict.status == "depends on the model"
             tail.append(_summary_by_group(verdict) if depends else _summary_line(verdict))
             if not verdict.known:

@@ -11,6 +11,7 @@ from .common import POLICIES_DEFAULT, add_policy_arguments, choose_policies, fai
 
 __all__ = ["register"]
 
+
 def register(sub: Any) -> None:
     """Add ``versions`` and ``table``."""
     parser = sub.add_parser("versions", help="list the policy versions", description="List the policy versions.")
@@ -42,11 +43,12 @@ def run_versions(args: Any) -> int:
     except PolicyError as exc:
         return fail(str(exc))
     if args.format == "json":
-        print(json.dumps([
-            {"version": s.version, "summary": s.policy.summary, "digest": s.digest, "path": s.path,
-             "default": s.version == newest.version}
-            for s in sets
-        ], indent=2))
+        print(
+            json.dumps(
+                [{"version": s.version, "summary": s.policy.summary, "digest": s.digest, "path": s.path, "default": s.version == newest.version} for s in sets],
+                indent=2,
+            )
+        )
         return 0
     print(source.describe())
     for s in sets:
@@ -83,11 +85,16 @@ def run_table(args: Any) -> int:
             }
         rows.append((architecture, cells))
     if args.format == "json":
-        print(json.dumps({
-            "policies": source.to_dict(),
-            "policy_version": policy_set.version,
-            "rows": [{"architecture": a, "backends": c} for a, c in rows],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "policies": source.to_dict(),
+                    "policy_version": policy_set.version,
+                    "rows": [{"architecture": a, "backends": c} for a, c in rows],
+                },
+                indent=2,
+            )
+        )
         return 0
     print(source.describe())
     print(f"policy {policy_set.version}: transceiver_runtime auto, kv_transfer_timeout_ms 60000, no features\n")

@@ -86,9 +86,7 @@ class _Side:
         self.resolution = policy.resolve(settings.config, pretrained_config=self.config)
         self.pool = BlockPool(layout_for(self.config, settings.tokens_per_block), settings.num_blocks, device=settings.device)
         # Each worker has its own key; both keys sit in one directory that both allow (see README, Trust model).
-        self.transceiver = open_transceiver(
-            self.resolution, self.pool, name=role, identity=f"{keys_dir}/{role}.key_secret", allowed_peers=keys_dir
-        )
+        self.transceiver = open_transceiver(self.resolution, self.pool, name=role, identity=f"{keys_dir}/{role}.key_secret", allowed_peers=keys_dir)
         self.free = list(range(settings.num_blocks))
         self.requests: dict[str, list[int]] = {}
         # decode side: block-token-prefix -> (block id, layers it holds)
@@ -191,8 +189,12 @@ def _serve(conn: Any, role: str) -> None:
                 if side is not None:
                     side.close()
                 side = _Side(role, *args)
-                result: Any = {"address": side.transceiver.address, "digest": side.digest,
-                               "runtime": side.resolution.runtime, "decided_by": dict(side.resolution.decided_by)}
+                result: Any = {
+                    "address": side.transceiver.address,
+                    "digest": side.digest,
+                    "runtime": side.resolution.runtime,
+                    "decided_by": dict(side.resolution.decided_by),
+                }
             elif op == "connect":
                 assert side is not None
                 side.transceiver.connect(*args)
@@ -284,7 +286,5 @@ def run_model(
         request_id = f"{settings.architecture}-{index}"
         facts = prefill.call("prefill", request_id, list(prompt))
         prefills.append(facts)
-        results.append(
-            decode.call("decode", request_id, list(prompt), facts["first"], facts["logprob"], new_tokens, facts["offered_at"])
-        )
+        results.append(decode.call("decode", request_id, list(prompt), facts["first"], facts["logprob"], new_tokens, facts["offered_at"]))
     return {"prefill": prefill_info, "decode": decode_info}, results, prefills

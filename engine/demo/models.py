@@ -198,9 +198,7 @@ def cache_from_blocks(pool: BlockPool, block_ids: Sequence[int], config: Any, pr
     blocks = pool.tensor[list(block_ids)]  # (n, layers, 2, heads, tpb, dim), a copy
     n = len(block_ids)
     # (layers, 2, heads, n * tpb, dim): positions in order
-    flat = blocks.permute(1, 2, 3, 0, 4, 5).reshape(
-        pool.layout.num_layers, 2, pool.layout.kv_heads, n * tpb, pool.layout.head_dim
-    )
+    flat = blocks.permute(1, 2, 3, 0, 4, 5).reshape(pool.layout.num_layers, 2, pool.layout.kv_heads, n * tpb, pool.layout.head_dim)
     cache = DynamicCache(config=config)
     # Attention layers only (full or sliding window), for the architectures the demo builds.
     layers = cast("list[CacheLayerMixin]", cache.layers)

@@ -107,7 +107,10 @@ def _for_release(path: str | Path | None, given: str, how: str, accept: bool) ->
             f"TensorRT-LLM {row.tag} is policy {row.policy_version}, but {where} hold no such version; the closest is their "
             f"newest, {newest.version}. Accept that risk explicitly with --accept-unmodelled (API: accept_unmodelled=True), "
             f"pick a version with --version V, or use the shipped policies (--policy off the folder)",
-            given, row, newest.version, misses,
+            given,
+            row,
+            newest.version,
+            misses,
         ) from None
 
 

@@ -197,8 +197,7 @@ def _entry_prologue(src: _Source, index: DecisionIndex) -> None:
     src.emit(4, "feats = frozenset(feats)")
     src.emit(
         3,
-        "ctx = {'architecture': arch, 'model_type': None, 'kv_transfer_timeout_ms': timeout, "
-        f"'features': feats, 'env': NO_ENV, {', '.join(requested)}}}",
+        f"ctx = {{'architecture': arch, 'model_type': None, 'kv_transfer_timeout_ms': timeout, 'features': feats, 'env': NO_ENV, {', '.join(requested)}}}",
     )
     src.emit(2, "else:")
     src.emit(3, "strict = strict_flag(fields)")
@@ -343,9 +342,7 @@ def _field(src: _Source, field: str, current: str, var: str, decided: dict[str, 
     return "'none'"
 
 
-def _message(
-    src: _Source, template: str, current: str, var: str, decided: dict[str, str], preferred: str | None
-) -> tuple[str, str | None] | None:
+def _message(src: _Source, template: str, current: str, var: str, decided: dict[str, str], preferred: str | None) -> tuple[str, str | None] | None:
     """``(expression, text)`` of a message: ``text`` when it has no placeholder (a constant);
     None when it uses a format spec or conversion (the loader refuses those; the runtime path
     then formats it)."""
@@ -408,9 +405,7 @@ def _constraint(src: _Source, depth: int, constraint: dict[str, Any], decided: d
     rule_id, severity, decision = (src.const(constraint[k]) for k in ("id", "severity", "decision"))
     where = src.const(location)
     if message[1] is not None and fix[1] is not None:
-        diagnostic = Diagnostic(
-            constraint["id"], constraint["severity"], f"{message[1]} To fix: {fix[1]}.", constraint["decision"], location, fix[1]
-        )
+        diagnostic = Diagnostic(constraint["id"], constraint["severity"], f"{message[1]} To fix: {fix[1]}.", constraint["decision"], location, fix[1])
         src.emit(depth, f"diags.append({src.const(diagnostic)})")
         return
     src.emit(depth, f"fx = {fix[0]}")

@@ -67,9 +67,7 @@ class Domain:
     def contexts(self) -> Iterator[dict[str, Any]]:
         """Every representative context, normalised as ``resolve`` would normalise it."""
         names = list(self.requests)
-        for (architecture, model_type), requested, timeout in itertools.product(
-            self.models, itertools.product(*self.requests.values()), self.timeouts
-        ):
+        for (architecture, model_type), requested, timeout in itertools.product(self.models, itertools.product(*self.requests.values()), self.timeouts):
             chosen = dict(zip(names, requested))
             features = list(self.features_always)
             env = dict(self.env_always)
@@ -192,10 +190,7 @@ def domain_of(*policies: Policy) -> Domain:
         features_always=tuple(sorted(features_always)),
         features_when_auto=when_auto,
         env_always={v: _env_options(o) for v, o in sorted(env_always.items())},
-        env_when_auto={
-            d: {v: _env_options(o) for v, o in sorted(env.items()) if v not in env_always}
-            for d, env in env_when_auto.items()
-        },
+        env_when_auto={d: {v: _env_options(o) for v, o in sorted(env.items()) if v not in env_always} for d, env in env_when_auto.items()},
         env_order=tuple(env_order),
     )
 

@@ -9,6 +9,7 @@ misspelt architecture is an error diagnostic of the resolution itself, a warning
 from __future__ import annotations
 
 from collections.abc import Mapping
+
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
     from typing import Any

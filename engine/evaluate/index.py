@@ -56,9 +56,7 @@ CONTEXT_FIELDS = (
 _PASSIVE_FIELDS = CACHE_TRANSCEIVER_FIELDS - {"backend", "transceiver_runtime", "kv_transfer_timeout_ms"} - DATED_FIELDS
 #: Top-level keys of a TensorRT-LLM serving config (not context fields): a hint that the whole
 #: config was passed to ``resolve``.
-_SERVING_CONFIG_KEYS = frozenset(
-    {"cache_transceiver_config", "context_servers", "generation_servers", "model", "backend_config", "hostname", "port"}
-)
+_SERVING_CONFIG_KEYS = frozenset({"cache_transceiver_config", "context_servers", "generation_servers", "model", "backend_config", "hostname", "port"})
 _DEFAULT_TIMEOUT_MS = 60000
 _NO_FEATURES: frozenset[str] = frozenset()
 _NO_ENV: Mapping[str, str] = MappingProxyType({})
@@ -164,9 +162,7 @@ def build_index(policy: Policy, order: list[str] | tuple[str, ...] | None = None
         "env_features": [[f.env, f.name] for f in policy.features.values() if f.env],
         "flag_features": [[f.config_field, f.name] for f in policy.features.values() if f.config_field],
         "architectures": policy.architectures(),
-        "checkpoint_rules": [
-            [r.id, sorted(r.model_type), r.multimodal, r.architecture, _position(r.location)] for r in policy.checkpoint_rules
-        ],
+        "checkpoint_rules": [[r.id, sorted(r.model_type), r.multimodal, r.architecture, _position(r.location)] for r in policy.checkpoint_rules],
         "known_env": [[name, sorted(values)] for name, values in sorted(known_env(policy).items())],
     }
 
@@ -316,8 +312,7 @@ class DecisionIndex:
             if not isinstance(config, Mapping):
                 raise ContextError(
                     "config",
-                    f"expected a cache_transceiver_config mapping, got {type(config).__name__}; "
-                    "pass a dict or keyword fields",
+                    f"expected a cache_transceiver_config mapping, got {type(config).__name__}; pass a dict or keyword fields",
                 )
             fields = {**config, **fields}
             # As upstream's CacheTransceiverConfig: a config without a backend starts no transceiver.
@@ -335,9 +330,7 @@ class DecisionIndex:
             ctx[name] = value if (value.__class__ is str and value in accepted) else self._requested(name, value)
         architecture = ctx["architecture"]
         if architecture is not None and (type(architecture) is not str or not architecture):
-            raise ContextError(
-                "architecture", f"expected an architecture name such as 'LlamaForCausalLM', got {architecture!r}"
-            )
+            raise ContextError("architecture", f"expected an architecture name such as 'LlamaForCausalLM', got {architecture!r}")
         timeout = ctx["kv_transfer_timeout_ms"]
         if timeout is not None and (type(timeout) is not int or timeout <= 0):
             raise ContextError("kv_transfer_timeout_ms", f"expected a positive number of milliseconds or null, got {timeout!r}")
@@ -382,8 +375,7 @@ class DecisionIndex:
                     )
                 raise ContextError(
                     key,
-                    f"unknown context field{_suggest(key, self._known_fields)} "
-                    f"(known: {', '.join(sorted(self._known_fields))})",
+                    f"unknown context field{_suggest(key, self._known_fields)} (known: {', '.join(sorted(self._known_fields))})",
                 )
         self._enable_features(ctx, flags)
 
@@ -474,18 +466,14 @@ class DecisionIndex:
         """Requirements that hold under auto: decide when they agree, report a conflict (naming
         each) when they do not. ``lean``: diagnostics without messages."""
         if len({r[1] for r in held}) > 1:
-            diagnostics.append(
-                Diagnostic("requirements-conflict", "error", "", name, "") if lean else self.requirement_conflict(name, held)
-            )
+            diagnostics.append(Diagnostic("requirements-conflict", "error", "", name, "") if lean else self.requirement_conflict(name, held))
             return None, ""
         winner = held[0]
         for agreeing in held:  # agreeing requirements: each one's notice, none dropped
             notice = agreeing[2]
             if notice is not None:
                 diagnostics.append(
-                    Diagnostic(notice[0], notice[1], "", name, "")
-                    if lean
-                    else self.notice_diagnostic(notice, name, ctx, values, winner[1], None)
+                    Diagnostic(notice[0], notice[1], "", name, "") if lean else self.notice_diagnostic(notice, name, ctx, values, winner[1], None)
                 )
         # Agreeing requirements decide together: naming only one would make decided_by depend on
         # which id sorts first (a rename would change it) and hide the others.
@@ -541,18 +529,14 @@ def _pretrained(ctx: dict[str, Any], value: Any, rules: list[list[Any]] | tuple[
     architectures = get("architectures", None)
     model_type = get("model_type", None)
     if architectures is not None and (
-        isinstance(architectures, str)
-        or not isinstance(architectures, (list, tuple))
-        or not all(isinstance(a, str) for a in architectures)
+        isinstance(architectures, str) or not isinstance(architectures, (list, tuple)) or not all(isinstance(a, str) for a in architectures)
     ):
         raise ContextError("pretrained_config", f"architectures must be a list of names, got {architectures!r}")
     if model_type is not None and not isinstance(model_type, str):
         raise ContextError("pretrained_config", f"model_type must be a string, got {model_type!r}")
     architecture = architectures[0] if architectures else None
     if ctx["architecture"] is not None and architecture is not None and architecture != ctx["architecture"]:
-        raise ContextError(
-            "architecture", f"{ctx['architecture']!r} contradicts pretrained_config's {architecture!r}; pass one"
-        )
+        raise ContextError("architecture", f"{ctx['architecture']!r} contradicts pretrained_config's {architecture!r}; pass one")
     if architecture is not None:
         ctx["architecture"] = architecture
     ctx["model_type"] = model_type

@@ -151,9 +151,7 @@ class _CompiledDecision:
         self.undecided = decision.undecided
         # Sorted by id: when several requirements agree, all of them are named (``a+b``), in an
         # order that does not depend on the file.
-        self.requirements = tuple(
-            _CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.id)
-        )
+        self.requirements = tuple(_CompiledRule(r, decisions) for r in sorted(decision.requirements, key=lambda r: r.id))
         self.conditionals = tuple(_CompiledRule(r, decisions) for r in decision.conditionals)
         self.default = _CompiledRule(decision.default, decisions)
         self.preference = decision.preference
@@ -182,13 +180,9 @@ class Program:
         order = policy.decision_order()
         self.order = tuple(order)
         self.decisions = tuple(_CompiledDecision(policy.decisions[n], names) for n in order)
-        self.constraints = tuple(
-            _CompiledConstraint(c, names) for c in sorted(policy.constraints, key=lambda c: c.id)
-        )
+        self.constraints = tuple(_CompiledConstraint(c, names) for c in sorted(policy.constraints, key=lambda c: c.id))
         self.adjustments = tuple(
-            (d.name, d.undecided, tuple(_CompiledRule(r, names) for r in d.decision.adjustments))
-            for d in self.decisions
-            if d.decision.adjustments
+            (d.name, d.undecided, tuple(_CompiledRule(r, names) for r in d.decision.adjustments)) for d in self.decisions if d.decision.adjustments
         )
         self._rank: dict[str | None, int] = {name: index for index, name in enumerate(order)}  # None: no decision
         self.features = frozenset(policy.features)
@@ -222,9 +216,7 @@ class Program:
         self.evaluate(ctx, steps)
         return Trace(steps)
 
-    def evaluate(
-        self, ctx: dict[str, Any], trace: list[TraceStep] | None
-    ) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
+    def evaluate(self, ctx: dict[str, Any], trace: list[TraceStep] | None) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
         """Decide every decision, then check the constraints. With ``trace``, record every step.
 
         Without a trace this runs the generated evaluator; with one, the reference interpreter.
@@ -233,9 +225,7 @@ class Program:
             return self.index.evaluate(ctx)
         return self.interpret(ctx, trace)
 
-    def interpret(
-        self, ctx: dict[str, Any], trace: list[TraceStep] | None
-    ) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
+    def interpret(self, ctx: dict[str, Any], trace: list[TraceStep] | None) -> tuple[dict[str, Any], dict[str, str], tuple[Diagnostic, ...]]:
         """The reference interpreter of the decision index (records ``trace`` when given)."""
         values: dict[str, Any] = {}
         decided_by: dict[str, str] = {}
@@ -252,11 +242,7 @@ class Program:
                     text = self._format(constraint.message, ctx, values)
                     trace.append(TraceStep("constraints", "constraint", constraint.id, constraint.severity, text))
             elif trace is not None:
-                trace.append(
-                    TraceStep(
-                        "constraints", "constraint", compiled.constraint.id, "passed", f"not ({compiled.constraint.when})"
-                    )
-                )
+                trace.append(TraceStep("constraints", "constraint", compiled.constraint.id, "passed", f"not ({compiled.constraint.when})"))
         if len(diagnostics) > 1:
             diagnostics.sort(key=self.diagnostic_order)
         return values, decided_by, tuple(diagnostics)
@@ -337,13 +323,9 @@ class Program:
                 if preference.on_not_adopted is not None:
                     diagnostics.append(self.notice_diagnostic(preference.on_not_adopted, name, ctx, values, None, row.value))
                 if trace is not None:
-                    trace.append(
-                        TraceStep(name, "preference", row.id, "not adopted", f"prefers {row.value}, but not ({preference.adopt_when})")
-                    )
+                    trace.append(TraceStep(name, "preference", row.id, "not adopted", f"prefers {row.value}, but not ({preference.adopt_when})"))
         elif trace is not None and decision.preference is not None:
-            trace.append(
-                TraceStep(name, "preference", decision.preference.id, "skipped", f"no row for {ctx['architecture'] or 'this architecture'}")
-            )
+            trace.append(TraceStep(name, "preference", decision.preference.id, "skipped", f"no row for {ctx['architecture'] or 'this architecture'}"))
 
         # 4. conditional defaults, in order
         for r in decision.conditionals:
@@ -460,9 +442,7 @@ class Program:
             )
         rule_id, severity, decision, where, message, fix = facts
         fixed = fix(ctx, values, None)
-        return _new_diagnostic(
-            Diagnostic, (rule_id, severity, f"{message(ctx, values, None)} To fix: {fixed}.", decision, where, fixed)
-        )
+        return _new_diagnostic(Diagnostic, (rule_id, severity, f"{message(ctx, values, None)} To fix: {fixed}.", decision, where, fixed))
 
     def notice_diagnostic(
         self, notice: Notice, decision: str, ctx: dict[str, Any], values: dict[str, Any], value: str | None, preferred: str | None
@@ -470,9 +450,7 @@ class Program:
         """The diagnostic of a rule's notice (``value``: the value it decided, if any)."""
         facts = self._facts.get(id(notice))
         if facts is None:
-            facts = self._facts[id(notice)] = (
-                notice.id, notice.severity, str(notice.location), compile_message(notice.message, self.decision_names)
-            )
+            facts = self._facts[id(notice)] = (notice.id, notice.severity, str(notice.location), compile_message(notice.message, self.decision_names))
         rule_id, severity, where, message = facts
         if value is not None and values.get(decision) != value:
             values = {**values, decision: value}

@@ -255,9 +255,7 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
     """
     if path is not None and not isinstance(path, (str, Path)):
         raise PolicyError(
-            PolicyProblem(
-                Location(repr(path)[:60]), "io", f"path must be a str or pathlib.Path naming a policy file or folder, not {type(path).__name__}"
-            )
+            PolicyProblem(Location(repr(path)[:60]), "io", f"path must be a str or pathlib.Path naming a policy file or folder, not {type(path).__name__}")
         )
     root = shipped_root() if path is None else Path(path)
     if os.path.lexists(root) and not root.is_dir():
@@ -272,9 +270,7 @@ def load(path: str | Path | None = None, *, version: str | None = None) -> Polic
             )
         policy_set = _load_file(root)
         if version is not None and policy_set.version != version:
-            raise PolicyError(
-                PolicyProblem(Location(str(root)), "version", f"the file holds version {policy_set.version}, not {version}")
-            )
+            raise PolicyError(PolicyProblem(Location(str(root)), "version", f"the file holds version {policy_set.version}, not {version}"))
         return policy_set
     if not root.is_dir():
         raise PolicyError(PolicyProblem(Location(str(root)), "io", "no such policy file or folder"))

@@ -188,9 +188,7 @@ def verdict_of(policy_set: Any, resolution: Resolution) -> Verdict:
     return verdict_of_sides(policy_set, [resolution])
 
 
-def verdict_of_sides(
-    policy_set: Any, resolutions: Sequence[Resolution], pairing: Callable[[Sequence[Resolution]], str | None] | None = None
-) -> Verdict:
+def verdict_of_sides(policy_set: Any, resolutions: Sequence[Resolution], pairing: Callable[[Sequence[Resolution]], str | None] | None = None) -> Verdict:
     """The verdict on the sides of one config (one model): each side resolved, then ``pairing``
     (which may say why the sides cannot talk). With an unknown architecture every class of models
     is resolved on every side; classes with the same values and errors on every side are grouped."""

@@ -133,4 +133,3 @@ def _findings(values: Any) -> list[Finding]:
             notes.append((_place(place), note))
         found.append(Finding(code, message, _place(where), severity, tuple(notes), context))
     return found
-

@@ -150,9 +150,7 @@ def run_tests(paths: Sequence[str], *, cache: bool = True) -> TestRun:
         try:
             if not os.path.lexists(policy_path):
                 where = f" (tested by {display_path(cases_path)})" if cases_path is not None else ""
-                raise PolicyError(
-                    PolicyProblem(Location(display_path(policy_path)), "io", f"no such policy file{where}; add it or fix `policy =`")
-                )
+                raise PolicyError(PolicyProblem(Location(display_path(policy_path)), "io", f"no such policy file{where}; add it or fix `policy =`"))
             policy = load_policy_file(policy_path)
         except PolicyError as exc:
             run.errors.append(f"{display_path(policy_path)}: the policy does not load:\n{exc}")
@@ -201,13 +199,9 @@ def _stored_results(run: TestRun, key: str) -> bool:
     try:
         if entry["key"] != key:
             return False
-        cases = [
-            CaseResult(name, Location(*where), version, tuple(failures))
-            for name, where, version, failures in entry["cases"]
-        ]
+        cases = [CaseResult(name, Location(*where), version, tuple(failures)) for name, where, version, failures in entry["cases"]]
         coverage = {
-            path: [CoverageItem(kind, id, Location(*where), exercised) for kind, id, where, exercised in items]
-            for path, items in entry["coverage"].items()
+            path: [CoverageItem(kind, id, Location(*where), exercised) for kind, id, where, exercised in items] for path, items in entry["coverage"].items()
         }
         for case in cases:
             if not (isinstance(case.name, str) and isinstance(case.policy, str) and all(isinstance(f, str) for f in case.failures)):
@@ -231,9 +225,7 @@ def _store_results(key: str, pair: TestRun) -> None:
         {
             "key": key,
             "cases": [[c.name, where(c.location), c.policy, list(c.failures)] for c in pair.cases],
-            "coverage": {
-                path: [[i.kind, i.id, where(i.location), i.exercised] for i in items] for path, items in pair.coverage.items()
-            },
+            "coverage": {path: [[i.kind, i.id, where(i.location), i.exercised] for i in items] for path, items in pair.coverage.items()},
         },
     )
 
@@ -298,9 +290,7 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
         if isinstance(given, dict):
             for key in given:
                 if key not in decisions:
-                    problems.append(
-                        f"{table}: {key!r} is not a decision{suggest(key, decisions)} (decisions: {', '.join(decisions)})"
-                    )
+                    problems.append(f"{table}: {key!r} is not a decision{suggest(key, decisions)} (decisions: {', '.join(decisions)})")
     if problems:
         return CaseResult(name, location, version, tuple(problems))
     fields = dict(context)
@@ -335,9 +325,7 @@ def _run_case(policy_set: PolicySet, case: Any, location: Location, exercised: s
     if diagnostics is not None and sorted(set(diagnostics)) != sorted(set(ids)):
         missing = sorted(set(diagnostics) - set(ids))
         extra = sorted(set(ids) - set(diagnostics))
-        detail = "; ".join(
-            part for part in (f"missing {', '.join(missing)}" if missing else "", f"unexpected {', '.join(extra)}" if extra else "") if part
-        )
+        detail = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "", f"unexpected {', '.join(extra)}" if extra else "") if part)
         failures.append(f"diagnostics: {detail}")
     return CaseResult(name, location, version, tuple(failures))
 
@@ -409,10 +397,7 @@ def as_json(run: TestRun) -> str:
     import json
 
     document = {
-        "cases": [
-            {"name": c.name, "location": str(c.location), "policy": c.policy, "passed": c.passed, "failures": list(c.failures)}
-            for c in run.cases
-        ],
+        "cases": [{"name": c.name, "location": str(c.location), "policy": c.policy, "passed": c.passed, "failures": list(c.failures)} for c in run.cases],
         "errors": run.errors,
         "coverage": {
             path: {

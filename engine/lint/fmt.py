@@ -68,9 +68,7 @@ def format_text(text: str) -> str:
 
 def diff(path: str, before: str, after: str) -> str:
     """A unified diff between a file's text and its canonical form."""
-    return "".join(
-        difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"{path}", f"{path} (formatted)")
-    )
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"{path}", f"{path} (formatted)"))
 
 
 def _kind(path: tuple[str, ...]) -> str:
@@ -114,9 +112,7 @@ def _comment(item: Any) -> str:
     return f"  {comment}" if comment else ""
 
 
-def _container(
-    container: Container | Any, path: tuple[str, ...], out: list[str], first: bool = False, lead: list[str] | None = None
-) -> list[str]:
+def _container(container: Container | Any, path: tuple[str, ...], out: list[str], first: bool = False, lead: list[str] | None = None) -> list[str]:
     """Emit a table's keys (canonical order) and then its sub-tables (authored order).
 
     Returns the comment lines after its last key: they lead the next table header."""

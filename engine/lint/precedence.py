@@ -172,9 +172,7 @@ class _Step:
         return self.rows.get(architecture, model_type)
 
 
-def _architecture_levels(
-    policy: Policy, order: list[str]
-) -> tuple[list[dict[str | None, str | None]], list[dict[str | None, list[str]]]]:
+def _architecture_levels(policy: Policy, order: list[str]) -> tuple[list[dict[str | None, str | None]], list[dict[str | None, list[str]]]]:
     """Architecture classes per step: names that every condition and preference table of the
     decisions from step ``i`` on (and of the constraints) treats alike share a class.
 
@@ -352,9 +350,7 @@ def analyse(policy: Policy) -> Analysis:
     def impossible(w: dict[str, Any]) -> bool:
         return any(w.get(variable) == "1" and w.get(feature) is False for variable, feature in implied)
 
-    def expand(
-        witness: dict[str, Any], ctx: dict[str, Any], dims: set[str], level: int
-    ) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
+    def expand(witness: dict[str, Any], ctx: dict[str, Any], dims: set[str], level: int) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
         fresh = tuple(sorted(d for d in dims if d not in witness and d != "model_type"))
         lazy_type = "model_type" in dims and "model_type" not in witness
         start = witness.get("#size", 0)
@@ -927,8 +923,7 @@ class _ConstraintsStage:
         # ... and on the decided values it and the adjustments read, and on the rules that decided
         # the decisions it judges.
         self.reads_decided = [
-            (frozenset(reads_values) | adjust_values, frozenset(d for d, _ in judged))
-            for (_, _, reads_values), judged in zip(constraint_tests, self.judged)
+            (frozenset(reads_values) | adjust_values, frozenset(d for d, _ in judged)) for (_, _, reads_values), judged in zip(constraint_tests, self.judged)
         ]
         self.plans: dict[tuple[str, ...], _Plan] = {}
         self._evaluated: dict[Any, tuple[list[Any], list[Any]]] = {}
@@ -1077,10 +1072,7 @@ def _check_budget(states: dict[Any, Any], dims: set[str], alphabet: dict[str, tu
                 count *= len(alphabet[dim]) if dim != "model_type" else max(2, len(alphabet[dim]))
         total += count
         if total > EVALUATION_LIMIT:
-            raise AnalysisLimit(
-                f"{step} would need over {EVALUATION_LIMIT:,} evaluations "
-                f"(it reads {len(dims)} inputs together); split conditions or features"
-            )
+            raise AnalysisLimit(f"{step} would need over {EVALUATION_LIMIT:,} evaluations (it reads {len(dims)} inputs together); split conditions or features")
         if total * rules > RULE_TEST_LIMIT:
             raise AnalysisLimit(
                 f"{step} would need over {RULE_TEST_LIMIT:,} rule tests ({rules - 1:,} rules, each tested in "

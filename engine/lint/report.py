@@ -135,10 +135,7 @@ def _finding_json(finding: Finding, reason: str | None = None) -> dict[str, Any]
         "filename": finding.location.path,
         "line": finding.location.line,
         "column": finding.location.column,
-        "related": [
-            {"filename": loc.path, "line": loc.line, "column": loc.column, "message": note}
-            for loc, note in finding.related
-        ],
+        "related": [{"filename": loc.path, "line": loc.line, "column": loc.column, "message": note} for loc, note in finding.related],
         "context": finding.context,
     }
     if reason is not None:
@@ -236,14 +233,11 @@ def sarif(result: LintResult) -> str:
         }
         if finding.related:
             item["relatedLocations"] = [
-                {"id": index, "physicalLocation": _physical(loc), "message": {"text": note}}
-                for index, (loc, note) in enumerate(finding.related)
+                {"id": index, "physicalLocation": _physical(loc), "message": {"text": note}} for index, (loc, note) in enumerate(finding.related)
             ]
         if suppressed:
             reason = result.reason(finding)
-            item["suppressions"] = [
-                {"kind": "inSource", "justification": reason or "# kvpolicy: ignore comment (no reason given)"}
-            ]
+            item["suppressions"] = [{"kind": "inSource", "justification": reason or "# kvpolicy: ignore comment (no reason given)"}]
         return item
 
     document = {

@@ -122,9 +122,7 @@ def config_from_table(table: Any, source: str) -> LintConfig:
     if limit not in FAIL_LEVELS:
         raise LintUsageError(f"{source}: [tool.kvpolicy] analysis-limit must be one of {', '.join(FAIL_LEVELS)}, not {limit!r}")
     base = Path(source).parent
-    return LintConfig(
-        lists["select"], lists["ignore"], level, source, tuple(Path(os.path.abspath(base / a)) for a in allowed), limit
-    )
+    return LintConfig(lists["select"], lists["ignore"], level, source, tuple(Path(os.path.abspath(base / a)) for a in allowed), limit)
 
 
 def check_pattern(pattern: str, where: str) -> None:
@@ -192,9 +190,7 @@ def expand_paths(paths: Sequence[str]) -> list[tuple[Path, Path]]:
     return list(unique.values())
 
 
-def read_policy_file(
-    path: Path, root: Path | None = None, allowed: tuple[Path, ...] | None = None, *, load: bool = True
-) -> PolicyFile:
+def read_policy_file(path: Path, root: Path | None = None, allowed: tuple[Path, ...] | None = None, *, load: bool = True) -> PolicyFile:
     """Read and load one file, keeping the loader's problems (and the reader's refusal) instead of
     raising; with ``load=False`` only read it (:func:`lint_files` loads it if its results are
     not in the cache)."""
@@ -242,13 +238,9 @@ def git_base(ref: str) -> Callable[[str], dict[str, Any] | None]:
     def at_base(path: str) -> dict[str, Any] | None:
         folder = Path(path).resolve().parent
         try:
-            top = subprocess.run(
-                ["git", "-C", str(folder), "rev-parse", "--show-toplevel"], check=True, capture_output=True, text=True
-            ).stdout.strip()
+            top = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"], check=True, capture_output=True, text=True).stdout.strip()
             relative = Path(path).resolve().relative_to(Path(top).resolve()).as_posix()
-            shown = subprocess.run(
-                ["git", "-C", top, "show", f"{ref}:{relative}"], check=True, capture_output=True
-            ).stdout
+            shown = subprocess.run(["git", "-C", top, "show", f"{ref}:{relative}"], check=True, capture_output=True).stdout
             return tomllib.loads(shown.decode("utf-8"))
         except (OSError, ValueError, subprocess.CalledProcessError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             return None
@@ -347,9 +339,7 @@ def _file_findings(file: PolicyFile, config: LintConfig) -> list[Finding]:
     return found
 
 
-def _set_findings(
-    files: list[PolicyFile], config: LintConfig, base: Callable[[str], dict[str, Any] | None] | None
-) -> list[Finding]:
+def _set_findings(files: list[PolicyFile], config: LintConfig, base: Callable[[str], dict[str, Any] | None] | None) -> list[Finding]:
     """The findings of the set rules, which compare files."""
     found: list[Finding] = []
     for rule in RULES.values():
@@ -358,9 +348,7 @@ def _set_findings(
     return found
 
 
-def _result(
-    files: list[PolicyFile], config: LintConfig, raw: list[Finding], loaded: set[str], unanalysed: set[str]
-) -> LintResult:
+def _result(files: list[PolicyFile], config: LintConfig, raw: list[Finding], loaded: set[str], unanalysed: set[str]) -> LintResult:
     """Apply the configuration and the suppression comments to the findings of a run."""
     result = LintResult(files=files, config=config)
     if config.analysis_limit != "error":
@@ -383,8 +371,7 @@ def _result(
                 result.findings.append(
                     Finding(
                         "KVP091",
-                        f"suppression of {', '.join(sorted(codes)) or 'nothing'} gives no reason; "
-                        "say why the finding is accepted after the brackets",
+                        f"suppression of {', '.join(sorted(codes)) or 'nothing'} gives no reason; say why the finding is accepted after the brackets",
                         Location(path, line, column),
                         "warning",
                     )
@@ -393,16 +380,9 @@ def _result(
                 continue
             for code in sorted(codes):
                 if code not in RULES:
-                    result.findings.append(
-                        Finding("KVP090", f"suppression names unknown rule code {code!r}", Location(path, line, column), "warning")
-                    )
+                    result.findings.append(Finding("KVP090", f"suppression names unknown rule code {code!r}", Location(path, line, column), "warning"))
                 # In a file that does not load, most rules did not run: nothing to judge.
-                elif (
-                    config.enabled(code)
-                    and path in loaded
-                    and (path, line, code) not in used
-                    and not (path in unanalysed and code in ANALYSIS_RULES)
-                ):
+                elif config.enabled(code) and path in loaded and (path, line, code) not in used and not (path in unanalysed and code in ANALYSIS_RULES):
                     result.findings.append(
                         Finding(
                             "KVP090",

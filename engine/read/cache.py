@@ -42,6 +42,7 @@ import json
 import os
 import stat
 from pathlib import Path
+
 TYPE_CHECKING = False  # typing itself costs a cold start milliseconds
 if TYPE_CHECKING:
     from typing import Any
@@ -281,10 +282,7 @@ def cached_document(
         if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("data"), dict):
             return None
         positions = {tuple(path): (line, column) for path, line, column in entry["positions"]}
-        inline = [
-            (tuple(path), int(start), int(end), int(line), int(line_start))
-            for path, start, end, line, line_start in entry.get("inline", [])
-        ]
+        inline = [(tuple(path), int(start), int(end), int(line), int(line_start)) for path, start, end, line, line_start in entry.get("inline", [])]
         return entry["data"], positions, inline
     except (ValueError, TypeError, KeyError, RecursionError):
         return None

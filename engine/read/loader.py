@@ -64,6 +64,7 @@ PLACEHOLDERS = frozenset({*DECISIONS, "architecture", "model_type", "kv_transfer
 #: conversion, no attribute or index.
 _PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+
 def load_policy_file(path: Path, *, root: Path | None = None) -> Policy:
     """Read, parse and check one policy file; raise :class:`PolicyError` listing every problem.
 
@@ -188,12 +189,8 @@ class _Builder:
             if name not in decisions:
                 self.problem(("decisions",), "unknown-name", f"decision {name!r} is missing; declare [decisions.{name}]")
         self._check_cycles(decisions)
-        constraints = tuple(
-            self._constraint(index, spec) for index, spec in enumerate(data.get("constraints", []))
-        )
-        checkpoint_rules = tuple(
-            self._checkpoint_rule(index, spec) for index, spec in enumerate(data.get("checkpoint_rules", []))
-        )
+        constraints = tuple(self._constraint(index, spec) for index, spec in enumerate(data.get("constraints", [])))
+        checkpoint_rules = tuple(self._checkpoint_rule(index, spec) for index, spec in enumerate(data.get("checkpoint_rules", [])))
         return Policy(
             schema_version=data["schema"],
             version=data["version"],
@@ -232,9 +229,7 @@ class _Builder:
         location = self.doc.locate(path)
         first = self._ids.get(rule_id)
         if first is not None:
-            self.problems.append(
-                PolicyProblem(location, "duplicate-id", f"rule id {rule_id!r} is already used at {first}; rename one")
-            )
+            self.problems.append(PolicyProblem(location, "duplicate-id", f"rule id {rule_id!r} is already used at {first}; rename one"))
         else:
             self._ids[rule_id] = location
 
@@ -252,16 +247,13 @@ class _Builder:
             elif other == name:
                 self.problem(base + ("inputs", index), "cycle", f"decision {name!r} cannot read itself")
         if spec["auto"] in values:
-            self.problem(
-                base + ("auto",), "unknown-name", f"auto = {spec['auto']!r} must differ from the decided values"
-            )
+            self.problem(base + ("auto",), "unknown-name", f"auto = {spec['auto']!r} must differ from the decided values")
         null_decides = spec.get("null") == "policy"
         if "null" in spec and not null_decides and spec["null"] not in values:
             self.problem(
                 base + ("null",),
                 "unknown-name",
-                f"null = {spec['null']!r} is not one of this decision's values ({', '.join(values)}) "
-                'nor "policy" (null is a request the policy decides)',
+                f'null = {spec["null"]!r} is not one of this decision\'s values ({", ".join(values)}) nor "policy" (null is a request the policy decides)',
             )
         omitted = None
         if "omitted" in spec:
@@ -270,27 +262,25 @@ class _Builder:
                 self.problem(
                     base + ("omitted", "value"),
                     "unknown-name",
-                    f"omitted value {spec_omitted['value']!r} is neither auto ({spec['auto']!r}) nor one of "
-                    f"this decision's values ({', '.join(values)})",
+                    f"omitted value {spec_omitted['value']!r} is neither auto ({spec['auto']!r}) nor one of this decision's values ({', '.join(values)})",
                 )
             omitted = Omitted(
-                value=spec_omitted["value"], reason=spec_omitted["reason"], source=spec_omitted["source"],
+                value=spec_omitted["value"],
+                reason=spec_omitted["reason"],
+                source=spec_omitted["source"],
                 location=self.doc.locate(base + ("omitted",)),
             )
         scope = set(inputs)
         requirements = tuple(
-            self._rule(name, "requirement", base + ("requirement", i), r, values, scope, order=i)
-            for i, r in enumerate(spec.get("requirement", []))
+            self._rule(name, "requirement", base + ("requirement", i), r, values, scope, order=i) for i, r in enumerate(spec.get("requirement", []))
         )
         conditionals = tuple(
-            self._rule(name, "conditional", base + ("conditional", i), r, values, scope, order=i)
-            for i, r in enumerate(spec.get("conditional", []))
+            self._rule(name, "conditional", base + ("conditional", i), r, values, scope, order=i) for i, r in enumerate(spec.get("conditional", []))
         )
         default = self._rule(name, "default", base + ("default",), spec["default"], values, scope)
         # Adjustments run once every decision is made, so they may read all of them.
         adjustments = tuple(
-            self._rule(name, "adjustment", base + ("adjustment", i), r, values, set(self.declared), order=i)
-            for i, r in enumerate(spec.get("adjustment", []))
+            self._rule(name, "adjustment", base + ("adjustment", i), r, values, set(self.declared), order=i) for i, r in enumerate(spec.get("adjustment", []))
         )
         preference = None
         if "preference" in spec:
@@ -370,8 +360,7 @@ class _Builder:
                 self.problem(
                     row_path,
                     "conflicting-rows",
-                    f"{row.architecture} is listed twice with different values ({first.value} at "
-                    f"{first.location}, {row.value} here); keep one row",
+                    f"{row.architecture} is listed twice with different values ({first.value} at {first.location}, {row.value} here); keep one row",
                 )
             seen.setdefault(key, row)
             rows.append(row)
@@ -513,8 +502,7 @@ class _Builder:
                 self.problem(
                     path,
                     "placeholder",
-                    f"unknown placeholder {{{name}}}{suggest(name, PLACEHOLDERS)} "
-                    f"(known: {', '.join(sorted(PLACEHOLDERS))})",
+                    f"unknown placeholder {{{name}}}{suggest(name, PLACEHOLDERS)} (known: {', '.join(sorted(PLACEHOLDERS))})",
                 )
 
     def _check_cycles(self, decisions: dict[str, Decision]) -> None:

@@ -58,6 +58,7 @@ NULL_REQUEST = "null"
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
 else:  # Python 3.10: only type checkers read it
+
     def dataclass_transform(**_: Any) -> Any:  # a stand-in for the 3.11 decorator
         return lambda f: f
 

@@ -88,6 +88,7 @@ def display_path(path: Path) -> str:
     except ValueError:
         return str(path)
 
+
 class _LazyPattern:
     """A regular expression compiled on first use: reading a policy through the compiled-policy
     cache never scans it, and compiling these at import cost ~2 ms of every cold start."""

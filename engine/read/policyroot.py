@@ -101,9 +101,15 @@ def policy_source(option: str | None = None, *, pyproject: str | None = None, st
         if files and any(_looks_like_kvpolicy(path) for path in files):
             return PolicySource(here, "working-directory")
         if files:  # another tool's policies/ (OPA, conftest, Kyverno): not ours to read
-            return PolicySource(None, "shipped", note=(
-                f"./{DEFAULT_FOLDER} holds TOML files that are not kvpolicy policies (no top-level schema and version); "
-                "point --policy or [tool.kvpolicy] policies in pyproject.toml at your kvpolicy folder"), foreign=True)
+            return PolicySource(
+                None,
+                "shipped",
+                note=(
+                    f"./{DEFAULT_FOLDER} holds TOML files that are not kvpolicy policies (no top-level schema and version); "
+                    "point --policy or [tool.kvpolicy] policies in pyproject.toml at your kvpolicy folder"
+                ),
+                foreign=True,
+            )
         return PolicySource(None, "shipped", note=f"./{DEFAULT_FOLDER} holds no policy files")
     return PolicySource(None, "shipped")
 
@@ -198,4 +204,3 @@ def kvpolicy_table(path: Path, *, lazy: bool = False) -> dict[str, Any] | None:
     if table is not None and not isinstance(table, dict):
         raise PolicyError(PolicyProblem(Location(str(path)), "config", "[tool.kvpolicy] must be a table"))
     return table
-

@@ -265,12 +265,18 @@ def policy_version_for(version: str, table: Iterable[Release] | None = None) -> 
         misses = f"everything upstream changed after {newer.tag}, the newest release kvpolicy's table knows"
         raise UnmodelledRelease(
             f"TensorRT-LLM {normalise_tag(version)} is newer than every release kvpolicy models; " + _ways_forward(closest, misses),
-            version, None, closest, misses,
+            version,
+            None,
+            closest,
+            misses,
         ) from exc
     if row.policy_version is None:
         raise UnmodelledRelease(
             f"no policy version models TensorRT-LLM {row.tag} ({row.date}): {row.note}; " + _ways_forward(row.closest, None),
-            version, row, row.closest, row.note,
+            version,
+            row,
+            row.closest,
+            row.note,
         )
     return row
 
@@ -278,12 +284,16 @@ def policy_version_for(version: str, table: Iterable[Release] | None = None) -> 
 def _ways_forward(closest: str | None, misses: str | None) -> str:
     """What a user of an unmodelled release can do, in one sentence."""
     if closest is None:
-        return ("no policy version comes close. Pick a version yourself with --version V (`kvpolicy versions`), "
-                "or write one that models it: `kvpolicy new` starts the next version from the newest")
+        return (
+            "no policy version comes close. Pick a version yourself with --version V (`kvpolicy versions`), "
+            "or write one that models it: `kvpolicy new` starts the next version from the newest"
+        )
     missing = f" (it misses {misses})" if misses else ""
-    return (f"the closest is policy {closest}{missing}. Accept that risk explicitly with --accept-unmodelled "
-            f"(API: accept_unmodelled=True), pick a version with --version V, or write one that models the release: "
-            "`kvpolicy new` starts the next version from the newest")
+    return (
+        f"the closest is policy {closest}{missing}. Accept that risk explicitly with --accept-unmodelled "
+        f"(API: accept_unmodelled=True), pick a version with --version V, or write one that models the release: "
+        "`kvpolicy new` starts the next version from the newest"
+    )
 
 
 def _key(tag: str) -> tuple[int, ...]:

@@ -160,9 +160,10 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                 continue
             if len(stack) >= MAX_NESTING:
                 raise deep(match.start())
-            if text.count("=", match.start(), match.end()) > MAX_TABLE_KEYS and sum(
-                1 for _ in _INLINE_KEY.finditer(text, match.start(), match.end())
-            ) > MAX_TABLE_KEYS:
+            if (
+                text.count("=", match.start(), match.end()) > MAX_TABLE_KEYS
+                and sum(1 for _ in _INLINE_KEY.finditer(text, match.start(), match.end())) > MAX_TABLE_KEYS
+            ):
                 raise too_many_keys(match.start())
             if record:
                 start = match.start()
@@ -201,8 +202,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
             width = len(match.group("kvkey"))
             if mode == "value" and width > MAX_BARE_VALUE:
                 raise fail(
-                    f"a value of {width:,} characters; numbers in a policy have "
-                    f"at most 20 digits (values are at most {MAX_BARE_VALUE} characters)",
+                    f"a value of {width:,} characters; numbers in a policy have at most 20 digits (values are at most {MAX_BARE_VALUE} characters)",
                     match.start(),
                 )
             if mode == "header" and parts == 0:
@@ -269,8 +269,7 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
                 parts += 1
                 if parts > MAX_KEY_PARTS:
                     raise fail(
-                        f"a dotted key or table header of more than {MAX_KEY_PARTS} parts; "
-                        "policy keys have at most 7",
+                        f"a dotted key or table header of more than {MAX_KEY_PARTS} parts; policy keys have at most 7",
                         match.start(),
                     )
         elif char in "[{":
@@ -335,7 +334,6 @@ def scan(text: str, shown: str, source_map: SourceMap | None = None) -> None:
 _ARRAY_HEADER = Pattern(rb"^[ \t]*\[\[[ \t]*([^\]\n]{1,200}?)[ \t]*\]\]", re.MULTILINE)
 
 
-
 def check_text(raw: bytes, shown: str, source_map: SourceMap | None = None) -> None:
     """Refuse, with a location, a file whose structure would cost more than a policy can need:
     too deep, too many parts in a key, a too-long bare value, too many tables or rows. Valid TOML
@@ -381,8 +379,7 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
             line = raw.count(b"\n", 0, match.start()) + 1
             raise size_error(
                 shown,
-                f"more than {limit:,} [[{name.decode('utf-8', 'replace')}]] tables; "
-                f"a policy allows at most {limit:,} per list",
+                f"more than {limit:,} [[{name.decode('utf-8', 'replace')}]] tables; a policy allows at most {limit:,} per list",
                 line=line,
                 column=1,
             )
@@ -392,7 +389,7 @@ def _check_array_tables(raw: bytes, shown: str) -> None:
 # newlines, so line numbers stay), then one-line strings and comments (they hold no newline).
 _MULTILINE_STRING = Pattern(r'''"""(?:[^"\\]|\\[\s\S]|"(?!""))*+"{3,5}|"""[\s\S]*+|\'\'\'(?:[^']|'(?!''))*+'{3,5}|\'\'\'[\s\S]*+''')
 # Unrolled ("normal* (special normal*)*"): twice as fast as a per-character alternation.
-_LINE_STRING_OR_COMMENT = Pattern(r'''"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+''')
+_LINE_STRING_OR_COMMENT = Pattern(r""""[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"?|'[^'\n]*+'?|\#[^\n]*+""")
 _LIST_KEY = Pattern(r"(?<![\w-])(?:(rows|constraints|requirement|conditional)[ \t]*=[ \t]*\[|(features)[ \t]*=[ \t]*\{)")
 _BRACKET = Pattern(r"[\[\]{}]")
 
@@ -402,7 +399,7 @@ def _count_rows(text: str, shown: str) -> None:
     ``requirement``, ``conditional``), or more inline tables in the file, than a policy may hold.
     Counting runs on the text without strings and comments, bracket by bracket, and stops at the
     bound: a 300,000-row file is refused in about a second instead of minutes of parsing."""
-    if '"""' in text or "\'\'\'" in text:
+    if '"""' in text or "'''" in text:
         text = _MULTILINE_STRING.sub(lambda m: "\n" * m.group().count("\n"), text)
     bare = _LINE_STRING_OR_COMMENT.sub("", text)
     for match in _LIST_KEY.finditer(bare):
@@ -436,7 +433,6 @@ def _count_rows(text: str, shown: str) -> None:
             at = bare.find("{", at + 1)
         raise size_error(
             shown,
-            f"more than {MAX_INLINE_TABLES:,} inline tables; a policy has at most {MAX_ROWS:,} rows plus its "
-            "rules' conditions",
+            f"more than {MAX_INLINE_TABLES:,} inline tables; a policy has at most {MAX_ROWS:,} rows plus its rules' conditions",
             line=bare.count("\n", 0, at) + 1,
         )

@@ -96,9 +96,7 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _compile_schema(
-    node: Any, defs: dict[str, Any], compiled_defs: dict[str, Callable[[Any], bool] | None] | None = None
-) -> Callable[[Any], bool] | None:
+def _compile_schema(node: Any, defs: dict[str, Any], compiled_defs: dict[str, Callable[[Any], bool] | None] | None = None) -> Callable[[Any], bool] | None:
     """A predicate that is true only where jsonschema's verdict on ``node`` is "valid", for the
     keywords the policy schema uses (``$ref`` to ``#/$defs/``, ``type``, ``properties``,
     ``required``, ``additionalProperties: false``, ``pattern``, ``minLength``, ``maxLength``,
@@ -121,9 +119,9 @@ def _compile_schema(
             continue
         if keyword == "$ref":
             prefix = "#/$defs/"
-            if not isinstance(argument, str) or not argument.startswith(prefix) or argument[len(prefix):] not in defs:
+            if not isinstance(argument, str) or not argument.startswith(prefix) or argument[len(prefix) :] not in defs:
                 return None
-            name = argument[len(prefix):]
+            name = argument[len(prefix) :]
             if name not in compiled_defs:
                 compiled_defs[name] = None  # a recursive reference resolves through the table below
                 compiled_defs[name] = _compile_schema(defs[name], defs, compiled_defs)
@@ -162,10 +160,7 @@ def _compile_schema(
             if check is None:
                 return None
             named = frozenset(node.get("properties", {}))
-            checks.append(
-                lambda v, named=named, check=check: not isinstance(v, dict)
-                or all(check(item) for key, item in v.items() if key not in named)
-            )
+            checks.append(lambda v, named=named, check=check: not isinstance(v, dict) or all(check(item) for key, item in v.items() if key not in named))
         elif keyword == "properties" and isinstance(argument, dict):
             compiled = {}
             for name, sub in argument.items():
@@ -187,9 +182,7 @@ def _compile_schema(
                 checks.append(lambda v, n=argument, kind=kind: not isinstance(v, kind) or len(v) <= n)
         elif keyword == "uniqueItems" and isinstance(argument, bool):
             if argument:  # strings only: anything else is left to jsonschema ("no" is never final)
-                checks.append(
-                    lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v))
-                )
+                checks.append(lambda v: not isinstance(v, list) or (all(isinstance(x, str) for x in v) and len(set(v)) == len(v)))
         elif keyword == "propertyNames":
             check = _compile_schema(argument, defs, compiled_defs)
             if check is None:
@@ -263,7 +256,7 @@ def _declared_type(node: Any, defs: dict[str, Any]) -> str | None:
         ref = node.get("$ref")
         if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
             return None
-        node = defs.get(ref[len("#/$defs/"):])
+        node = defs.get(ref[len("#/$defs/") :])
     return None
 
 

@@ -179,9 +179,7 @@ def parse_document(raw: bytes, path: str) -> SourceDocument:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise TomlSyntaxError(
-            "the file is not UTF-8 text; TOML files must be UTF-8", Location(path, line, column)
-        ) from None
+        raise TomlSyntaxError("the file is not UTF-8 text; TOML files must be UTF-8", Location(path, line, column)) from None
     parser = toml_parser()
     try:
         data = parser.loads(text)

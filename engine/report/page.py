@@ -36,9 +36,19 @@ __all__ = ["MatrixView", "ReportInput", "cell_change", "render_report"]
 #: The decision whose value colours a cell.
 RUNTIME = "transceiver_runtime"
 #: Impact statuses, worst first, and the class that colours them.
-_STATUSES = (("starts failing", "bad"), ("fails differently", "bad"), ("malformed", "bad"),
-             ("architecture unknown", "warn"), ("runtime changes", "warn"), ("backend changes", "warn"), ("changes", "warn"),
-             ("new warning", "warn"), ("stops failing", "good"), ("still failing", "bad"), ("unchanged", "same"))
+_STATUSES = (
+    ("starts failing", "bad"),
+    ("fails differently", "bad"),
+    ("malformed", "bad"),
+    ("architecture unknown", "warn"),
+    ("runtime changes", "warn"),
+    ("backend changes", "warn"),
+    ("changes", "warn"),
+    ("new warning", "warn"),
+    ("stops failing", "good"),
+    ("still failing", "bad"),
+    ("unchanged", "same"),
+)
 _SIDE_LABELS = {"context_servers": "context", "generation_servers": "generation", "server": "server"}
 
 #: How :mod:`kvpolicy.evaluate.domain` stands for an environment value no policy names.
@@ -92,7 +102,7 @@ def _source(text: str | None) -> str:
     out, last = [], 0
     for match in _URL.finditer(text):
         url = match.group(0).rstrip(".,;:")
-        out.append(_e(text[last:match.start()]))
+        out.append(_e(text[last : match.start()]))
         out.append(f'<a href="{_e(url)}" rel="noreferrer">{_e(url)}</a>')
         last = match.start() + len(url)
     out.append(_e(text[last:]))
@@ -249,8 +259,7 @@ def _prepare(data: ReportInput) -> _Prepared:
 
 
 def _render(data: ReportInput, prepared: _Prepared, *, compact: bool, titles: bool = True) -> str:
-    versions, result, found, views, current = (
-        prepared.versions, prepared.result, prepared.found, prepared.views, prepared.current)
+    versions, result, found, views, current = (prepared.versions, prepared.result, prepared.found, prepared.views, prepared.current)
     old = data.old
     title = f"kvpolicy report: {old.version} → {data.new.version}" if old is not None else f"kvpolicy report: {data.new.version}"
     parts = [
@@ -300,13 +309,19 @@ def _summary(data: ReportInput, current: MatrixView, result: Diff | None, sectio
     items = [("policy", f"{data.new.version} ({data.new.digest[:12]}), {_path(str(data.new.path), data.root)}")]
     if data.old is not None:
         items.insert(0, ("compared with", f"{data.old.version} ({data.old.digest[:12]}), {_path(str(data.old.path), data.root)}"))
-    items.append(("matrix", f"{len(m.rows)} architectures × {len(m.columns)} requested backends; "
-                            f"<strong>{m.failing}</strong> of {len(m.cells)} cells cannot start"))
+    items.append(
+        ("matrix", f"{len(m.rows)} architectures × {len(m.columns)} requested backends; <strong>{m.failing}</strong> of {len(m.cells)} cells cannot start")
+    )
     if result is not None:
         items.append(("diff", _e(headline(result, sections))))
         values = sum(1 for c in current.changes.values() if c.values_change)
-        items.append(("matrix changes", f"{len(current.changes)} cells resolve differently from {data.old.version}"  # type: ignore[union-attr]  # a diff result exists only when data.old does
-                                         f" ({values} change a value)"))
+        items.append(
+            (
+                "matrix changes",
+                f"{len(current.changes)} cells resolve differently from {data.old.version}"  # type: ignore[union-attr]  # a diff result exists only when data.old does
+                f" ({values} change a value)",
+            )
+        )
     if data.impact is not None and data.old is not None:
         items.append(("impact", _e(_impact_counts(data.impact)) or "no configs read"))
     rows = "".join(f"<div><dt>{label}</dt><dd>{text}</dd></div>" for label, text in items)
@@ -325,8 +340,7 @@ def _timeline(versions: list[PolicySet], new: PolicySet, old: PolicySet | None) 
     width = max(640, 128 + step * (count - 1))
     axis = _TIMELINE_AXIS
     svg = [
-        f'<svg class="timeline" viewBox="0 0 {width} {2 * axis}" width="{width}" height="{2 * axis}" role="img"'
-        ' aria-labelledby="timeline-t">',
+        f'<svg class="timeline" viewBox="0 0 {width} {2 * axis}" width="{width}" height="{2 * axis}" role="img" aria-labelledby="timeline-t">',
         f'<title id="timeline-t">Timeline of {count} policy versions, oldest first</title>',
         f'<line x1="24" y1="{axis}" x2="{width - 24}" y2="{axis}" class="axis"/>',
     ]
@@ -354,7 +368,7 @@ def _timeline(versions: list[PolicySet], new: PolicySet, old: PolicySet | None) 
         items.append(
             f'<li id="version-{index}"><strong>{_e(policy_set.version)}</strong>{_e(role)}'
             + (f' <time datetime="{date.isoformat()}">{date.isoformat()}</time>' if date else "")
-            + f"<br>{_e(policy_set.policy.summary)}<br><span class=\"src\">upstream: {_source(policy_set.policy.source)}</span>"
+            + f'<br>{_e(policy_set.policy.summary)}<br><span class="src">upstream: {_source(policy_set.policy.source)}</span>'
             f' <a href="#matrix-{_key_of(index)}" data-show="{_key_of(index)}">matrix</a></li>'
         )
     return (
@@ -370,14 +384,11 @@ def _key_of(index: int) -> str:
 
 def _matrices(views: list[MatrixView], current: MatrixView, compact: bool, old: PolicySet | None, titles: bool = True) -> str:
     options = "".join(
-        f'<option value="{v.key}"{" selected" if v is current else ""}>{_e(v.matrix.version)}'
-        f'{" (base)" if v.key == "base" else ""}</option>'
-        for v in views
+        f'<option value="{v.key}"{" selected" if v is current else ""}>{_e(v.matrix.version)}{" (base)" if v.key == "base" else ""}</option>' for v in views
     )
     runtime_values = current.matrix.values.get(RUNTIME, ())
     legend = "".join(
-        f'<li><span class="swatch rt-{i}" aria-hidden="true"></span>{_e(value)}: runtime {_e(value)}</li>'
-        for i, value in enumerate(runtime_values)
+        f'<li><span class="swatch rt-{i}" aria-hidden="true"></span>{_e(value)}: runtime {_e(value)}</li>' for i, value in enumerate(runtime_values)
     )
     legend += (
         '<li><span class="mark fail">✖ fails</span>: cannot start (an error in the resolution)</li>'
@@ -425,22 +436,29 @@ def _matrix(view: MatrixView, current: bool, compact: bool = False, titles: bool
     else:
         caption_change = f"changes marked against {view.base.version}"
     autos = [f"{name} {view.policy_set.policy.decisions[name].auto}" for name in m.decisions if name != BACKEND]
-    caption = (f"Policy {_e(m.version)}: {', '.join(map(_e, autos))}, default timeout, no features; "
-               f"{_e(caption_change)}. {m.failing} of {len(m.cells)} cells cannot start."
-               + ((" Shown compact to keep the page small: hover a cell for the rules that decided it; the table below has their sources."
-                   if titles else " Shown compact to keep the page small: the table below lists the rules behind these cells.")
-                  if compact else ""))
+    caption = (
+        f"Policy {_e(m.version)}: {', '.join(map(_e, autos))}, default timeout, no features; "
+        f"{_e(caption_change)}. {m.failing} of {len(m.cells)} cells cannot start."
+        + (
+            (
+                " Shown compact to keep the page small: hover a cell for the rules that decided it; the table below has their sources."
+                if titles
+                else " Shown compact to keep the page small: the table below lists the rules behind these cells."
+            )
+            if compact
+            else ""
+        )
+    )
     auto_columns = [c for c in m.columns if c.backend == view.policy_set.policy.decisions[BACKEND].auto]
     head1 = ['<th scope="col" rowspan="2">architecture</th>']
     if auto_columns:
-        head1.append(f'<th scope="colgroup" colspan="{len(auto_columns)}">{_e(auto_columns[0].backend)} '
-                     "(no backend set), by environment</th>")
+        head1.append(f'<th scope="colgroup" colspan="{len(auto_columns)}">{_e(auto_columns[0].backend)} (no backend set), by environment</th>')
     head1 += [f'<th scope="col" rowspan="2">{_e(c.backend)}</th>' for c in m.columns if c not in auto_columns]
     head2 = [f'<th scope="col" class="env">{_wrap(c.env_label) if c.env else "no variable set"}</th>' for c in auto_columns]
     body = []
     for r, (architecture, model_type) in enumerate(m.rows):
         name = architecture or "any other architecture"
-        label = _e(name) + (f'<br><small>model_type {_e(model_type)}</small>' if model_type else "")
+        label = _e(name) + (f"<br><small>model_type {_e(model_type)}</small>" if model_type else "")
         cells = [_cell(view, r, c, anchors, compact, titles) for c in range(len(m.columns))]
         changed = any((r, c) in view.changes for c in range(len(m.columns)))
         fails = any(m.cell(r, c).fails for c in range(len(m.columns)))
@@ -496,9 +514,11 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
     # The upstream change only (the source up to its first ": "): the full source stands once in the
     # rules table under the matrix, not in each of thousands of cells (the page stays under 2 MB).
     # A compact matrix names the rule only (its rules table below has the rest).
-    hover = [f"{name} {value} by {p.id}" + (f" ({_change_cited(p.source)})" if p.source and not compact else "")
-             for name, value in values.items() if (p := cell.provenance.get(name)) is not None
-             and not (compact and name == BACKEND)]  # compact: the column names the backend already
+    hover = [
+        f"{name} {value} by {p.id}" + (f" ({_change_cited(p.source)})" if p.source and not compact else "")
+        for name, value in values.items()
+        if (p := cell.provenance.get(name)) is not None and not (compact and name == BACKEND)
+    ]  # compact: the column names the backend already
     hover += [f"cannot start: {d.id}" for d in cell.errors]
     if titles or not compact:
         attributes["title"] = "\n".join(hover)
@@ -515,21 +535,22 @@ def _cell(view: MatrixView, r: int, c: int, anchors: dict[str, str], compact: bo
         summary.append(f'<span class="mark {kind}">▲ {_e(_change_label(change, view.base.version))}</span>')  # type: ignore[union-attr]  # a change exists only against a base version
     why = [
         f'<li>{_e(name)} <b>{_e(value)}</b> by <a href="#{anchors[p.id]}">{_e(p.id)}</a> <small>({_e(p.kind)})</small></li>'
-        if p.id in anchors else f"<li>{_e(name)} <b>{_e(value)}</b> ({_e(p.id)})</li>"
-        for name, value in values.items() if (p := cell.provenance.get(name)) is not None
+        if p.id in anchors
+        else f"<li>{_e(name)} <b>{_e(value)}</b> ({_e(p.id)})</li>"
+        for name, value in values.items()
+        if (p := cell.provenance.get(name)) is not None
     ]
     why += [f'<li class="err">✖ <a href="#{anchors[d.id]}">{_e(d.id)}</a>: {_e(d.message)}</li>' for d in cell.errors]
     if change is not None:
         # Rule ids are compared as templates; in one cell the architecture is known.
         lines = [line.replace(ARCHITECTURE_SLOT, cell.architecture or "?") for line in change.summary()]
-        why += [f"<li class=\"chg\">since {_e(view.base.version)}: {_e(line)}</li>" for line in lines]  # type: ignore[union-attr]  # a change exists only against a base version
+        why += [f'<li class="chg">since {_e(view.base.version)}: {_e(line)}</li>' for line in lines]  # type: ignore[union-attr]  # a change exists only against a base version
     if group is not None:
         why.append(f'<li>diff group <a href="#diff-group-{group}">[{group}]</a></li>')
     attrs = "".join(f' {k}="{_e(v)}"' for k, v in attributes.items())
     if compact:
         return f'<td class="{" ".join(classes)}"{attrs}>{" ".join(summary)}</td>'
-    return (f'<td class="{" ".join(classes)}"{attrs}><details><summary>{" ".join(summary)}</summary>'
-            f'<ul class="why">{"".join(why)}</ul></details></td>')
+    return f'<td class="{" ".join(classes)}"{attrs}><details><summary>{" ".join(summary)}</summary><ul class="why">{"".join(why)}</ul></details></td>'
 
 
 def _change_cited(source: str) -> str:
@@ -586,8 +607,10 @@ def _group(entry: Entry) -> str:
     failing = [f"{entry.starts_failing:,} gain an error"] if entry.starts_failing else []
     failing += [f"{entry.stops_failing:,} lose an error"] if entry.stops_failing else []
     text = ", ".join(failing) or "none gains or loses an error"
-    return (f'<li id="diff-group-{entry.number}" data-group="{entry.number}" data-count="{entry.count}">'
-            f"<b>[{entry.number}]</b> {plural(entry.count, 'context', grouped=True)}: {_e(text)}</li>")
+    return (
+        f'<li id="diff-group-{entry.number}" data-group="{entry.number}" data-count="{entry.count}">'
+        f"<b>[{entry.number}]</b> {plural(entry.count, 'context', grouped=True)}: {_e(text)}</li>"
+    )
 
 
 def _used(section: Any) -> str:
@@ -625,14 +648,16 @@ def _impact_rows(result: Any, old: str, new: str, link: Link, root: str | None) 
             why = "the model is unknown: " + "; ".join(f"{s} for {', '.join(m)}" for s, m in section.possibilities)
         head = ""
         if first:
-            head = (f'<th scope="rowgroup" rowspan="{span}" class="config"><a href="{_e(link(result.path, None))}"'
-                    f' title="{config}">{_breakable(_relative(result.path, root))}</a>'
-                    f'<br><small>{_e(architecture)}, from {_e(_shorten(result.architecture_source, root))}</small></th>')
+            head = (
+                f'<th scope="rowgroup" rowspan="{span}" class="config"><a href="{_e(link(result.path, None))}"'
+                f' title="{config}">{_breakable(_relative(result.path, root))}</a>'
+                f"<br><small>{_e(architecture)}, from {_e(_shorten(result.architecture_source, root))}</small></th>"
+            )
         side = getattr(section, "role", None) or _SIDE_LABELS.get(section.name, section.name)
         rows.append(
             f'<tr data-status="{_e(status)}" data-config="{config}">{head}<td class="side">'
             f'<a href="{_e(link(result.path, section.line))}" title="{_e(_used(section))}">{_e(side)}'
-            f'{", line " + str(section.line) if section.line else ""}</a></td>'
+            f"{', line ' + str(section.line) if section.line else ''}</a></td>"
             f"<td>{_e(section.old.short())}</td><td>{_e(section.new.short())}</td>"
             f'<td class="status {classes.get(status, "same")}">{_e(status)}</td><td class="why">{_e(_shorten(why, root))}</td></tr>'
         )
@@ -646,10 +671,12 @@ def _impact_rows(result: Any, old: str, new: str, link: Link, root: str | None) 
         )
     for label, mismatch in ((old, result.mismatch_old), (new, result.mismatch_new)):
         if mismatch:
-            rows.append(f'<tr data-status="{_e(result.status)}" data-config="{config}"><th scope="row" class="config"'
-                        f' title="{config}">{_breakable(_relative(result.path, root))}</th><td>both</td>'
-                        f'<td colspan="2">under {_e(label)}</td><td class="status bad">{_e(result.status)}</td>'
-                        f'<td class="why">{_e(_shorten(mismatch, root))}</td></tr>')
+            rows.append(
+                f'<tr data-status="{_e(result.status)}" data-config="{config}"><th scope="row" class="config"'
+                f' title="{config}">{_breakable(_relative(result.path, root))}</th><td>both</td>'
+                f'<td colspan="2">under {_e(label)}</td><td class="status bad">{_e(result.status)}</td>'
+                f'<td class="why">{_e(_shorten(mismatch, root))}</td></tr>'
+            )
     return rows
 
 
@@ -689,6 +716,6 @@ def _impact(results: Sequence[Any], old: str, new: str, link: Link | None, root:
     return (
         '<section id="impact" aria-labelledby="impact-h"><h2 id="impact-h">Impact on serving configs</h2>'
         f"<p>{plural(len(read), 'config')}: {_e(_impact_counts(results)) or 'none read'}.{_e(note)} "
-        "Worst first. <span class=\"mark fail\">!</span> after a value: cannot start; /V2: KV-cache manager V2.</p>"
+        'Worst first. <span class="mark fail">!</span> after a value: cannot start; /V2: KV-cache manager V2.</p>'
         f"{table}</section>"
     )

@@ -75,9 +75,7 @@ def _loader_class() -> Any:
             self._depth += 1
             try:
                 if self._depth > MAX_DEPTH:
-                    raise ComposerError(
-                        None, None, f"nested more than {MAX_DEPTH} levels deep; serving configs need a handful", event.start_mark
-                    )
+                    raise ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep; serving configs need a handful", event.start_mark)
                 is_alias = isinstance(event, yaml.AliasEvent)
                 node = super().compose_node(parent, index)
             finally:
@@ -116,8 +114,7 @@ def _loader_class() -> Any:
                         raise ConstructorError(
                             None,
                             None,
-                            f"duplicate key {key!r} (first at line {first.line + 1}); YAML keeps only the last "
-                            "value, so remove one",
+                            f"duplicate key {key!r} (first at line {first.line + 1}); YAML keeps only the last value, so remove one",
                             key_node.start_mark,
                         )
                     seen[key] = key_node.start_mark
@@ -211,9 +208,7 @@ def parse_json(text: str, shown: str) -> Any:
         elif char in "[{":
             depth += 1
             if depth > MAX_DEPTH:
-                raise ConfigFileError(
-                    shown, f"nested more than {MAX_DEPTH} levels deep; serving configs need a handful", line, match.start() - line_start + 1
-                )
+                raise ConfigFileError(shown, f"nested more than {MAX_DEPTH} levels deep; serving configs need a handful", line, match.start() - line_start + 1)
         elif char in "]}":
             depth -= 1
     try:

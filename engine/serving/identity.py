@@ -176,9 +176,7 @@ def load_architecture_map(path: str | Path) -> ArchitectureMap:
             model_type = target.get("model_type")
             entries.append((str(pattern), target["architecture"], model_type if isinstance(model_type, str) else None))
         else:
-            raise ValueError(
-                f"{text_path}: {pattern!r}: expected an architecture name or {{architecture: ..., model_type: ...}}, got {target!r}"
-            )
+            raise ValueError(f"{text_path}: {pattern!r}: expected an architecture name or {{architecture: ..., model_type: ...}}, got {target!r}")
     return ArchitectureMap(tuple(entries), text_path)
 
 
@@ -342,8 +340,16 @@ def find_model(
             return ModelIdentity(reference=reference, tried=tuple(tried), problem=read)
         architecture, model_type, composite = read
         if architecture is None:
-            return ModelIdentity(None, model_type, "config.json", str(config), reference, tuple(tried),
-                                 f"{config} names no `architectures`, only model_type {model_type!r}", composite)
+            return ModelIdentity(
+                None,
+                model_type,
+                "config.json",
+                str(config),
+                reference,
+                tuple(tried),
+                f"{config} names no `architectures`, only model_type {model_type!r}",
+                composite,
+            )
         return ModelIdentity(architecture, model_type, "config.json", str(config), reference, tuple(tried), None, composite)
     if architecture_map is not None:
         for text in reference.texts:

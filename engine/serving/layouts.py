@@ -40,8 +40,21 @@ _DISAGGREGATED = ("context_servers", "generation_servers")
 _PERF_SANITY = (("ctx", "context"), ("gen", "generation"))
 #: Keys of a disaggregated config that belong to the disaggregated server, not to the workers.
 _SERVER_ONLY = frozenset(
-    {"hostname", "port", "context_servers", "generation_servers", "conditional_disagg_config", "otlp_config",
-     "disagg_cluster", "node_id", "perf_metrics_max_requests", "max_retries", "schedule_style", "model", "backend"}
+    {
+        "hostname",
+        "port",
+        "context_servers",
+        "generation_servers",
+        "conditional_disagg_config",
+        "otlp_config",
+        "disagg_cluster",
+        "node_id",
+        "perf_metrics_max_requests",
+        "max_retries",
+        "schedule_style",
+        "model",
+        "backend",
+    }
 )
 
 
@@ -82,10 +95,7 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
     top_backend = document.get("backend")
     fixed = None
     if isinstance(top_backend, str) and top_backend.lower() in NON_RESOLVING_BACKENDS:
-        fixed = (
-            f"backend {top_backend}: the TensorRT-LLM {top_backend} path has only the C++ transceiver; "
-            "transceiver_runtime auto is never resolved there"
-        )
+        fixed = f"backend {top_backend}: the TensorRT-LLM {top_backend} path has only the C++ transceiver; transceiver_runtime auto is never resolved there"
     if any(side in document for side in _DISAGGREGATED):
         inherited = {k: v for k, v in document.items() if k not in _SERVER_ONLY}
         found = []
@@ -94,15 +104,27 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
                 continue
             section = document[side]
             if not isinstance(section, Mapping):
-                found.append(Server(side, side.split("_")[0], (side,), None,
-                                    problems=(ServerProblem((side,), f"{side}: expected a mapping, got {kind(section)}"),)))
+                found.append(
+                    Server(side, side.split("_")[0], (side,), None, problems=(ServerProblem((side,), f"{side}: expected a mapping, got {kind(section)}"),))
+                )
                 continue
             clashes = [k for k in section if k in inherited and section[k] != inherited[k]]
             if clashes:
                 # upstream's extract_disagg_cfg raises for a key set differently at both levels
-                found.append(Server(side, side.split("_")[0], (side, clashes[0]), None, problems=tuple(
-                    ServerProblem((side, k), f"{k} is set both at the top level and in {side}, with different values; "
-                                  "TensorRT-LLM refuses this: keep one") for k in clashes)))
+                found.append(
+                    Server(
+                        side,
+                        side.split("_")[0],
+                        (side, clashes[0]),
+                        None,
+                        problems=tuple(
+                            ServerProblem(
+                                (side, k), f"{k} is set both at the top level and in {side}, with different values; TensorRT-LLM refuses this: keep one"
+                            )
+                            for k in clashes
+                        ),
+                    )
+                )
                 continue
             merged = {**inherited, **section}
             origin = {k: ((side,) if k in section else ()) for k in merged}
@@ -118,8 +140,9 @@ def servers_of(document: Mapping[str, Any]) -> list[Server] | None:
             section = worker[short]
             keys = ("worker_config", short)
             if not isinstance(section, Mapping):
-                found.append(Server(".".join(keys), role, keys, None,
-                                    problems=(ServerProblem(keys, f"{'.'.join(keys)}: expected a mapping, got {kind(section)}"),)))
+                found.append(
+                    Server(".".join(keys), role, keys, None, problems=(ServerProblem(keys, f"{'.'.join(keys)}: expected a mapping, got {kind(section)}"),))
+                )
                 continue
             server = _server(".".join(keys), role, dict(section), {k: keys for k in section}, env, fixed, keys)
             found.append(_with(server, env_used, problems))
@@ -161,13 +184,27 @@ def _transfers(servers: list[Server]) -> bool:
 
 
 def _with(server: Server, used: tuple[str, ...], problems: tuple[ServerProblem, ...]) -> Server:
-    return Server(server.name, server.role, server.keys, server.fields, (*used, *server.used), server.fixed,
-                  server.parallel, (*problems, *server.problems), server.field_keys)
+    return Server(
+        server.name,
+        server.role,
+        server.keys,
+        server.fields,
+        (*used, *server.used),
+        server.fixed,
+        server.parallel,
+        (*problems, *server.problems),
+        server.field_keys,
+    )
 
 
 def _server(
-    name: str, role: str, settings: Mapping[str, Any], origin: dict[str, tuple[Any, ...]], env: dict[str, str],
-    fixed: str | None, section: tuple[Any, ...] = (),
+    name: str,
+    role: str,
+    settings: Mapping[str, Any],
+    origin: dict[str, tuple[Any, ...]],
+    env: dict[str, str],
+    fixed: str | None,
+    section: tuple[Any, ...] = (),
 ) -> Server:
     """A server from its effective LLM arguments; ``origin`` maps each key to its section path, and
     ``section`` is where the server's own keys go (where a missing transceiver config is missing)."""
@@ -210,8 +247,7 @@ def _server(
             elif isinstance(switch, bool):
                 manager = "V2" if switch else "V1"
             else:
-                problems.append(ServerProblem((*kv_keys, "use_kv_cache_manager_v2"),
-                                              f"{where}: expected true, false, null or auto, got {kind(switch)}"))
+                problems.append(ServerProblem((*kv_keys, "use_kv_cache_manager_v2"), f"{where}: expected true, false, null or auto, got {kind(switch)}"))
                 manager = None
             if manager is not None:
                 fields["kv_cache_manager"] = manager

@@ -135,10 +135,12 @@ def check_sections(settings: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, 
     for key in settings:
         meant = misspelling_of(key)
         if meant is not None:
-            problems.append((
-                (*origin.get(key, ()), key),
-                f"unknown LLM argument {key}; did you mean {meant!r}? " + _REFUSED.format(what="LLM arguments"),
-            ))
+            problems.append(
+                (
+                    (*origin.get(key, ()), key),
+                    f"unknown LLM argument {key}; did you mean {meant!r}? " + _REFUSED.format(what="LLM arguments"),
+                )
+            )
     for section, known in SECTIONS.items():
         value = settings.get(section)
         if not isinstance(value, Mapping) or all(isinstance(k, str) and k in known for k in value):
@@ -158,8 +160,10 @@ def check_sections(settings: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, 
             field = str(error["loc"][0])
             meant = closest(field.lower(), known, cutoff=0.7, separators=True)
             hint = f"; did you mean {meant!r}?" if meant else ";"
-            problems.append((
-                (*at, by_name.get(field, field)),
-                f"unknown field {field} of {section}{hint} " + _REFUSED.format(what="fields"),
-            ))
+            problems.append(
+                (
+                    (*at, by_name.get(field, field)),
+                    f"unknown field {field} of {section}{hint} " + _REFUSED.format(what="fields"),
+                )
+            )
     return problems

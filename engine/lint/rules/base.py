@@ -93,17 +93,13 @@ class LintRule:
 RULES: dict[str, LintRule] = {}
 
 
-def register(
-    code: str, name: str, category: str, severity: Severity, summary: str, kind: Literal["loader", "policy", "set"] = "policy"
-) -> Callable[..., Any]:
+def register(code: str, name: str, category: str, severity: Severity, summary: str, kind: Literal["loader", "policy", "set"] = "policy") -> Callable[..., Any]:
     """Add the decorated function to :data:`RULES` as the rule ``code`` (its docstring is what
     ``kvpolicy rule CODE`` prints)."""
 
     def add(function: Callable[..., Iterable[Finding]]) -> Callable[..., Iterable[Finding]]:
         assert code not in RULES, code
-        RULES[code] = LintRule(
-            code, name, category, severity, summary, inspect.cleandoc(function.__doc__ or ""), kind, function
-        )
+        RULES[code] = LintRule(code, name, category, severity, summary, inspect.cleandoc(function.__doc__ or ""), kind, function)
         return function
 
     return add

@@ -52,8 +52,7 @@ def duplicate_architecture(file: PolicyFile) -> Iterator[Finding]:
             first_at = file.anchor(first)
             yield Finding(
                 "KVP020",
-                f"{row.architecture} is listed twice in {decision.preference.id} (first at line {first_at.line}); "
-                "only the first row is used: keep one",
+                f"{row.architecture} is listed twice in {decision.preference.id} (first at line {first_at.line}); only the first row is used: keep one",
                 file.anchor(row),
                 "error",
                 related=((first_at, f"first {row.architecture} row"),),
@@ -151,8 +150,7 @@ def shadowed_rule(file: PolicyFile) -> Iterator[Finding]:
         winner = _higher(file, item)
         yield Finding(
             "KVP021",
-            f"{label} never decides: wherever it holds, {winner} decides first "
-            f"(e.g. {describe_context(context_of(stats.held, policy), policy)})",
+            f"{label} never decides: wherever it holds, {winner} decides first (e.g. {describe_context(context_of(stats.held, policy), policy)})",
             file.anchor(item),
             "warning",
             context=counterexample(file, stats.held),
@@ -439,8 +437,7 @@ def analysis_limit(file: PolicyFile) -> Iterator[Finding]:
     if file.analysis is None:
         yield Finding(
             "KVP029",
-            f"precedence and safety analysis skipped: {file.skipped_reason}; KVP021, KVP022, KVP023 and "
-            "KVP030 did not run on this file",
+            f"precedence and safety analysis skipped: {file.skipped_reason}; KVP021, KVP022, KVP023 and KVP030 did not run on this file",
             Location(file.path, 1, 1),
             "error",
         )

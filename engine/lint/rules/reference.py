@@ -152,9 +152,7 @@ def unknown_option(file: PolicyFile) -> Iterator[Finding]:
         if name not in features:
             hint = closest(name, features, cutoff=0.8)
             if hint:
-                yield Finding(
-                    "KVP012", f"unknown feature {name!r}; did you mean {hint!r}?", feature.location, "warning"
-                )
+                yield Finding("KVP012", f"unknown feature {name!r}; did you mean {hint!r}?", feature.location, "warning")
     variables = known["names"]["env"]
     places = [(f.env, file.locate(("features", f.name, "env"))) for f in policy.features.values() if f.env]
     for item, condition in _conditions(policy):

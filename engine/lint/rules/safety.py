@@ -80,8 +80,7 @@ def auto_rejected(file: PolicyFile) -> Iterator[Finding]:
             wheres = list(dict.fromkeys(e[0] for e in found if e[0]))
             count += max(1, len(wheres))
             parts.append(
-                f"constraint {constraint_id} rejects it{' with ' + '; '.join(wheres) if wheres else ''} "
-                f"(e.g. {describe_context(found[0][3], policy)})"
+                f"constraint {constraint_id} rejects it{' with ' + '; '.join(wheres) if wheres else ''} (e.g. {describe_context(found[0][3], policy)})"
             )
         if len(by_constraint) == 1 and count == 1:
             where = entries[0][0]

@@ -79,8 +79,7 @@ def unbumped_version(files: list[PolicyFile], base: Any = None) -> Iterator[Find
         if old["version"] == file.policy.version and old != file.document.data:
             yield Finding(
                 "KVP051",
-                f"the policy content changed since the base revision but version {file.policy.version} did not; "
-                "release the change as a new version",
+                f"the policy content changed since the base revision but version {file.policy.version} did not; release the change as a new version",
                 file.locate(("version",)),
                 "error",
             )
@@ -215,8 +214,7 @@ def repeated_source(files: list[PolicyFile], base: Any = None) -> Iterator[Findi
         where = earlier.locate(("source",))
         yield Finding(
             "KVP053",
-            f"source of version {file.policy.version} cites nothing new: {detail} ({earlier.path}); "
-            "cite the upstream change this version mirrors",
+            f"source of version {file.policy.version} cites nothing new: {detail} ({earlier.path}); cite the upstream change this version mirrors",
             file.locate(("source",)),
             "warning",
             related=((where, f"source of {earlier.policy.version}"),),
