@@ -2,8 +2,8 @@
 
 A live agent's metadata (one DRAM region), every offset set to every other byte value (or the gate's
 five, ``--values five``), and every truncation: each goes through ``metadata.admit`` (timed), and
-those it accepts are loaded by NIXL in forked probe children (``transports/probe.py``) to count what
-still crashes NIXL. With ``--probe-limit N`` only N accepted blobs (a seeded sample, seed printed) are
+those it accepts are loaded by NIXL in forked probe children (``transports/probe.py`` starts them,
+``transports/probe_child.py`` runs in them) to count what still crashes NIXL. With ``--probe-limit N`` only N accepted blobs (a seeded sample, seed printed) are
 loaded. Prints the figures and writes them as JSON with ``--json FILE``.
 
     .venv/bin/python bench/metadata_fuzz.py                   # every value, 2,000 loads
@@ -24,7 +24,6 @@ from pathlib import Path
 os.environ.setdefault("UCX_MODULES", "^ib")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 FIVE = (lambda b: b ^ 0xFF, lambda b: 0x00, lambda b: 0x80, lambda b: b ^ 0x01, lambda b: 0x7F)
 
@@ -39,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from transports.agent import NixlSettings, create_agent, nixl_version
-    from transports.metadata import Expected, MetadataError, admit, read_metadata
-    from transports.probe import MetadataProbe
+    from kvpolicy.transports.agent import NixlSettings, create_agent, nixl_version
+    from kvpolicy.transports.metadata import Expected, MetadataError, admit, read_metadata
+    from kvpolicy.transports.probe import MetadataProbe
 
     settings = NixlSettings()
     agent = create_agent("decode-0", settings)
