@@ -10,7 +10,6 @@ from pathlib import Path
 from ..errors import ContextError
 from ..evaluate.resolution import Resolution
 from ..wording import plural
-from ..serving.check import read_line
 from .common import EXIT_UNMODELLED, add_model_arguments, add_policy_arguments, choose_policies, context_error, fail, model_options
 from .releases import add_accept_argument, add_trtllm_argument, load_for_release
 
@@ -234,7 +233,7 @@ def _run_config(args: Any, policy_set: Any) -> int:
     load, and one verdict for the whole config over every model it may be about
     (:mod:`kvpolicy.serving.check`)."""
     from ..serving.identity import ModelIdentity, models_root
-    from ..serving.check import ServingConfigError, answer_config
+    from ..serving.check import ServingConfigError, answer_config, read_line
 
     path = Path(args.config)
     explicit: ModelIdentity | None = None

@@ -6,6 +6,7 @@ with ``KVPOLICY_UPDATE_GOLDEN=1 pytest tests/cli/test_cli.py`` and review the di
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -133,6 +134,25 @@ def test_policy_commands_never_import_torch_or_nixl(argv):
     done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_cold_resolve_imports_only_what_it_uses():
+    """``kvpolicy resolve`` is what serving scripts run at start-up: it never imports the
+    serving-config readers, lint or the diff (``resolve --config`` imports what it needs when asked),
+    and once the policy's results are cached (the second run) no ``typing``, ``dataclasses`` or
+    ``inspect`` either (~15 ms together here: they come with loading a policy)."""
+    probe = (
+        "import sys; from kvpolicy.cli import main; code = main(sys.argv[1:]); "
+        "print(sorted(m for m in sys.modules if m in ('typing', 'dataclasses', 'inspect') "
+        "or m.startswith(('kvpolicy.serving', 'kvpolicy.lint', 'kvpolicy.analyse'))))"
+    )
+    argv = ["resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL"]
+    found = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert "Traceback" not in done.stderr, done.stderr
+        found.append(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert [m for m in found[0] if m.startswith("kvpolicy")] == [] and found[1] == []
 
 
 def test_python_dash_m(tmp_path):
