@@ -169,7 +169,9 @@ def bench_proofs(settings: NixlSettings, reps: int) -> dict[str, Any]:
                 verdicts: list[str | None] = []
                 started = time.perf_counter()
                 release = probe.prove(
-                    blob, lambda v, verdicts=verdicts, reported=reported: (verdicts.append(v), reported.set()), agent=f"bench-{os.getpid()}-{i:016x}", message=message, linger_s=10.0
+                    blob,
+                    lambda v, verdicts=verdicts, reported=reported: (verdicts.append(v), reported.set()),
+                    agent=f"bench-{os.getpid()}-{i:016x}", message=message, linger_s=10.0,
                 )
                 assert reported.wait(60) and verdicts == [None], verdicts
                 sent.append((time.perf_counter() - started) * 1000)
