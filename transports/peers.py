@@ -94,8 +94,13 @@ def _nothing() -> None:
 class _Sending:
     """A hello whose metadata a probe child is loading, to send the proof nonce from there."""
 
+    identity: bytes
     release: Callable[[], None] = _nothing
     """Ends that child (see :meth:`.probe.MetadataProbe.prove`)."""
+    echo: str | None = None
+    """The first proof echo that came on its connection before the child's report did (the nonce can
+    reach the receiver, and its echo come back, before the report reaches this loop): judged as the
+    first echo once the proving starts."""
 
 
 @dataclass
@@ -422,7 +427,7 @@ class Remotes:
         earlier = self._probing.get(key)
         if earlier is not None:  # superseded: its child ends now (it no longer costs anyone a connection)
             earlier.release()
-        token = self._probing[key] = _Sending()
+        token = self._probing[key] = _Sending(identity)
 
         def sent(verdict: str | None) -> None:
             try:
@@ -456,6 +461,8 @@ class Remotes:
             return self._refuse_verdict(identity, key, rank, verdict)
         stale = self._forget_stale(identity, key, rank)
         self._start_proving(Proving(identity, key, rank, segments, stale, nonce, blob=blob, release=token.release))
+        if token.echo is not None:
+            self._on_proof(identity, key, control.Proof(token.echo))
 
     def _refuse_verdict(self, identity: bytes, key: bytes, rank: control.RankInfo, verdict: str) -> None:
         """Refuse a hello whose metadata the probe refused (or could not take now: ``busy``)."""
@@ -548,7 +555,10 @@ class Remotes:
 
     def _on_proof(self, identity: bytes, key: bytes, proof: control.Proof) -> None:
         proving = self._proving.get(identity)
-        if proving is None or proving.key != key:
+        sending = self._probing.get(key)
+        if (proving is None or proving.key != key) and sending is not None and sending.identity == identity and sending.echo is None:
+            sending.echo = proof.nonce  # (it outran the child's report)
+        elif proving is None or proving.key != key:
             self.local.drop("unexpected", "a proof from a connection that was not asked for one")
         elif not secrets.compare_digest(proof.nonce, proving.nonce):
             # The first wrong echo ends the proving (a guess gets one try per hello, and hellos are
