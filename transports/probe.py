@@ -74,7 +74,7 @@ from .agent import NixlSettings, import_nixl
 
 log = logging.getLogger("kvpolicy.transports")
 
-__all__ = ["MetadataProbe", "ProbeOutcome", "Proof", "MODES"]
+__all__ = ["MetadataProbe", "ProbeOutcome", "MODES"]
 
 MODES = ("fork", "server", "spawn")
 MAX_BLOB = 16 << 20
