@@ -12,7 +12,10 @@ blob on a live agent (what the transceiver does without a probe). Reported per m
 one probe and their ratio to the in-process load, the helper's start (first probe), a probe of a
 crashing blob and the probe after it (server mode restarts there), a remembered verdict, and the
 helper's memory. Also the import cost the design works around: ``import nixl`` (imports torch on a
-CPU-only torch) against importing the NIXL build directly.
+CPU-only torch) against importing the NIXL build directly. And (fork mode) what a new peer's proof of
+memory costs, the old way against the new, interleaved (:func:`bench_proofs`): a probe, then the nonce
+from the sender's own agent, against the nonce from a probe child (:meth:`MetadataProbe.prove`), each
+until the peer echoed it and its metadata is loaded in the sender's agent.
 
 ``--search`` runs mutations of a fresh peer's metadata through the probe (fork mode, two at a time)
 and lists those that kill the loading process: ``evenly`` (108 offsets evenly spaced, each byte
@@ -84,11 +87,109 @@ def start_peer(settings: NixlSettings) -> tuple[int, bytes]:
     return pid, data[8:]
 
 
-def renamed(blob: bytes, index: int) -> bytes:
+def renamed(blob: bytes, index: int, name: str = PEER_NAME) -> bytes:
     """The same metadata under another agent name of the same length (a distinct, genuine blob)."""
-    name = PEER_NAME.encode()
-    other = name[:-4] + f"{index:04d}".encode()
-    return blob.replace(name, other, 1)
+    raw = name.encode()
+    other = raw[:-4] + f"{index:04d}".encode()
+    return blob.replace(raw, other, 1)
+
+
+ECHO_NAME = "bench-echo-0000"
+_ECHO = """
+import os, sys, time
+out = os.dup(1)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+import numpy as np
+from kvpolicy.transports.agent import NixlSettings, create_agent
+settings = NixlSettings()
+settings.apply_environment()
+agent = create_agent(sys.argv[1], settings)
+buffer = np.zeros(64 << 20, dtype=np.uint8)
+agent.register_memory([(buffer.ctypes.data, buffer.nbytes, 0, "")], "DRAM")
+blob = agent.get_agent_metadata()
+os.write(out, len(blob).to_bytes(8, "little") + blob)
+while True:  # every notification, as a receiver waiting for its welcome polls for the proof nonce
+    for messages in agent.get_new_notifs().values():
+        for message in messages:
+            os.write(out, message.hex().encode() + b"\\n")
+    time.sleep(0.0005)
+"""
+
+
+class EchoPeer:
+    """A peer agent in a fresh interpreter that writes back every NIXL notification it gets (what a
+    receiver does with a proof nonce, without the control plane)."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", _ECHO, ECHO_NAME], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.process.stdout is not None
+        size = int.from_bytes(self.process.stdout.read(8) or b"\0", "little")
+        self.metadata = self.process.stdout.read(size)
+        if not self.metadata.startswith(b"nixlSerDes|"):
+            raise RuntimeError("the echo peer did not start")
+
+    def wait_for(self, message: bytes) -> None:
+        assert self.process.stdout is not None
+        while bytes.fromhex(self.process.stdout.readline().decode()) != message:
+            pass
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def bench_proofs(settings: NixlSettings, reps: int) -> dict[str, Any]:
+    """What a new peer's proof of memory costs the sender, old way against new, interleaved: the old
+    way probes the blob (a child loads it and exits), loads it in the sender's own agent and sends the
+    nonce from there; the new way has a child load it and send the nonce (:meth:`MetadataProbe.prove`),
+    releases the child once the peer echoed it, then loads the blob in its own agent. Both end when
+    the blob is loaded in the sender's agent after the echo; each rep a new agent name."""
+    echo = EchoPeer()
+    agent = create_agent("bench-sender", settings)
+    old: list[float] = []
+    new: list[float] = []
+    sent: list[float] = []
+    try:
+        with MetadataProbe(settings, mode="fork", max_running=4) as probe:
+            assert probe.check(renamed(echo.metadata, 9999, ECHO_NAME)) is None  # (the helper's start)
+            for i in range(reps + 1):
+                message = b"kvpolicy-proof:" + os.urandom(16).hex().encode()
+                blob = renamed(echo.metadata, 2 * i, ECHO_NAME)
+                started = time.perf_counter()
+                assert probe.check(blob) is None
+                name = agent.add_remote_agent(blob)
+                agent.send_notif(name, message)
+                echo.wait_for(message)
+                old.append((time.perf_counter() - started) * 1000)
+                agent.remove_remote_agent(name)
+
+                message = b"kvpolicy-proof:" + os.urandom(16).hex().encode()
+                blob = renamed(echo.metadata, 2 * i + 1, ECHO_NAME)
+                reported = threading.Event()
+                verdicts: list[str | None] = []
+                started = time.perf_counter()
+                release = probe.prove(
+                    blob,
+                    lambda v, verdicts=verdicts, reported=reported: (verdicts.append(v), reported.set()),
+                    agent=f"bench-{os.getpid()}-{i:016x}", message=message, linger_s=10.0,
+                )
+                assert reported.wait(60) and verdicts == [None], verdicts
+                sent.append((time.perf_counter() - started) * 1000)
+                echo.wait_for(message)
+                release()
+                name = agent.add_remote_agent(blob)
+                new.append((time.perf_counter() - started) * 1000)
+                agent.remove_remote_agent(name)
+            lingering = probe.lingering
+    finally:
+        echo.close()
+    old_p50, old_p90 = percentiles(old[1:])
+    new_p50, new_p90 = percentiles(new[1:])
+    return {
+        "old_p50_ms": old_p50, "old_p90_ms": old_p90, "new_p50_ms": new_p50, "new_p90_ms": new_p90,
+        "sent_p50_ms": percentiles(sent[1:])[0], "new_vs_old_p50": new_p50 / old_p50, "new_vs_old_p90": new_p90 / old_p90,
+        "lingering_at_end": lingering,
+    }
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -278,12 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         modes = {}
         for index, mode in enumerate(m for m in args.modes.split(",") if m):
             modes[mode] = bench_mode(mode, blob, settings, args.reps, base=1000 * (index + 1))
+        proofs = bench_proofs(settings, args.reps) if "fork" in args.modes.split(",") else None
         imports = import_costs(api.__name__)
     finally:
         os.kill(peer, 9)
         os.waitpid(peer, 0)
     summary: dict[str, Any] = {
-        "blob_bytes": len(blob), "reps": args.reps, "inprocess": inprocess, "modes": modes, "imports_ms": imports,
+        "blob_bytes": len(blob), "reps": args.reps, "inprocess": inprocess, "modes": modes, "proofs": proofs, "imports_ms": imports,
         "seconds": round(time.perf_counter() - started, 1),
     }
     for mode, figures in modes.items():
@@ -309,6 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\n(first: the first probe, helper start included; crash: a blob that kills the parser; next: the probe after it;")
     print(" 4 at once: four distinct blobs started together, until the last verdict; x: / the in-process load;")
     print(" x new: p50 / the in-process load of a new address)")
+    if proofs:
+        print(
+            f"\na new peer's proof of memory, to its metadata loaded in the sender's agent (fork mode, interleaved): "
+            f"nonce from the sender's agent after a probe {proofs['old_p50_ms']:.1f} ms p50 / {proofs['old_p90_ms']:.1f} p90; "
+            f"from a probe child {proofs['new_p50_ms']:.1f} / {proofs['new_p90_ms']:.1f} "
+            f"({proofs['new_vs_old_p50']:.2f}x / {proofs['new_vs_old_p90']:.2f}x; the child reports it sent at {proofs['sent_p50_ms']:.1f} ms p50)"
+        )
     any_mode = next(iter(modes.values()), None)
     if any_mode:
         print(f"a remembered verdict: {any_mode['cached_us']:.1f} us")

@@ -52,6 +52,7 @@ STAT_NAMES = (
     "malformed_metadata",
     "proofs_asked",
     "superseded_hellos",
+    "agents_loaded",
     "held_for_reconnect",
     "reconnects",
     "repeated_asks",
@@ -94,16 +95,18 @@ class Limits:
     hellos_per_s: float = 5.0
     hello_burst: int = 20
     unproved_per_peer: int = 4
-    """Hellos of one key whose metadata is loaded and whose proof of memory is still awaited; a newer
-    one supersedes the oldest, which counts as a failed proof. Loading a hello's metadata makes this
-    process connect to the agent it describes (a third party, if the metadata is not the peer's own):
-    this bounds how many such connections one key has open at once (as many as the live hellos a key
-    may keep, ``remotes_per_peer``: the ranks of one key connect at once)."""
+    """Hellos of one key whose proof of memory is still awaited; a newer one supersedes the oldest,
+    which counts as a failed proof. Each has a probe child that sent the nonce and lives until the
+    proof ends, connected to the agent the hello's metadata describes (a third party, if the metadata
+    is not the peer's own; this side's agent loads it only once proved): this bounds how many such
+    connections one key has open at once (as many as the live hellos a key may keep,
+    ``remotes_per_peer``: the ranks of one key connect at once)."""
     proof_ban_s: float = 60.0
     """After a failed proof (a wrong echo, none in time, or superseded unproved) a key's hellos are
     refused before their metadata is read: 1 s after the first failure, doubling to at most this.
-    A proof that succeeds clears it. So 1,000 unproved hellos from one key make this process load
-    (and connect to) about ``log2(proof_ban_s) + elapsed / proof_ban_s`` agents, not 1,000."""
+    A proof that succeeds clears it. So 1,000 unproved hellos from one key make this process's probe
+    children connect to about ``log2(proof_ban_s) + elapsed / proof_ban_s`` agents, not 1,000 (and
+    its own agent to none)."""
     fetches: int = 8
     """Metadata reads from etcd in flight at once (one per peer key at most)."""
     offers_per_peer: int = 4096
@@ -216,11 +219,13 @@ class LocalSide:
         if name is not None and name in self._blobs:
             if self._blobs[name] != blob:
                 self.agent.add_remote_agent(blob)
+                self.stats["agents_loaded"] += 1
                 self._blobs[name] = blob
             self._idle.pop(name, None)
             self._agents[name] = self._agents.get(name, 0) + 1
             return name
         loaded = self.agent.add_remote_agent(blob)
+        self.stats["agents_loaded"] += 1  # (metadata given to this side's agent: only proved peers', or chosen ones')
         loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         self._agents[loaded] = self._agents.get(loaded, 0) + 1
         self._blobs[loaded] = blob

@@ -17,6 +17,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -68,8 +69,9 @@ BUSY_RETRY_MS = 500
 
 @dataclass
 class Proving:
-    """A hello whose NIXL metadata was loaded, waiting for the receiver to echo the nonce sent as a
-    NIXL notification to that metadata's agent."""
+    """A hello waiting for the receiver to echo the nonce sent as a NIXL notification to the agent its
+    metadata describes: from a probe child (``release`` ends it; the metadata is loaded here only
+    after the echo), or, for metadata loaded here already, from this side's own agent."""
 
     identity: bytes
     key: bytes
@@ -79,6 +81,26 @@ class Proving:
     nonce: str
     timer: Any = None
     started: float = field(default_factory=time.monotonic)
+    blob: bytes = b""
+    release: Callable[[], None] | None = None
+    """(Sent by a probe child) ends that child; None when this side's agent sent the nonce."""
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(eq=False)
+class _Sending:
+    """A hello whose metadata a probe child is loading, to send the proof nonce from there."""
+
+    identity: bytes
+    release: Callable[[], None] = _nothing
+    """Ends that child (see :meth:`.probe.MetadataProbe.prove`)."""
+    echo: str | None = None
+    """The first proof echo that came on its connection before the child's report did (the nonce can
+    reach the receiver, and its echo come back, before the report reaches this loop): judged as the
+    first echo once the proving starts."""
 
 
 @dataclass
@@ -168,8 +190,9 @@ class Remotes:
         self._fetching: dict[bytes, object] = {}
         self._proving: dict[bytes, Proving] = {}
         """Hellos waiting for their proof echo, by connection."""
-        self._probing: dict[bytes, object] = {}
-        """Hellos whose metadata is being loaded in a probe child, by key (the newest wins)."""
+        self._probing: dict[bytes, _Sending] = {}
+        """Hellos whose metadata a probe child is loading to send the proof nonce, by key (the newest
+        wins: a newer hello of the key ends the child of the one before)."""
         self._crashed: dict[bytes, float] = {}
         """Keys whose metadata crashed a probe, until when they are refused."""
         self._unproved: dict[bytes, tuple[int, float]] = {}
@@ -388,33 +411,62 @@ class Remotes:
             return self._refuse(key, rank, f"its metadata crashed the NIXL parser in a probe; refused for {banned:.0f} s more")
         failures, until = self._unproved.get(key, (0, 0.0))
         if until > time.monotonic():
-            # Loading a hello's metadata connects to the agent it describes, before any proof: a key
-            # whose proofs fail waits, so it cannot make this process a deputy against a third party.
+            # A proof's child connects to the agent a hello's metadata describes, before the proof: a
+            # key whose proofs fail waits, so it cannot make this process a deputy against a third party.
             return self._refuse(key, rank, f"its last {failures} proof(s) of memory failed; refused for {until - time.monotonic():.1f} s more")
-        # NIXL's parser is not hardened: metadata this process has not loaded before is loaded first
-        # in a short-lived child (:mod:`.probe`); a hello whose metadata kills the child is refused.
-        known, verdict = self.local.probe.cached(blob)
-        if known or self.local.agent_loaded(blob):
-            return self._admit_probed(identity, key, rank, blob, segments, verdict)
-        token = self._probing[key] = object()  # a newer hello of this key supersedes this probe
+        if self.local.agent_loaded(blob):
+            # Loaded already (only proved peers' metadata is): a receiver back with the same agent,
+            # whose worker is bound to it. This side's own agent sends the nonce; no third party.
+            return self._admit_loaded(identity, key, rank, blob, segments)
+        # Unproved metadata never reaches this side's agent: a short-lived probe child (:mod:`.probe`)
+        # loads it (NIXL's parser is not hardened: a hello whose metadata kills the child is refused)
+        # and sends the nonce from an agent of its own that carries this side's key; the connection
+        # it opens to the agent the metadata describes ends with the child, and the metadata is
+        # loaded here only once the receiver echoed the nonce.
+        nonce = secrets.token_hex(16)
+        earlier = self._probing.get(key)
+        if earlier is not None:  # superseded: its child ends now (it no longer costs anyone a connection)
+            earlier.release()
+        token = self._probing[key] = _Sending(identity)
 
-        def done(verdict: str | None) -> None:
+        def sent(verdict: str | None) -> None:
             try:
-                self.local.loop.submit(lambda: self._on_probed(identity, key, token, rank, blob, segments, verdict))
+                self.local.loop.submit(lambda: self._on_sent(identity, key, token, rank, blob, segments, nonce, verdict))
             except RuntimeError:
-                pass  # closed meanwhile
+                pass  # closed meanwhile (closing the probe ends its child)
 
-        self.local.probe.start(blob, done, owner=key)  # per-key slots: one key's burst cannot crowd out first connects
+        # The child's agent carries this side's key (a receiver echoes a nonce only to the sender whose
+        # key the claimed agent name carries), under a suffix of its own: never this side's agent.
+        agent = f"{self.local.name}-{fingerprint(self.local.identity.public)}-{os.getpid()}-{secrets.token_hex(8)}"
+        # (per-key slots: one key's burst cannot crowd out first connects)
+        token.release = self.local.probe.prove(
+            blob, sent, agent=agent, message=PROOF_PREFIX + nonce.encode(), linger_s=self._proof_s() + 1.0, owner=key
+        )
 
-    def _on_probed(self, identity: bytes, key: bytes, token: object, rank: control.RankInfo, blob: bytes, segments: BlockSegments, verdict: str | None) -> None:
+    def _proof_s(self) -> float:
+        return min(self.local.timeout_s, PROOF_S)
+
+    def _on_sent(
+        self, identity: bytes, key: bytes, token: _Sending, rank: control.RankInfo, blob: bytes, segments: BlockSegments, nonce: str, verdict: str | None
+    ) -> None:
+        """The probe child sent the nonce to the agent the hello's metadata describes (``verdict``
+        None), or could not: the proving starts, or the hello is refused."""
         if self._probing.get(key) is not token:
-            self.local.stats["superseded_hellos"] += 1  # a newer hello of this key is probed instead
+            token.release()
+            self.local.stats["superseded_hellos"] += 1  # a newer hello of this key is proved instead
             return
         del self._probing[key]
-        self._admit_probed(identity, key, rank, blob, segments, verdict)
+        if verdict is not None:
+            token.release()
+            return self._refuse_verdict(identity, key, rank, verdict)
+        stale = self._forget_stale(identity, key, rank)
+        self._start_proving(Proving(identity, key, rank, segments, stale, nonce, blob=blob, release=token.release))
+        if token.echo is not None:
+            self._on_proof(identity, key, control.Proof(token.echo))
 
-    def _admit_probed(self, identity: bytes, key: bytes, rank: control.RankInfo, blob: bytes, segments: BlockSegments, verdict: str | None) -> None:
-        if verdict is not None and verdict.startswith("busy"):
+    def _refuse_verdict(self, identity: bytes, key: bytes, rank: control.RankInfo, verdict: str) -> None:
+        """Refuse a hello whose metadata the probe refused (or could not take now: ``busy``)."""
+        if verdict.startswith("busy"):
             # Not a verdict on the peer: tell it, with a hint, instead of leaving it to its timeout.
             refused = control.Refused(verdict[:500], BUSY_RETRY_MS)
             try:
@@ -422,21 +474,27 @@ class Remotes:
             except zmq.ZMQError:
                 pass  # its queue is full or it is gone: it times out as before
             return self._refuse(key, rank, f"its NIXL metadata could not be probed now: {verdict}")
-        if verdict is not None:
-            if "crashed" in verdict:
-                # An honest peer never sends such metadata, and a crash that did not happen in the
-                # child may happen here (it depends on memory layout): the key waits before trying again.
-                self._crashed[key] = time.monotonic() + CRASH_BAN_S
-                self.local.stats["refused_metadata"] += 1
-            return self._refuse(key, rank, f"its NIXL metadata failed the probe: {verdict}")
-        # What this connection or this agent said before is replaced; beyond the per-key budget,
-        # the oldest hellos of this key are forgotten with their NIXL state.
+        if "crashed" in verdict:
+            # An honest peer never sends such metadata, and a crash that did not happen in the
+            # child may happen here (it depends on memory layout): the key waits before trying again.
+            self._crashed[key] = time.monotonic() + CRASH_BAN_S
+            self.local.stats["refused_metadata"] += 1
+        return self._refuse(key, rank, f"its NIXL metadata failed the probe: {verdict}")
+
+    def _forget_stale(self, identity: bytes, key: bytes, rank: control.RankInfo) -> list[Remote]:
+        """What this connection or this agent said before is replaced; beyond the per-key budget,
+        the oldest hellos of this key are forgotten with their NIXL state. The forgotten."""
         same_key = [r for r in self.remotes.values() if r.key == key]
         stale = [r for r in same_key if r.identity == identity or r.rank.agent == rank.agent]
         live = [r for r in same_key if r not in stale]
         stale += live[: max(0, len(live) - self.local.limits.remotes_per_peer + 1)]
         for remote in stale:
             self.forget(remote)
+        return stale
+
+    def _admit_loaded(self, identity: bytes, key: bytes, rank: control.RankInfo, blob: bytes, segments: BlockSegments) -> None:
+        """A hello whose exact metadata is loaded here already: this side's agent sends the nonce."""
+        stale = self._forget_stale(identity, key, rank)
         try:
             loaded = self.local.load_agent(blob)
         except Exception as exc:
@@ -455,6 +513,11 @@ class Remotes:
         except Exception as exc:
             self.local.unload_agent(loaded)
             return self._refuse(key, rank, f"no NIXL notification reaches its agent: {exc}")
+        self._start_proving(Proving(identity, key, rank, segments, stale, nonce))
+
+    def _start_proving(self, proving: Proving) -> None:
+        """The nonce is on its way: wait for its echo (the per-key bound and superseding rules)."""
+        identity, key = proving.identity, proving.key
         earlier = self._proving.get(identity)
         if earlier is not None:  # a hello again on the same connection, before the proof of the last one
             self._failed_proof(earlier, "a newer hello on its connection superseded it before its proof of memory came")
@@ -462,17 +525,17 @@ class Remotes:
         for old in unproved[: max(0, len(unproved) - self.local.limits.unproved_per_peer + 1)]:
             self._failed_proof(old, "a newer hello of its key superseded it before its proof of memory came")
         self.local.stats["proofs_asked"] += 1
-        proving = Proving(identity, key, rank, segments, stale, nonce)
-        proving.timer = self.local.loop.call_at(
-            time.monotonic() + min(self.local.timeout_s, PROOF_S), lambda: self._proof_expired(proving)
-        )
+        proving.timer = self.local.loop.call_at(time.monotonic() + self._proof_s(), lambda: self._proof_expired(proving))
         self._proving[identity] = proving
 
     def _drop_proving(self, identity: bytes) -> None:
         old = self._proving.pop(identity, None)
         if old is not None:
             old.timer.cancel()
-            self.local.unload_agent(old.rank.agent)
+            if old.release is not None:
+                old.release()  # (nothing was loaded here)
+            else:
+                self.local.unload_agent(old.rank.agent)
 
     def _failed_proof(self, proving: Proving, why: str) -> None:
         """End ``proving`` as failed: its agent unloaded, the key refused for a while (doubling)."""
@@ -492,7 +555,10 @@ class Remotes:
 
     def _on_proof(self, identity: bytes, key: bytes, proof: control.Proof) -> None:
         proving = self._proving.get(identity)
-        if proving is None or proving.key != key:
+        sending = self._probing.get(key)
+        if (proving is None or proving.key != key) and sending is not None and sending.identity == identity and sending.echo is None:
+            sending.echo = proof.nonce  # (it outran the child's report)
+        elif proving is None or proving.key != key:
             self.local.drop("unexpected", "a proof from a connection that was not asked for one")
         elif not secrets.compare_digest(proof.nonce, proving.nonce):
             # The first wrong echo ends the proving (a guess gets one try per hello, and hellos are
@@ -502,6 +568,17 @@ class Remotes:
             del self._proving[identity]
             proving.timer.cancel()
             self._unproved.pop(key, None)
+            if proving.release is not None:
+                # Proved: its probe child is done, and its metadata may now be loaded here.
+                proving.release()
+                rank = proving.rank
+                try:
+                    loaded = self.local.load_agent(proving.blob)
+                except Exception as exc:
+                    return self._refuse(key, rank, f"NIXL rejected its metadata: {exc}")
+                if loaded != rank.agent:
+                    self.local.unload_agent(loaded)
+                    return self._refuse(key, rank, f"NIXL loaded agent {loaded!r}, not {rank.agent!r}")
             self.local.bind_worker(proving.rank.agent)
             self._welcome(proving)
 
@@ -640,6 +717,8 @@ class Remotes:
             remote.writes = 0
             self.forget(remote)
         self._fetching.clear()
+        for sending in self._probing.values():
+            sending.release()
         self._probing.clear()
         for identity in list(self._proving):
             self._drop_proving(identity)

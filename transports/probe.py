@@ -19,6 +19,14 @@ How a child is made (``mode``), measured in ``bench/probe.py``:
     ``server_probes`` probes (state a blob left behind does not live long).
 ``"spawn"``: a fresh interpreter per probe (no persistent process at all; the slowest).
 
+A probe that *proves* (:meth:`MetadataProbe.prove`, fork mode only) is how a sender sends its proof
+nonce without connecting its own agent to an unproved peer: the child creates its agent under a name
+the caller gives (one that carries the caller's key), loads the blob, sends one NIXL notification to
+the agent it describes, reports that at once and then lingers (a process that exits right after
+``send_notif`` loses the notification: 0 of 5 delivered; 5 of 5 after 20 ms) until the caller
+releases it or its deadline passes. Its exit ends the connection it opened; nothing is left in the
+caller's agent, or on the peer's side, once it is gone.
+
 This module is the parent's side (slots, limits, the remembered verdicts, starting and watching the
 helpers and children) and the protocol between them; what runs in them is :mod:`.probe_child`.
 Each child creates its agent with :func:`.agent.create_agent` and the transceiver's
@@ -45,6 +53,7 @@ a key whose metadata crashed a probe (an honest peer never sends such a blob).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -79,13 +88,22 @@ CHILD_PROGRAM = "kvpolicy.transports.probe_child"
 OK, REJECTED, CANNOT_RUN = 0, 10, 11
 TIMED_OUT = 12  # (reply code only: the helper killed the child at its deadline)
 CLOSED = 13  # (parent only: closed before the child answered)
+RELEASED = 14  # (parent only: a proof released before its child answered)
+ENDED = 15  # (reply code only, after a proof's OK: its lingering child is gone)
 _GRACE_S = 3.0
 """How long past a probe's timeout its helper may stay silent before it is killed (it kills the child
 at the timeout itself; this only catches a helper that stopped answering)."""
 
-REQUEST = struct.Struct("<IdI")  # probe id, timeout_s, blob length
+PROBE, PROVE, RELEASE = 1, 2, 3
+"""Request kinds: load a blob; load it, send a notification and linger (fork mode); end a proof's child."""
+REQUEST = struct.Struct("<BIddHHI")
+"""kind, probe id, timeout_s, linger_s, agent name length, message length, blob length; then the agent
+name, the message and the blob (a probe's name and message are empty; a release has nothing)."""
 REPLY = struct.Struct("<IiI")  # probe id (0: helper start-up), code (<0: -signal), message length
 MESSAGE_LIMIT = 1024
+SENT = b"\0"
+"""What a proving child writes on its result pipe once its notification is sent (a failure's message
+never starts with it)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +127,8 @@ class ProbeOutcome:
             return f"the metadata probe could not run: {message}"
         if code == CLOSED:
             return "the metadata probe is closed"
+        if code == RELEASED:
+            return "the proof was released before its child answered"
         if code == TIMED_OUT or code == -signal.SIGALRM:
             return f"the metadata probe timed out after {self.timeout_s:g} s"
         if code < 0:
@@ -130,6 +150,17 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+@dataclass(frozen=True)
+class Proof:
+    """What a proving child sends once it loaded a blob: ``message`` as a NIXL notification to the agent
+    the blob describes, from an agent of its own named ``agent``; it then lingers for at most
+    ``linger_s`` seconds (until released)."""
+
+    agent: str
+    message: bytes
+    linger_s: float
+
+
 @dataclass
 class _Probe:
     id: int
@@ -137,12 +168,21 @@ class _Probe:
     blob: bytes
     timeout_s: float
     callbacks: list[Callable[[str | None], None]] = field(default_factory=list)
+    proof: Proof | None = None
+    released: bool = False
+    """(A proof) its caller released it: whatever its child answers now is not a verdict."""
     sent: float | None = None
     """When it was handed to its helper (monotonic); None while queued."""
     dispatched: bool = False
     """Holds one of the ``max_running`` slots (else it waits for one)."""
     owner: object = None
     """Who asked first (a peer's key): counted against :attr:`MetadataProbe.per_owner`."""
+
+    @property
+    def slot(self) -> bytes:
+        """Its key among the probes in flight: a probe's blob joins one in flight with the same digest;
+        a proof never joins another (each sends its own message)."""
+        return self.digest if self.proof is None else self.digest + self.id.to_bytes(4, "little")
 
 
 class MetadataProbe:
@@ -167,7 +207,10 @@ class MetadataProbe:
             /dev/null; False leaves them on this process's stderr.
 
     Thread-safe. ``stats`` counts ``children`` (blobs actually loaded in a child), ``cached``,
-    ``coalesced``, ``busy``, ``refused``, ``crashed``, ``timeouts`` and ``helper_starts``.
+    ``coalesced``, ``busy``, ``refused``, ``crashed``, ``timeouts``, ``helper_starts`` and ``proofs``
+    (children that sent a proof's notification). A proof's child that reported holds no running slot
+    while it lingers, but counts against ``per_owner`` and, with the probes in flight, against
+    ``max_running + max_waiting`` until it is released or gone (:attr:`lingering`).
     """
 
     def __init__(
@@ -209,12 +252,14 @@ class MetadataProbe:
         self.server_probes = server_probes
         self.quiet = quiet
         self.stats: dict[str, int] = dict.fromkeys(
-            ("children", "cached", "coalesced", "busy", "refused", "crashed", "timeouts", "helper_starts"), 0
+            ("children", "cached", "coalesced", "busy", "refused", "crashed", "timeouts", "helper_starts", "proofs"), 0
         )
         self._lock = threading.Lock()
         self._cache: OrderedDict[bytes, str | None] = OrderedDict()
         self._running: dict[bytes, _Probe] = {}
-        """Probes not answered yet, by digest: those handed to a child and those waiting for a slot."""
+        """Probes not answered yet, by :attr:`_Probe.slot`: those handed to a child and those waiting for a slot."""
+        self._lingering: dict[int, _Probe] = {}
+        """Proofs whose child sent its notification and is alive, by id (until released or gone)."""
         self._waiting: deque[_Probe] = deque()
         self._active = 0
         """Probes handed to a child (at most ``max_running``)."""
@@ -256,6 +301,7 @@ class MetadataProbe:
         blob = bytes(blob)
         digest = hashlib.sha256(blob).digest()
         at_once: tuple[str | None] | None = None  # (the verdict,) when known without a child
+        probe: _Probe | None = None
         with self._lock:
             if self._closed:
                 at_once = (ProbeOutcome(CLOSED).verdict,)
@@ -269,28 +315,141 @@ class MetadataProbe:
                 return True
             elif len(blob) > MAX_BLOB:
                 at_once = (f"its metadata is {len(blob)} bytes (the probe takes at most {MAX_BLOB})",)
-            elif owner is not None and self._owned.get(owner, 0) >= self.per_owner:
-                self.stats["busy"] += 1
-                at_once = (f"busy: this peer has {self._owned[owner]} metadata probes in flight already (at most {self.per_owner})",)
-            elif len(self._running) >= self.max_running + self.max_waiting:
-                self.stats["busy"] += 1
-                at_once = (f"busy: {self._active} metadata probes running and {len(self._waiting)} waiting",)
             else:
-                self._ids = self._ids % 0xFFFFFFFE + 1
-                probe = self._running[digest] = _Probe(self._ids, digest, blob, timeout, [on_done], owner=owner)
-                if owner is not None:
-                    self._owned[owner] = self._owned.get(owner, 0) + 1
-                if self._active < self.max_running:
-                    self._active += 1
-                    probe.dispatched = True
-                else:
-                    self._waiting.append(probe)
+                at_once, probe = self._admit(_Probe(0, digest, blob, timeout, [on_done], owner=owner))
         if at_once is not None:
             _call(on_done, at_once[0])
             return False
+        assert probe is not None  # (admitted)
         if probe.dispatched:
             self._dispatch(probe)
         return True
+
+    def prove(
+        self,
+        blob: bytes,
+        on_sent: Callable[[str | None], None],
+        *,
+        agent: str,
+        message: bytes,
+        linger_s: float,
+        timeout_s: float | None = None,
+        owner: object = None,
+    ) -> Callable[[], None]:
+        """Load ``blob`` in a child that then sends ``message`` as a NIXL notification to the agent
+        the blob describes, from an agent of its own named ``agent``, without blocking; returns
+        ``release``, which ends that child (call it once the proof is over; idempotent, any thread).
+
+        ``on_sent(verdict)`` is called exactly once, as :meth:`start`'s ``on_done``: None once the
+        notification is sent (the child then lingers, so that NIXL delivers it, until ``release`` or
+        ``linger_s`` seconds later), else why the peer is refused (a crash, a NIXL error, busy,
+        closed, or "released" when ``release`` came first). A proof is never answered from the
+        remembered verdicts (each sends its own message), except a remembered crash, which refuses
+        at once, and never joins another probe of the same blob; it counts against ``per_owner`` and
+        the slots as a probe does, and while it lingers as described in the class docstring.
+
+        Fork mode only: the server and spawn modes answer "the metadata probe could not run: ..." at
+        once (their children cannot linger and be released).
+        """
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        if not 0 < timeout < float("inf") or not 0 < linger_s < float("inf"):
+            raise ValueError(f"timeout_s and linger_s must be finite positive numbers of seconds, got {timeout_s!r}, {linger_s!r}")
+        raw_agent = agent.encode()
+        if not raw_agent or len(raw_agent) > 0xFFFF or len(message) > 0xFFFF:
+            raise ValueError("a proof needs an agent name and a message of at most 65,535 bytes each")
+        blob = bytes(blob)
+        digest = hashlib.sha256(blob).digest()
+        proof = Proof(agent, bytes(message), float(linger_s))
+        at_once: tuple[str | None] | None = None
+        probe: _Probe | None = None
+        with self._lock:
+            if self._closed:
+                at_once = (ProbeOutcome(CLOSED).verdict,)
+            elif self.mode != "fork":
+                at_once = (ProbeOutcome(CANNOT_RUN, f"a proof needs mode='fork' (this probe's mode is {self.mode!r})").verdict,)
+            elif self._cache.get(digest) is not None:  # (a remembered crash: refused at once)
+                self._cache.move_to_end(digest)
+                self.stats["cached"] += 1
+                at_once = (self._cache[digest],)
+            elif len(blob) > MAX_BLOB:
+                at_once = (f"its metadata is {len(blob)} bytes (the probe takes at most {MAX_BLOB})",)
+            else:
+                at_once, probe = self._admit(_Probe(0, digest, blob, timeout, [on_sent], proof=proof, owner=owner))
+        if at_once is not None:
+            _call(on_sent, at_once[0])
+            return _released
+        assert probe is not None  # (admitted)
+        if probe.dispatched:
+            self._dispatch(probe)
+        return functools.partial(self._release, probe)
+
+    @property
+    def lingering(self) -> int:
+        """Proofs' children alive after sending their notification (not released yet)."""
+        with self._lock:
+            return len(self._lingering)
+
+    def _admit(self, probe: _Probe) -> tuple[tuple[str | None] | None, _Probe | None]:
+        """(Under the lock.) Take a slot for ``probe``, or say why not: ``(at_once, None)``."""
+        owner = probe.owner
+        if owner is not None and self._owned.get(owner, 0) >= self.per_owner:
+            self.stats["busy"] += 1
+            return (f"busy: this peer has {self._owned[owner]} metadata probes in flight already (at most {self.per_owner})",), None
+        if len(self._running) + len(self._lingering) >= self.max_running + self.max_waiting:
+            self.stats["busy"] += 1
+            lingering = f", {len(self._lingering)} proofs lingering" if self._lingering else ""
+            return (f"busy: {self._active} metadata probes running and {len(self._waiting)} waiting{lingering}",), None
+        self._ids = self._ids % 0xFFFFFFFE + 1
+        probe.id = self._ids
+        self._running[probe.slot] = probe
+        if owner is not None:
+            self._owned[owner] = self._owned.get(owner, 0) + 1
+        if self._active < self.max_running:
+            self._active += 1
+            probe.dispatched = True
+        else:
+            self._waiting.append(probe)
+        return None, probe
+
+    def _disown(self, owner: object) -> None:
+        """(Under the lock.) One probe of ``owner`` ended."""
+        if owner is not None:
+            left = self._owned.get(owner, 1) - 1
+            if left > 0:
+                self._owned[owner] = left
+            else:
+                self._owned.pop(owner, None)
+
+    def _release(self, probe: _Probe) -> None:
+        """End a proof: its child is killed (lingering, or still loading), or it never starts (waiting)."""
+        with self._lock:
+            if probe.released:
+                return
+            probe.released = True
+            lingering = self._lingering.get(probe.id) is probe
+            if lingering:
+                del self._lingering[probe.id]
+                self._disown(probe.owner)
+            unanswered = self._running.get(probe.slot) is probe
+            helper = self._helper
+        if unanswered and not probe.dispatched:
+            self._finish(probe, ProbeOutcome(RELEASED), remember=False)
+        elif (lingering or unanswered) and helper is not None:
+            helper.release(probe.id)
+
+    def _child_ended(self, probe_id: int) -> None:
+        """A lingering proof's child is gone (its deadline, a crash, or a release)."""
+        with self._lock:
+            probe = self._lingering.pop(probe_id, None)
+            if probe is not None:
+                self._disown(probe.owner)
+
+    def _helper_gone(self) -> None:
+        """The helper died or was killed, with every child in its process group."""
+        with self._lock:
+            gone, self._lingering = list(self._lingering.values()), {}
+            for probe in gone:
+                self._disown(probe.owner)
 
     def check(self, blob: bytes, timeout_s: float | None = None) -> str | None:
         """Probe ``blob`` and wait for the verdict: None (safe to load) or why the peer is refused."""
@@ -323,6 +482,7 @@ class MetadataProbe:
             helper, self._helper = self._helper, None
         if helper is not None:
             helper.close()
+        self._helper_gone()
         with self._lock:
             left = list(self._running.values())
             children = list(self._children)
@@ -352,17 +512,18 @@ class MetadataProbe:
             self._finish(probe, ProbeOutcome(CANNOT_RUN, f"{type(exc).__name__}: {exc}", probe.timeout_s), remember=False)
 
     def _finish(self, probe: _Probe, outcome: ProbeOutcome, remember: bool = True) -> None:
-        verdict = outcome.verdict
         with self._lock:
-            if self._running.get(probe.digest) is not probe:
+            if self._running.get(probe.slot) is not probe:
                 return  # answered already
-            del self._running[probe.digest]
-            if probe.owner is not None:
-                left = self._owned.get(probe.owner, 1) - 1
-                if left > 0:
-                    self._owned[probe.owner] = left
-                else:
-                    self._owned.pop(probe.owner, None)
+            del self._running[probe.slot]
+            if probe.released:  # (whatever its child did: the caller is done with it)
+                outcome, remember = ProbeOutcome(RELEASED), False
+            verdict = outcome.verdict
+            if probe.proof is not None and verdict is None and not self._closed:
+                self.stats["proofs"] += 1
+                self._lingering[probe.id] = probe  # (its owner's count stays until it is gone)
+            else:
+                self._disown(probe.owner)
             callbacks, probe.callbacks = probe.callbacks, []
             following = None
             if probe.dispatched:
@@ -376,7 +537,7 @@ class MetadataProbe:
                     self._waiting.remove(probe)
                 except ValueError:
                     pass
-            if verdict is not None:
+            if verdict is not None and outcome.code != RELEASED:
                 self.stats["refused"] += 1
                 if outcome.code < 0 and outcome.code != -signal.SIGALRM:
                     self.stats["crashed"] += 1
@@ -434,7 +595,7 @@ class MetadataProbe:
         with self._lock:
             self._children.add(child)
         try:
-            request = REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
+            request = _request(probe)
             out, _ = child.communicate(request, timeout=self.start_timeout_s + probe.timeout_s + _GRACE_S)
             code = child.returncode
             message = out[: MESSAGE_LIMIT].decode(errors="replace")
@@ -448,6 +609,20 @@ class MetadataProbe:
             with self._lock:
                 self._children.discard(child)
         self._finish(probe, outcome)
+
+
+def _request(probe: _Probe) -> bytes:
+    """The request that hands ``probe`` to a helper or child."""
+    proof = probe.proof
+    if proof is None:
+        return REQUEST.pack(PROBE, probe.id, probe.timeout_s, 0.0, 0, 0, len(probe.blob)) + probe.blob
+    agent = proof.agent.encode()
+    header = REQUEST.pack(PROVE, probe.id, probe.timeout_s, proof.linger_s, len(agent), len(proof.message), len(probe.blob))
+    return header + agent + proof.message + probe.blob
+
+
+def _released() -> None:
+    """The ``release`` of a proof answered at once: nothing to end."""
 
 
 def _call(callback: Callable[[str | None], None], verdict: str | None) -> None:
@@ -490,6 +665,8 @@ class _HelperClient:
         self.timeout_s = owner.start_timeout_s
         self.lock = threading.Lock()
         self.queue: deque[_Probe] = deque()
+        self.releases: list[int] = []
+        """Proofs whose child is to be ended (their ids), not yet written to the helper."""
         self.sent: dict[int, _Probe] = {}
         self.process: subprocess.Popen | None = None
         self.started = 0.0
@@ -517,6 +694,14 @@ class _HelperClient:
     def warm(self) -> None:
         with self.lock:
             self.want_start = True
+        self._wake()
+
+    def release(self, probe_id: int) -> None:
+        """End the child of proof ``probe_id`` (the zygote ignores an id it does not know)."""
+        with self.lock:
+            if self.closed:
+                return
+            self.releases.append(probe_id)
         self._wake()
 
     def close(self) -> None:
@@ -641,12 +826,15 @@ class _HelperClient:
         if self.process is None or owner is None:
             return
         with self.lock:
+            for probe_id in self.releases:
+                out += REQUEST.pack(RELEASE, probe_id, 0.0, 0.0, 0, 0, 0)
+            self.releases.clear()
             while self.queue and (self.mode == "fork" or (self.ready and not self.sent and self.served < owner.server_probes)):
                 self.served += 1
                 probe = self.queue.popleft()
                 probe.sent = time.monotonic()
                 self.sent[probe.id] = probe
-                out += REQUEST.pack(probe.id, probe.timeout_s, len(probe.blob)) + probe.blob
+                out += _request(probe)
 
     def _replies(self, buffer: bytearray) -> None:
         owner = self._owner()
@@ -665,6 +853,10 @@ class _HelperClient:
                 else:  # NIXL cannot load in the helper: every waiting probe fails
                     self._kill()
                     self._fail_all(ProbeOutcome(CANNOT_RUN, message))
+                continue
+            if code == ENDED:  # (a proof's lingering child is gone)
+                if owner is not None:
+                    owner._child_ended(probe_id)
                 continue
             probe = self.sent.pop(probe_id, None)
             if probe is not None and owner is not None:
@@ -732,6 +924,11 @@ class _HelperClient:
         process, self.process, self.ready = self.process, None, False
         if process is None:
             return 0
+        with self.lock:
+            self.releases.clear()  # (its children die with it)
+        owner = self._owner()
+        if owner is not None:
+            owner._helper_gone()
         for stream in (process.stdout, process.stdin):
             assert stream is not None  # (started with pipes)
             try:

@@ -7,14 +7,17 @@ with the parent's :class:`.agent.NixlSettings`, loads the blob it is given (``ad
 removes it again and reports how that went. Three roles:
 
 ``fork`` (a *zygote*): loads NIXL and its UCX plugin once, then forks one single-use child per
-    request, kills it at its deadline and replies when it ends.
+    request, kills it at its deadline and replies when it ends. A proof's child (``PROVE``) also
+    sends a NIXL notification from an agent named as the request says, writes :data:`.probe.SENT` on
+    its result pipe and lingers: the zygote replies ``OK`` at once, kills it on ``RELEASE`` or at its
+    linger deadline, and then replies ``ENDED``.
 ``server``: loads each request's blob itself, in a fresh agent, one at a time; exits after
     ``PROBES`` requests.
 ``child``: reads one request, loads it, and exits with the outcome as its status.
 
 The protocol (its formats and codes are :mod:`.probe`'s), on the helper's stdin and stdout (which it
-moves to fds of its own: UCX logs to stdout): a request is ``REQUEST`` (probe id, timeout in seconds,
-blob length) and the blob; a reply is ``REPLY`` (probe id, code, message length) and at most
+moves to fds of its own: UCX logs to stdout): a request is ``REQUEST`` (kind, probe id, timeout and
+linger in seconds, the lengths of what follows) and the agent name, message and blob; a reply is ``REPLY`` (probe id, code, message length) and at most
 ``MESSAGE_LIMIT`` bytes of message, where probe id 0 answers the helper's start-up (``OK``, or
 ``CANNOT_RUN`` and why NIXL cannot load). A code is ``OK``, ``REJECTED``, ``CANNOT_RUN``,
 ``TIMED_OUT``, another exit status, or minus the signal that killed the child. A spawned ``child``
@@ -31,10 +34,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .agent import NixlSettings
-from .probe import CANNOT_RUN, MESSAGE_LIMIT, OK, REJECTED, REPLY, REQUEST, TIMED_OUT
+from .probe import CANNOT_RUN, ENDED, MESSAGE_LIMIT, OK, PROBE, PROVE, REJECTED, RELEASE, REPLY, REQUEST, SENT, TIMED_OUT
 
 
 def _load_once(blob: bytes, settings: NixlSettings, create_agent: Callable[..., Any], destroy: bool) -> tuple[int, str]:
@@ -57,6 +61,44 @@ def _load_once(blob: bytes, settings: NixlSettings, create_agent: Callable[..., 
     finally:
         if destroy:
             del agent
+
+
+def _prove_once(
+    blob: bytes, settings: NixlSettings, create_agent: Callable[..., Any], agent_name: str, message: bytes, report: int, linger_s: float
+) -> tuple[int, str]:
+    """(A proof's child.) Create an agent named ``agent_name``, load ``blob``, send ``message`` to the
+    agent it describes, write :data:`.probe.SENT` to ``report`` and linger until killed (at most
+    ``linger_s``): NIXL sends asynchronously, and a process that exits right after ``send_notif``
+    loses the notification. Returns (code, message) only when something failed before the report."""
+    try:
+        agent = create_agent(agent_name, settings)
+    except Exception as exc:
+        return CANNOT_RUN, f"creating an agent failed: {type(exc).__name__}: {exc}"
+    try:
+        loaded = agent.add_remote_agent(blob)
+    except Exception as exc:
+        return REJECTED, f"{type(exc).__name__}: {exc}"
+    try:
+        agent.send_notif(loaded.decode() if isinstance(loaded, bytes) else loaded, message)
+    except Exception as exc:
+        return REJECTED, f"sending the notification failed: {type(exc).__name__}: {exc}"
+    _arm(linger_s)  # (the zygote kills it first; this only ends one whose zygote went away)
+    os.write(report, SENT)
+    while True:
+        signal.pause()
+
+
+def _read_request(fd: int) -> tuple[int, int, float, float, bytes, bytes, bytes] | None:
+    """(Blocking.) The next request on ``fd``: (kind, probe id, timeout, linger, agent, message, blob);
+    None at the end of the stream."""
+    header = _read_exact(fd, REQUEST.size)
+    if header is None:
+        return None
+    kind, probe_id, timeout_s, linger_s, agent_size, message_size, blob_size = REQUEST.unpack(header)
+    rest = _read_exact(fd, agent_size + message_size + blob_size)
+    if rest is None:
+        return None
+    return kind, probe_id, timeout_s, linger_s, rest[:agent_size], rest[agent_size : agent_size + message_size], rest[agent_size + message_size :]
 
 
 def _prepare(api_name: str, settings: NixlSettings) -> Callable[..., Any]:
@@ -133,13 +175,10 @@ def _take_fds(quiet: bool) -> tuple[int, int]:
 def _serve_child(api_name: str, settings: NixlSettings) -> int:
     """(Spawn mode.) Read one request on stdin, load it, exit with the outcome (message on stdout)."""
     proto_in, proto_out = _take_fds(quiet=False)
-    header = _read_exact(proto_in, REQUEST.size)
-    if header is None:
+    request = _read_request(proto_in)
+    if request is None or request[0] == PROVE:  # (the parent never sends a proof here)
         return CANNOT_RUN
-    _, timeout_s, size = REQUEST.unpack(header)
-    blob = _read_exact(proto_in, size)
-    if blob is None:
-        return CANNOT_RUN
+    _, _, timeout_s, _, _, _, blob = request
     try:
         create_agent = _prepare(api_name, settings)
     except Exception as exc:
@@ -161,13 +200,14 @@ def _serve_server(api_name: str, settings: NixlSettings, probes: int) -> int:
         return 1
     _reply(proto_out, 0, OK, "")
     for _ in range(probes):
-        header = _read_exact(proto_in, REQUEST.size)
-        if header is None:
+        request = _read_request(proto_in)
+        if request is None:
             return 0
-        probe_id, timeout_s, size = REQUEST.unpack(header)
-        blob = _read_exact(proto_in, size)
-        if blob is None:
-            return 0
+        kind, probe_id, timeout_s, _, _, _, blob = request
+        if kind != PROBE:  # (the parent never sends a proof or a release here)
+            if kind == PROVE:
+                _reply(proto_out, probe_id, CANNOT_RUN, "a proof needs the fork mode")
+            continue
         _arm(timeout_s)
         code, message = _load_once(blob, settings, create_agent, destroy=True)
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -175,8 +215,26 @@ def _serve_server(api_name: str, settings: NixlSettings, probes: int) -> int:
     os._exit(0)
 
 
+@dataclass
+class _Child:
+    """(The zygote's.) One forked child."""
+
+    probe_id: int
+    deadline: float
+    result: int
+    """The read end of its result pipe."""
+    pidfd: int | None
+    linger_s: float = 0.0
+    """(A proof) how long it may linger once it reported; 0 for a probe."""
+    reported: bool = False
+    """(A proof) it sent its notification and the parent was told (``OK``): its end is ``ENDED``."""
+    message: bytes = b""
+    """What it wrote before it exited (read early while waiting for a proof's report)."""
+
+
 def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
-    """(Fork mode.) Fork one single-use child per request; kill it at its deadline; reply when it ends."""
+    """(Fork mode.) Fork one single-use child per request; kill it at its deadline (or, a proof's, on
+    release); reply when it ends (a proof's: when it reports, and ``ENDED`` when it ends)."""
     proto_in, proto_out = _take_fds(quiet=False)
     try:
         create_agent = _prepare(api_name, settings)
@@ -188,34 +246,58 @@ def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
     os.set_blocking(proto_in, False)
     selector = selectors.DefaultSelector()
     selector.register(proto_in, selectors.EVENT_READ, None)
-    children: dict[int, tuple[int, float, int, int | None]] = {}  # pid -> (probe id, deadline, result fd, pidfd)
+    children: dict[int, _Child] = {}
+    by_probe: dict[int, int] = {}  # probe id -> pid
     buffer = bytearray()
     stdin_open = True
     pidfd_open = getattr(os, "pidfd_open", None)
 
     def reap(pid: int, status: int | None) -> None:
-        probe_id, _, result_fd, pidfd = children.pop(pid)
-        if pidfd is not None:
-            selector.unregister(pidfd)
-            os.close(pidfd)
-        message = b""
+        child = children.pop(pid)
+        by_probe.pop(child.probe_id, None)
+        if child.pidfd is not None:
+            selector.unregister(child.pidfd)
+            os.close(child.pidfd)
+        if not child.reported:
+            _unwatch(selector, child.result)
+        message = child.message
         try:
-            os.set_blocking(result_fd, False)
-            message = os.read(result_fd, MESSAGE_LIMIT)
+            os.set_blocking(child.result, False)
+            message += os.read(child.result, MESSAGE_LIMIT)
         except (BlockingIOError, OSError):
             pass
-        os.close(result_fd)
+        os.close(child.result)
+        if child.reported:
+            _reply(proto_out, child.probe_id, ENDED, "")
+            return
         if status is None:
             code = TIMED_OUT
         elif os.WIFSIGNALED(status):
             code = -os.WTERMSIG(status)
         else:
             code = os.WEXITSTATUS(status)
-        _reply(proto_out, probe_id, code, message.decode(errors="replace"))
+        _reply(proto_out, child.probe_id, code, message.decode(errors="replace"))
+
+    def on_report(pid: int) -> None:
+        """A proof's child wrote on its result pipe: its report, or a failure's message before it exits."""
+        child = children[pid]
+        try:
+            data = os.read(child.result, MESSAGE_LIMIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        _unwatch(selector, child.result)
+        if data.startswith(SENT):
+            child.reported = True
+            child.deadline = time.monotonic() + child.linger_s
+            _reply(proto_out, child.probe_id, OK, "")
+        else:  # (a failure's message, or the end of the pipe: its exit says the rest)
+            child.message += data
 
     while stdin_open or children:
         now = time.monotonic()
-        deadlines = [deadline for _, deadline, _, _ in children.values()]
+        deadlines = [child.deadline for child in children.values()]
         timeout = max(0.0, min(deadlines) - now) if deadlines else None
         if pidfd_open is None and children:
             timeout = min(timeout if timeout is not None else 0.01, 0.01)
@@ -233,11 +315,18 @@ def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
                     continue
                 buffer += chunk
                 while len(buffer) >= REQUEST.size:
-                    probe_id, timeout_s, size = REQUEST.unpack_from(buffer)
-                    if len(buffer) < REQUEST.size + size:
+                    kind, probe_id, timeout_s, linger_s, agent_size, message_size, blob_size = REQUEST.unpack_from(buffer)
+                    end = REQUEST.size + agent_size + message_size + blob_size
+                    if len(buffer) < end:
                         break
-                    blob = bytes(buffer[REQUEST.size : REQUEST.size + size])
-                    del buffer[: REQUEST.size + size]
+                    agent_name = bytes(buffer[REQUEST.size : REQUEST.size + agent_size]).decode(errors="replace")
+                    message = bytes(buffer[REQUEST.size + agent_size : REQUEST.size + agent_size + message_size])
+                    blob = bytes(buffer[REQUEST.size + agent_size + message_size : end])
+                    del buffer[:end]
+                    if kind == RELEASE:
+                        if probe_id in by_probe:
+                            _kill_pid(by_probe[probe_id])  # (reaped, and answered, when its exit is seen)
+                        continue
                     result_r, result_w = os.pipe()
                     pid = os.fork()
                     if pid == 0:  # the child: a pristine copy of this process
@@ -246,8 +335,11 @@ def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
                             os.close(proto_in)
                             os.close(proto_out)
                             _arm(timeout_s)
-                            code, message = _load_once(blob, settings, create_agent, destroy=False)
-                            os.write(result_w, message.encode(errors="replace")[:MESSAGE_LIMIT])
+                            if kind == PROVE:
+                                code, text = _prove_once(blob, settings, create_agent, agent_name, message, result_w, linger_s)
+                            else:
+                                code, text = _load_once(blob, settings, create_agent, destroy=False)
+                            os.write(result_w, text.encode(errors="replace")[:MESSAGE_LIMIT])
                         except BaseException:
                             code = CANNOT_RUN
                         os._exit(code)
@@ -259,7 +351,15 @@ def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
                             selector.register(pidfd, selectors.EVENT_READ, pid)
                         except OSError:
                             pidfd, pidfd_open = None, None
-                    children[pid] = (probe_id, time.monotonic() + timeout_s + 1.0, result_r, pidfd)
+                    child = children[pid] = _Child(probe_id, time.monotonic() + timeout_s + 1.0, result_r, pidfd)
+                    by_probe[probe_id] = pid
+                    if kind == PROVE:
+                        child.linger_s = linger_s
+                        os.set_blocking(result_r, False)
+                        selector.register(result_r, selectors.EVENT_READ, ("report", pid))
+            elif isinstance(key.data, tuple):
+                if key.data[1] in children:
+                    on_report(key.data[1])
             else:
                 pid = key.data
                 _, status = os.waitpid(pid, 0)
@@ -268,11 +368,18 @@ def _serve_zygote(api_name: str, settings: NixlSettings) -> int:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 reap(pid, status)
-            elif time.monotonic() >= children[pid][1]:
+            elif time.monotonic() >= children[pid].deadline:
                 _kill_pid(pid)
                 os.waitpid(pid, 0)
                 reap(pid, None)
     return 0
+
+
+def _unwatch(selector: selectors.BaseSelector, fd: int) -> None:
+    try:
+        selector.unregister(fd)
+    except (KeyError, ValueError):
+        pass
 
 
 def _kill_pid(pid: int) -> None:

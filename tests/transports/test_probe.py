@@ -304,3 +304,124 @@ def test_a_helper_that_cannot_load_nixl_refuses_and_says_why(peer):
         verdict = probe.check(renamed(blob, agent, "n"))
         assert verdict is not None and verdict.startswith("the metadata probe could not run: NIXL cannot load"), verdict
         assert probe.cached(renamed(blob, agent, "n")) == (False, None)
+
+
+_RECEIVER = """
+import json, os, sys, time
+out = os.dup(1)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # UCX's log lines must not fill the pipe
+import numpy as np
+from kvpolicy.transports.agent import NixlSettings, create_agent
+settings = NixlSettings()
+settings.apply_environment()
+agent = create_agent("receiver-" + str(os.getpid()), settings)
+pool = np.zeros(1 << 20, dtype=np.uint8)
+agent.register_memory([(pool.ctypes.data, pool.nbytes, 0, "")], "DRAM")
+blob = agent.get_agent_metadata()
+os.write(out, len(blob).to_bytes(8, "little") + blob)
+for line in sys.stdin:  # each line: how long to wait for notifications; answered with those that came
+    got, end = [], time.monotonic() + float(line)
+    while time.monotonic() < end and not got:
+        got = [[name, message.hex()] for name, messages in agent.get_new_notifs().items() for message in messages]
+        time.sleep(0.002)
+    os.write(out, (json.dumps(got) + "\\n").encode())
+"""
+
+
+class Receiver:
+    """A bare NIXL agent in its own process that reports the notifications it gets."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        size = int.from_bytes(self.process.stdout.read(8) or b"\0", "little")
+        self.metadata = self.process.stdout.read(size)
+        assert self.metadata.startswith(b"nixlSerDes|"), "the receiver did not start"
+
+    def notifications(self, wait_s: float = 10.0) -> list[tuple[str, bytes]]:
+        import json
+
+        self.process.stdin.write(f"{wait_s}\n".encode())
+        self.process.stdin.flush()
+        return [(name, bytes.fromhex(message)) for name, message in json.loads(self.process.stdout.readline())]
+
+    def descriptors(self) -> int:
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def forked_children(probe: MetadataProbe) -> list[int]:
+    """The probe children alive (the zygote's children)."""
+    zygote, found = probe._helper.process.pid, []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == zygote and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def until(condition, timeout_s: float = 10.0) -> float:
+    """Seconds until ``condition()`` held (fails the test after ``timeout_s``)."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, "not in time"
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+def test_a_proof_is_delivered_from_a_child_that_is_gone_once_released_or_at_its_deadline(peer):
+    """Issue 38, item 2: a proving probe's child loads a receiver's metadata, sends one notification
+    from an agent named as asked, reports at once and lingers until released (or its deadline): the
+    receiver, another process, gets the notification, and once the child is gone the receiver's
+    descriptors are back to their baseline (the connection ended with the child). A remembered OK
+    verdict does not answer a proof; a remembered crash refuses it at once."""
+    _, agent, blob = peer
+    receiver = Receiver()
+    try:
+        time.sleep(0.2)
+        baseline = receiver.descriptors()
+        with MetadataProbe(NixlSettings(), timeout_s=10.0) as probe:
+            assert probe.check(receiver.metadata) is None  # (remembered: a proof forks all the same)
+            for n, linger_s in enumerate((30.0, 1.0)):
+                sent = threading.Event()
+                verdicts: list = []
+                name, message = f"prover-abcdef012345-{os.getpid()}-{n:016x}", b"kvpolicy-proof:" + os.urandom(16).hex().encode()
+                release = probe.prove(
+                    receiver.metadata, lambda v: (verdicts.append(v), sent.set()), agent=name, message=message, linger_s=linger_s, owner="k"
+                )
+                assert sent.wait(60) and verdicts == [None]
+                assert receiver.notifications() == [(name, message)]
+                children = forked_children(probe)
+                assert len(children) == 1 and probe.lingering == 1 and receiver.descriptors() > baseline
+                if linger_s > 10:
+                    release()
+                    took = until(lambda: not forked_children(probe) and probe.lingering == 0)
+                    assert took < 5, took
+                else:  # never released: gone at its deadline
+                    took = until(lambda: not forked_children(probe) and probe.lingering == 0, timeout_s=15)
+                    assert 0.5 < took < 10, took
+                    release()  # (idempotent: nothing left to end)
+                until(lambda: receiver.descriptors() == baseline)
+            assert probe.stats["proofs"] == 2 and probe.stats["children"] == 3
+            assert probe.start(blob, lambda v: None, owner="k") is True  # (the owner's slots are free again)
+            crash = crashing_mutants(blob)[0][3]
+            assert probe.check(crash) is not None
+            refused: list = []
+            probe.prove(crash, refused.append, agent="prover-abcdef012345-1-0", message=b"x", linger_s=1.0)
+            assert refused and "crashed" in refused[0], refused  # at once, from the remembered crash
+        with MetadataProbe(NixlSettings(), mode="server") as other:
+            refused = []
+            other.prove(receiver.metadata, refused.append, agent="prover-abcdef012345-1-0", message=b"x", linger_s=1.0)
+            assert refused and "needs mode='fork'" in refused[0], refused
+    finally:
+        receiver.close()
