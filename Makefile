@@ -34,10 +34,11 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The policy gate CI runs (lint, fmt --check and test --coverage --threshold 100, one exit code),
-# then ruff and mypy over the package and the transfer layer ([tool.ruff], [tool.mypy] in pyproject.toml).
+# then ruff (lint and format) and mypy over the package and the transfer layer ([tool.ruff], [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/kvpolicy check policies/
 	$(VENV)/bin/ruff check engine transports
+	$(VENV)/bin/ruff format --check engine transports
 	$(VENV)/bin/mypy engine transports
 
 # The HTML report of the last upstream flip, and the README's screenshot of it (needs chromium).

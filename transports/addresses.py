@@ -89,4 +89,3 @@ def check_nixl_etcd(endpoints: str) -> None:
                 "TLS or users); use metadata='inline' (the default: metadata travels in the authenticated, encrypted "
                 "hello) and the registry's TLS etcd for rank records"
             )
-

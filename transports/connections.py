@@ -59,8 +59,6 @@ class Peer:
     """The name of the sender's public key on this side's allow-list."""
 
 
-
-
 @dataclass
 class Connection:
     """Receiver side: a DEALER socket to one sender."""
@@ -357,9 +355,7 @@ class Connections:
                 # hint, rather than at the connect timeout.
                 if not conn.future.done():
                     conn.future.set_exception(
-                        ConnectionRefusedError(
-                            f"the sender at {conn.endpoint} is busy ({message.reason}); retry in about {message.retry_after_ms} ms"
-                        )
+                        ConnectionRefusedError(f"the sender at {conn.endpoint} is busy ({message.reason}); retry in about {message.retry_after_ms} ms")
                     )
                 self.close_connection(conn)
                 return
@@ -509,7 +505,10 @@ class Connections:
             self.local.stats["closed_removed_keys"] += 1
             log.warning(
                 "transceiver %s: key %s (%s) left the allow-list; closing the connection to %s",
-                self.local.name, fingerprint(conn.key), conn.key_name, conn.endpoint,
+                self.local.name,
+                fingerprint(conn.key),
+                conn.key_name,
+                conn.endpoint,
             )
             self.close_connection(conn)
 

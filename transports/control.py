@@ -227,8 +227,15 @@ _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
     "result": (
         Result,
         (
-            ("request_id", str), ("nonce", int), ("status", str), ("reason", str), ("nbytes", int),
-            ("descriptors_before", int), ("descriptors", int), ("queue_us", int), ("transfer_us", int),
+            ("request_id", str),
+            ("nonce", int),
+            ("status", str),
+            ("reason", str),
+            ("nbytes", int),
+            ("descriptors_before", int),
+            ("descriptors", int),
+            ("queue_us", int),
+            ("transfer_us", int),
         ),
     ),
     "offer": (Offer, (("request_id", str), ("token", int), ("blocks", list), ("timeout_ms", int))),
@@ -348,8 +355,7 @@ def _check_body(body: Any) -> Message:
     if isinstance(body, dict) and "v" in body:  # protocol 1 to 3 sent maps
         version = body["v"]
         raise ControlMessageError(
-            f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION}); "
-            "upgrade both sides of the connection to the same kvpolicy release"
+            f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION}); upgrade both sides of the connection to the same kvpolicy release"
         )
     if type(body) is not list or len(body) < 2:
         raise ControlMessageError("frame is not a message: expected an array [version, kind, fields...]")
@@ -358,8 +364,7 @@ def _check_body(body: Any) -> Message:
         raise ControlMessageError("a batch of messages where one message was expected")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise ControlMessageError(
-            f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION}); "
-            "upgrade both sides of the connection to the same kvpolicy release"
+            f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION}); upgrade both sides of the connection to the same kvpolicy release"
         )
     if type(kind) is not str or kind not in _SCHEMAS:
         raise ControlMessageError(f"unknown message kind {kind!r}")
@@ -417,9 +422,15 @@ def _request_fast(body: list[Any]) -> Request | None:
         return None
     _, _, rid, nonce, blocks, skip, timeout = body
     if (
-        type(rid) is str and 0 < len(rid) <= MAX_NAME and type(nonce) is int and 0 < nonce < _MAX_COUNT
-        and type(blocks) is list and type(skip) is int and 0 <= skip < MAX_POOL_BLOCKS
-        and type(timeout) is int and 0 < timeout <= MAX_TIMEOUT_MS
+        type(rid) is str
+        and 0 < len(rid) <= MAX_NAME
+        and type(nonce) is int
+        and 0 < nonce < _MAX_COUNT
+        and type(blocks) is list
+        and type(skip) is int
+        and 0 <= skip < MAX_POOL_BLOCKS
+        and type(timeout) is int
+        and 0 < timeout <= MAX_TIMEOUT_MS
         and (not blocks or (_INT_ONLY.issuperset(map(type, blocks)) and min(blocks) >= 0 and max(blocks) < MAX_POOL_BLOCKS))
     ):
         return Request(rid, nonce, tuple(blocks), skip, timeout)
@@ -432,11 +443,24 @@ def _result_fast(body: list[Any]) -> Result | None:
         return None
     _, _, rid, nonce, status, reason, nbytes, before, descriptors, queue_us, transfer_us = body
     if (
-        type(rid) is str and 0 < len(rid) <= MAX_NAME and type(nonce) is int and 0 < nonce < _MAX_COUNT
-        and type(status) is str and status in RESULT_STATUSES and type(reason) is str and len(reason) <= MAX_REASON
-        and type(nbytes) is int and 0 <= nbytes < _MAX_COUNT and type(before) is int and 0 <= before < _MAX_COUNT
-        and type(descriptors) is int and 0 <= descriptors < _MAX_COUNT
-        and type(queue_us) is int and 0 <= queue_us < _MAX_COUNT and type(transfer_us) is int and 0 <= transfer_us < _MAX_COUNT
+        type(rid) is str
+        and 0 < len(rid) <= MAX_NAME
+        and type(nonce) is int
+        and 0 < nonce < _MAX_COUNT
+        and type(status) is str
+        and status in RESULT_STATUSES
+        and type(reason) is str
+        and len(reason) <= MAX_REASON
+        and type(nbytes) is int
+        and 0 <= nbytes < _MAX_COUNT
+        and type(before) is int
+        and 0 <= before < _MAX_COUNT
+        and type(descriptors) is int
+        and 0 <= descriptors < _MAX_COUNT
+        and type(queue_us) is int
+        and 0 <= queue_us < _MAX_COUNT
+        and type(transfer_us) is int
+        and 0 <= transfer_us < _MAX_COUNT
     ):
         return Result(rid, nonce, status, reason, nbytes, before, descriptors, queue_us, transfer_us)
     return None

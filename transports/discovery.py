@@ -470,9 +470,7 @@ class EtcdRegistry:
         if warn:
             log.warning("registry: skipping the record of %r under %s (%s): %s", name, self.prefix, exc.reason, exc)
 
-    def lookup_address(
-        self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None, allowed: Any = None
-    ) -> str:
+    def lookup_address(self, name: str, *, timeout_s: float = 10.0, trusted_keys: Collection[str] | None = None, allowed: Any = None) -> str:
         """The control address (``tcp://host:port``) of rank ``name``, for
         :meth:`NixlTransceiver.connect <kvpolicy.transports.NixlTransceiver.connect>`; waits and
         checks like :meth:`lookup`."""

@@ -162,8 +162,7 @@ class EtcdSecurity:
                 context.load_cert_chain(self.cert_file, self.key_file)
         except (ssl.SSLError, OSError) as exc:
             raise ValueError(
-                f"etcd security: cannot load ca_file={self.ca_file!r} / cert_file={self.cert_file!r} / "
-                f"key_file={self.key_file!r} as PEM: {exc}"
+                f"etcd security: cannot load ca_file={self.ca_file!r} / cert_file={self.cert_file!r} / key_file={self.key_file!r} as PEM: {exc}"
             ) from None
         return context
 
@@ -189,8 +188,7 @@ def _parse_endpoint(url: str, security: EtcdSecurity) -> _Endpoint:
     if parts.scheme == "http":
         if not security.insecure_plaintext:
             raise ValueError(
-                f"etcd endpoint {url!r} is plain http: use https:// with a CA file "
-                "(KVPOLICY_ETCD_CACERT), or insecure_plaintext=True for a loopback test"
+                f"etcd endpoint {url!r} is plain http: use https:// with a CA file (KVPOLICY_ETCD_CACERT), or insecure_plaintext=True for a loopback test"
             )
         if not is_loopback(parts.hostname):
             raise ValueError(f"etcd endpoint {url!r}: plain http is allowed to loopback only; use https://")
@@ -207,9 +205,7 @@ class EtcdClient:
     environment (:meth:`EtcdSecurity.from_env`). Safe to share between threads.
     """
 
-    def __init__(
-        self, endpoints: str | Sequence[str], *, security: EtcdSecurity | None = None, timeout_s: float = 2.0
-    ) -> None:
+    def __init__(self, endpoints: str | Sequence[str], *, security: EtcdSecurity | None = None, timeout_s: float = 2.0) -> None:
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         if not endpoints:
@@ -230,9 +226,7 @@ class EtcdClient:
 
     def _post(self, endpoint: _Endpoint, path: str, data: bytes, token: str | None, timeout: float) -> tuple[int, bytes]:
         if endpoint.tls:
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                endpoint.host, endpoint.port, timeout=timeout, context=self._tls
-            )
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(endpoint.host, endpoint.port, timeout=timeout, context=self._tls)
         else:
             conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
         headers = {"Content-Type": "application/json"}
@@ -271,9 +265,7 @@ class EtcdClient:
             return self._answer(endpoint, path, status, payload)
         if denied:
             raise RegistryDenied(f"etcd refused {path}: {'; '.join(denied + errors)}")
-        raise RegistryUnavailable(
-            f"no etcd endpoint answered {path} within {timeout:.1f}s ({'; '.join(errors) or 'timed out'})"
-        )
+        raise RegistryUnavailable(f"no etcd endpoint answered {path} within {timeout:.1f}s ({'; '.join(errors) or 'timed out'})")
 
     @staticmethod
     def _answer(endpoint: _Endpoint, path: str, status: int, payload: bytes) -> dict[str, Any]:
@@ -299,9 +291,7 @@ class EtcdClient:
 
     def _authenticate(self, timeout: float) -> str:
         security = self.security
-        answer = self._once(
-            "/v3/auth/authenticate", {"name": security.user, "password": security.password}, timeout, None
-        )
+        answer = self._once("/v3/auth/authenticate", {"name": security.user, "password": security.password}, timeout, None)
         token = answer.get("token")
         if not isinstance(token, str) or not token:
             raise RegistryDenied(f"etcd gave no token to user {security.user!r} (is auth enabled?)")
@@ -360,9 +350,7 @@ class EtcdClient:
         """Delete ``key``; returns how many keys were deleted (0 or 1)."""
         return int(self.call("/v3/kv/deleterange", {"key": b64(key)}).get("deleted", 0))
 
-    def restore_if_changed(
-        self, key: str, value: bytes, *, mod_revision: int, lease: int = 0
-    ) -> tuple[int, dict[str, Any] | None] | None:
+    def restore_if_changed(self, key: str, value: bytes, *, mod_revision: int, lease: int = 0) -> tuple[int, dict[str, Any] | None] | None:
         """Compare-and-swap in one transaction: if ``key`` is still as written at ``mod_revision``,
         change nothing and return None. Otherwise read what it holds and write ``value`` (on ``lease``)
         back; returns ``(the key's new mod_revision, the entry found, None if the key was gone)``."""

@@ -125,10 +125,7 @@ def _untrusted(label: str, path: Path, st: os.stat_result, where: str, harm: str
     if mode & 0o022:
         return f"{label} is writable by {_writers(mode)} (mode {mode:04o}): whoever may write {where} could {harm}; run `chmod go-w {path}`"
     if _foreign_owner(st):
-        return (
-            f"{label} is owned by {_user(st.st_uid)}, not by {_me()} or root: its owner could {harm}; "
-            f"run `chown {os.geteuid()} {path}` (or make it root's)"
-        )
+        return f"{label} is owned by {_user(st.st_uid)}, not by {_me()} or root: its owner could {harm}; run `chown {os.geteuid()} {path}` (or make it root's)"
     return None
 
 
@@ -221,12 +218,9 @@ def _read_certificate(path: Path) -> _Certificate:
         role = None
     if role is not None and role not in ROLES:
         raise KeyMaterialError(
-            f"{path}: role {role!r} is none of prefill, decode; make the key again with "
-            "`kvpolicy keys new DIR --name NAME --role prefill|decode|any --force`"
+            f"{path}: role {role!r} is none of prefill, decode; make the key again with `kvpolicy keys new DIR --name NAME --role prefill|decode|any --force`"
         )
-    return _Certificate(
-        _check_z85_key(public, str(path)), None if secret is None else _check_z85_key(secret, str(path)), role, st
-    )
+    return _Certificate(_check_z85_key(public, str(path)), None if secret is None else _check_z85_key(secret, str(path)), role, st)
 
 
 def _stem(path: Path | str) -> str:
@@ -271,9 +265,7 @@ class Identity:
             path = Path(spec)
             certificate = _read_certificate(path)
             if certificate.secret is None:
-                raise KeyMaterialError(
-                    f"{path}: holds no secret key; pass the NAME.key_secret file made by `kvpolicy keys new`"
-                )
+                raise KeyMaterialError(f"{path}: holds no secret key; pass the NAME.key_secret file made by `kvpolicy keys new`")
             problem = _unprotected_secret(path, certificate.stat)
             if problem:
                 raise KeyMaterialError(problem)
@@ -400,9 +392,10 @@ class AllowList:
             if not self._unreadable:
                 self._unreadable = True
                 log.warning(
-                    "allowed_peers directory %s cannot be read (%s): the %d keys read before stay allowed; "
-                    "remove key files to withdraw keys",
-                    folder, exc.strerror or exc, len(self._peers),
+                    "allowed_peers directory %s cannot be read (%s): the %d keys read before stay allowed; remove key files to withdraw keys",
+                    folder,
+                    exc.strerror or exc,
+                    len(self._peers),
                 )
             return
         self._unreadable = False
@@ -525,10 +518,7 @@ class AllowList:
         :meth:`name_of` or :meth:`key_of` in between count too. A list or mapping never changes."""
         with self._lock:
             self._look()
-            withdrawn = frozenset(
-                key for key, roles in self._since.items()
-                if key not in self._peers or roles != {self._peers[key].role}
-            )
+            withdrawn = frozenset(key for key, roles in self._since.items() if key not in self._peers or roles != {self._peers[key].role})
             self._since = {key: {peer.role} for key, peer in self._peers.items()}
             return withdrawn
 
@@ -577,9 +567,7 @@ def _put(made: str, final: Path, overwrite: bool) -> None:
         os.replace(made, final)
 
 
-def create_keys(
-    directory: str | os.PathLike, name: str, role: str | None = None, *, overwrite: bool = True
-) -> tuple[Path, Path]:
+def create_keys(directory: str | os.PathLike, name: str, role: str | None = None, *, overwrite: bool = True) -> tuple[Path, Path]:
     """Write ``NAME.key`` (public, mode 0644) and ``NAME.key_secret`` (secret, mode 0600) into
     ``directory`` (made 0700 if missing); return their paths.
 

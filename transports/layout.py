@@ -30,9 +30,7 @@ DTYPE_SIZES: dict[str, int] = {
 def dtype_name(dtype: Any) -> str:
     """Return the canonical name of ``dtype`` (a torch dtype or a name such as ``"bf16"``)."""
     name = str(dtype).removeprefix("torch.")
-    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
-        name, name
-    )
+    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(name, name)
     if name not in DTYPE_SIZES:
         raise ValueError(f"unsupported KV dtype {dtype!r}; expected one of {sorted(DTYPE_SIZES)}")
     return name

@@ -323,7 +323,10 @@ class LocalSide:
                 log.warning(
                     "transceiver %s: dropped %d NIXL notification(s) claiming to come from %s (%d in all); this "
                     "protocol sends none: an agent holding this side's metadata is sending them",
-                    self.name, found, sorted(notifications)[:4], before + found,
+                    self.name,
+                    found,
+                    sorted(notifications)[:4],
+                    before + found,
                 )
         now = time.monotonic()
         if not found:
@@ -371,7 +374,7 @@ class LocalSide:
             for message in messages:
                 if len(message) <= len(PROOF_PREFIX) + 32 and message.startswith(PROOF_PREFIX):
                     taken += 1
-                    digits = message[len(PROOF_PREFIX):].decode("ascii", "replace")
+                    digits = message[len(PROOF_PREFIX) :].decode("ascii", "replace")
                     if control.PROOF_NONCE.fullmatch(digits):
                         self.on_proof(agent, digits)
         return taken

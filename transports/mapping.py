@@ -132,11 +132,7 @@ def block_segments(sender: KVLayout, receiver: KVLayout) -> BlockSegments:
     length = len(shared.heads) * sender.head_bytes
     for layer in shared.layers:
         for kv in (0, 1):
-            src = (
-                (layer - sender.first_layer) * sender.layer_bytes
-                + kv * sender.kv_bytes
-                + (shared.heads.start - sender.first_head) * sender.head_bytes
-            )
+            src = (layer - sender.first_layer) * sender.layer_bytes + kv * sender.kv_bytes + (shared.heads.start - sender.first_head) * sender.head_bytes
             dst = (
                 (layer - receiver.first_layer) * receiver.layer_bytes
                 + kv * receiver.kv_bytes

@@ -169,7 +169,11 @@ class Remotes:
         # ZeroMQ is reconnecting) fails instead of vanishing, so the frame is held and sent again once
         # the handed-over pipe is up (:meth:`_send`): a result is not lost to a reset.
         for option, value in (
-            (zmq.LINGER, 0), (zmq.MAXMSGSIZE, _MAX_FRAME), (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS), (zmq.ROUTER_HANDOVER, 1), (zmq.ROUTER_MANDATORY, 1)
+            (zmq.LINGER, 0),
+            (zmq.MAXMSGSIZE, _MAX_FRAME),
+            (zmq.HANDSHAKE_IVL, _HANDSHAKE_MS),
+            (zmq.ROUTER_HANDOVER, 1),
+            (zmq.ROUTER_MANDATORY, 1),
         ):
             self.router.setsockopt(option, value)
         if not local.plaintext:
@@ -439,9 +443,7 @@ class Remotes:
         # key the claimed agent name carries), under a suffix of its own: never this side's agent.
         agent = f"{self.local.name}-{fingerprint(self.local.identity.public)}-{os.getpid()}-{secrets.token_hex(8)}"
         # (per-key slots: one key's burst cannot crowd out first connects)
-        token.release = self.local.probe.prove(
-            blob, sent, agent=agent, message=PROOF_PREFIX + nonce.encode(), linger_s=self._proof_s() + 1.0, owner=key
-        )
+        token.release = self.local.probe.prove(blob, sent, agent=agent, message=PROOF_PREFIX + nonce.encode(), linger_s=self._proof_s() + 1.0, owner=key)
 
     def _proof_s(self) -> float:
         return min(self.local.timeout_s, PROOF_S)

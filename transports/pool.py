@@ -54,10 +54,7 @@ class BlockPool:
         dtype = getattr(torch, layout.dtype)
         if tensor is not None:
             if tuple(tensor.shape) != shape or tensor.dtype != dtype or not tensor.is_contiguous():
-                raise ValueError(
-                    f"pool tensor must be contiguous {layout.dtype} of shape {shape}, "
-                    f"got {tensor.dtype} {tuple(tensor.shape)}"
-                )
+                raise ValueError(f"pool tensor must be contiguous {layout.dtype} of shape {shape}, got {tensor.dtype} {tuple(tensor.shape)}")
             self.tensor = tensor
         else:
             where = torch.device(device)

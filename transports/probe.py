@@ -251,9 +251,7 @@ class MetadataProbe:
         self.start_timeout_s = float(start_timeout_s)
         self.server_probes = server_probes
         self.quiet = quiet
-        self.stats: dict[str, int] = dict.fromkeys(
-            ("children", "cached", "coalesced", "busy", "refused", "crashed", "timeouts", "helper_starts", "proofs"), 0
-        )
+        self.stats: dict[str, int] = dict.fromkeys(("children", "cached", "coalesced", "busy", "refused", "crashed", "timeouts", "helper_starts", "proofs"), 0)
         self._lock = threading.Lock()
         self._cache: OrderedDict[bytes, str | None] = OrderedDict()
         self._running: dict[bytes, _Probe] = {}
@@ -282,9 +280,7 @@ class MetadataProbe:
                 return True, self._cache[digest]
         return False, None
 
-    def start(
-        self, blob: bytes, on_done: Callable[[str | None], None], timeout_s: float | None = None, owner: object = None
-    ) -> bool:
+    def start(self, blob: bytes, on_done: Callable[[str | None], None], timeout_s: float | None = None, owner: object = None) -> bool:
         """Probe ``blob`` without blocking; ``on_done(verdict)`` is called exactly once: None (safe
         to load) or why the peer is refused.
 
@@ -587,8 +583,11 @@ class MetadataProbe:
         try:
             child = subprocess.Popen(
                 self.command("child"),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if self.quiet else None,
-                env=self._environment(), start_new_session=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL if self.quiet else None,
+                env=self._environment(),
+                start_new_session=True,
             )
         except OSError as exc:
             return self._finish(probe, ProbeOutcome(CANNOT_RUN, str(exc), probe.timeout_s))
@@ -598,7 +597,7 @@ class MetadataProbe:
             request = _request(probe)
             out, _ = child.communicate(request, timeout=self.start_timeout_s + probe.timeout_s + _GRACE_S)
             code = child.returncode
-            message = out[: MESSAGE_LIMIT].decode(errors="replace")
+            message = out[:MESSAGE_LIMIT].decode(errors="replace")
             outcome = ProbeOutcome(code, message, probe.timeout_s)
         except subprocess.TimeoutExpired:
             outcome = ProbeOutcome(TIMED_OUT, "", probe.timeout_s)
@@ -805,8 +804,12 @@ class _HelperClient:
         try:
             process = subprocess.Popen(
                 owner.command(self.mode),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if owner.quiet else None,
-                env=owner._environment(), start_new_session=True, bufsize=0,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL if owner.quiet else None,
+                env=owner._environment(),
+                start_new_session=True,
+                bufsize=0,
             )
         except Exception as exc:
             self._fail_all(ProbeOutcome(CANNOT_RUN, f"cannot start the probe helper: {exc}"))

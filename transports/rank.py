@@ -99,5 +99,3 @@ def check_text(where: str, value: str, limit: int = MAX_NAME) -> None:
     """Refuse an empty name or text longer than ``limit`` (:class:`ControlMessageError`)."""
     if not value or len(value) > limit:
         raise ControlMessageError(f"{where}: empty or longer than {limit} characters")
-
-

@@ -133,7 +133,10 @@ def _release_expired(sender: Sender, offer: Offer) -> None:
     sender.local.stats["releases_expired"] += len(owing)
     log.warning(
         "transceiver %s: no release of %r from %s within %.1f s of its end; its blocks are taken back",
-        sender.local.name, offer.handle.request_id, owing, sender.local.limits.release_grace_s,
+        sender.local.name,
+        offer.handle.request_id,
+        owing,
+        sender.local.limits.release_grace_s,
     )
     offer.announced.clear()
     unfence(sender, offer)
@@ -393,9 +396,18 @@ class Reads:
         whole = source.whole_blocks and source.rank.layout.block_bytes == pool.block_bytes  # (one block, block to block)
         posted = time.perf_counter()  # (a READ over CMA may be done when transfer() returns)
         try:
-            plan = whole_block_plan(source, remote_blocks, handle.block_ids) if whole else plan_descriptors(
-                source.segments, remote_blocks, handle.block_ids, src_base=source.rank.base_address,
-                src_block_bytes=source.rank.layout.block_bytes, dst_base=pool.base_address, dst_block_bytes=pool.block_bytes,
+            plan = (
+                whole_block_plan(source, remote_blocks, handle.block_ids)
+                if whole
+                else plan_descriptors(
+                    source.segments,
+                    remote_blocks,
+                    handle.block_ids,
+                    src_base=source.rank.base_address,
+                    src_block_bytes=source.rank.layout.block_bytes,
+                    dst_base=pool.base_address,
+                    dst_block_bytes=pool.block_bytes,
+                )
             )
             xfer = self._post.whole_blocks(source, handle.block_ids, remote_blocks) if whole else self._post.runs(source, plan)
             status = self.local.agent.transfer(xfer)

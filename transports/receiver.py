@@ -393,7 +393,12 @@ class Receiver:
                 "transceiver %s: sender %r (agent %s) was disconnected with writes in flight: %d blocks stay "
                 "quarantined (%d in all under that name) until its results come, its process welcomes this "
                 "side again, or disconnect(%r, dead=True) once it is known to be gone",
-                self.local.name, name, agent or "?", newly, self.quarantined_blocks(name), name,
+                self.local.name,
+                name,
+                agent or "?",
+                newly,
+                self.quarantined_blocks(name),
+                name,
             )
         if dead:  # and what earlier processes under this name left
             for agent_of_old in [a for n, a in self.quarantined if n == name]:

@@ -273,14 +273,18 @@ class Sender:
             return
         posted = time.perf_counter()
         try:
-            plan = whole_block_plan(remote, source, request.blocks) if remote.whole_blocks else plan_descriptors(
-                remote.segments,
-                source,
-                request.blocks,
-                src_base=self.local.pool.base_address,
-                src_block_bytes=self.local.pool.block_bytes,
-                dst_base=remote.rank.base_address,
-                dst_block_bytes=remote.rank.layout.block_bytes,
+            plan = (
+                whole_block_plan(remote, source, request.blocks)
+                if remote.whole_blocks
+                else plan_descriptors(
+                    remote.segments,
+                    source,
+                    request.blocks,
+                    src_base=self.local.pool.base_address,
+                    src_block_bytes=self.local.pool.block_bytes,
+                    dst_base=remote.rank.base_address,
+                    dst_block_bytes=remote.rank.layout.block_bytes,
+                )
             )
             if not plan.descriptors:
                 self._complete(Write(offer, ask, None, 0, 0, 0, posted), ok=True, reason="")
@@ -318,10 +322,20 @@ class Sender:
         queue_s = write.posted - write.ask.arrived
         transfer_s = time.perf_counter() - write.posted if write.xfer is not None else 0.0
         # Report first: the receiver waits on this frame (and keeps its blocks fenced until it comes).
-        self.remotes.reply(remote, control.Result(
-            request.request_id, request.nonce, status or ("ok" if ok else "error"), reason,
-            write.nbytes, write.descriptors_before, write.descriptors, int(queue_s * 1e6), int(transfer_s * 1e6),
-        ))
+        self.remotes.reply(
+            remote,
+            control.Result(
+                request.request_id,
+                request.nonce,
+                status or ("ok" if ok else "error"),
+                reason,
+                write.nbytes,
+                write.descriptors_before,
+                write.descriptors,
+                int(queue_s * 1e6),
+                int(transfer_s * 1e6),
+            ),
+        )
         if write.xfer is not None:
             write.offer.writes -= 1
             remote.writes -= 1
@@ -405,4 +419,3 @@ class Sender:
     def close(self) -> None:
         """Release the local prepared list."""
         self._post.close()
-

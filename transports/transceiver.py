@@ -61,7 +61,8 @@ def _roleless_allowed(allowed: bool, name: str, public: bytes) -> bool:
         log.warning(
             "transceiver %s: peer key %s has no role and is not of this process: refused (make it again with "
             "`kvpolicy keys new DIR --name NAME --role prefill|decode`, or pass allow_roleless_peers=True in tests)",
-            name, fingerprint(public),
+            name,
+            fingerprint(public),
         )
     return False
 
@@ -163,9 +164,20 @@ class NixlTransceiver:
         self._agent_name = agent_name
         loop = ServiceLoop(self.name, busy=lambda: False, progress=lambda: False, on_error=self._on_error)
         self._local = local = LocalSide(
-            name=self.name, pool=pool, agent=agent, agent_name=agent_name, identity=me, allowed=allowed,
-            timeout_s=self.timeout_s, limits=limits or Limits(), metadata=metadata, loop=loop, log_requests=log_requests,
-            plaintext=bool(_plaintext), reads=bool(allow_reads), backends=tuple(self.settings.backends),
+            name=self.name,
+            pool=pool,
+            agent=agent,
+            agent_name=agent_name,
+            identity=me,
+            allowed=allowed,
+            timeout_s=self.timeout_s,
+            limits=limits or Limits(),
+            metadata=metadata,
+            loop=loop,
+            log_requests=log_requests,
+            plaintext=bool(_plaintext),
+            reads=bool(allow_reads),
+            backends=tuple(self.settings.backends),
         )
         local.handle_ended = self._forget_handle
         # (its helper process starts with the first hello; a probe may take as long as a request)
