@@ -92,6 +92,20 @@ def fake_rank(agent: str, metadata: bytes = b"", num_blocks: int | None = None) 
     return control.RankInfo("attacker", agent, metadata, LAYOUT, base, blocks if num_blocks is None else num_blocks, "DRAM", 0)
 
 
+def children_of(pid: int) -> list[int]:
+    """The live (not zombie) child processes of ``pid``, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
 def stop(pid: int, timeout_s: float = 10.0) -> None:
     """SIGSTOP ``pid`` and wait until every one of its threads is stopped.
 

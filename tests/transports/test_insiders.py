@@ -14,7 +14,7 @@ from kvpolicy.transports import KVLayout, control
 from kvpolicy.transports.addresses import address_with_key, split_address
 
 from tests.support.nixl_blobs import crashing_mutants
-from tests.support.transfer import eventually, fake_rank, slow_other_decode, stop
+from tests.support.transfer import children_of, eventually, fake_rank, slow_other_decode, stop
 
 from .attackers import RogueSender
 from .conftest import requires_nixl
@@ -206,8 +206,10 @@ def _folder_of(tmp_path, *workers_and_keys) -> str:
     return str(folder)
 
 
-def test_a_key_taken_off_the_allow_list_loses_its_session_and_a_remade_key_is_read_at_once(workers, tmp_path):
-    from .transfer_worker import KEYS_DIR, new_key
+def _pair_with_a_key_folder(workers, tmp_path):
+    """A prefill and a decoder with fresh keys, each allowing the other through one key folder,
+    connected and served once: (prefill, decode, folder, the decoder's key name, its secret file)."""
+    from .transfer_worker import new_key
 
     prefill_key, prefill_secret = new_key("prefill")
     decode_key, decode_secret = new_key("decode")
@@ -217,6 +219,13 @@ def test_a_key_taken_off_the_allow_list_loses_its_session_and_a_remade_key_is_re
     decode = workers("decode", identity=decode_secret, key_name=decode_key, seed=2, **common)
     decode.call("connect", prefill.address)
     served(prefill, decode, "before", [1, 2], [3, 4])
+    return prefill, decode, folder, decode_key, decode_secret
+
+
+def test_a_key_taken_off_the_allow_list_loses_its_session_and_a_remade_key_is_read_at_once(workers, tmp_path):
+    from .transfer_worker import KEYS_DIR
+
+    prefill, decode, folder, decode_key, decode_secret = _pair_with_a_key_folder(workers, tmp_path)
     stamp = os.stat(folder)
     prefill.call("send", "removed", [5, 6], to=decode_key, timeout_s=2.0)
     os.remove(os.path.join(folder, f"{decode_key}.key"))
@@ -253,16 +262,7 @@ def test_an_ask_parked_before_its_key_was_removed_is_dropped_at_once_and_never_s
     then taken off the list. With no frame from anyone, the prefill drops the parked ask within a
     check of the folder, and an offer to any receiver made later (on an idle prefill) writes nothing
     into that decoder's blocks."""
-    from .transfer_worker import new_key
-
-    prefill_key, prefill_secret = new_key("prefill")
-    decode_key, decode_secret = new_key("decode")
-    folder = _folder_of(tmp_path, prefill_key, decode_key)
-    common = dict(layout=LAYOUT.to_wire(), allowed_peers=folder)
-    prefill = workers("prefill", identity=prefill_secret, key_name=prefill_key, seed=1, **common)
-    decode = workers("decode", identity=decode_secret, key_name=decode_key, seed=2, **common)
-    decode.call("connect", prefill.address)
-    served(prefill, decode, "before", [1, 2], [3, 4])
+    prefill, decode, folder, decode_key, _ = _pair_with_a_key_folder(workers, tmp_path)
     untouched = decode.call("digests", [7, 8])
     decode.call("receive", "parked", [7, 8], timeout_s=20.0)  # (no cancel frame from it meanwhile)
     time.sleep(0.3)  # the ask reaches the prefill and is parked there (nothing offered yet)
@@ -482,19 +482,6 @@ def test_a_thousand_hellos_with_mutated_metadata_leave_the_prefill_serving_bit_e
 
 def probe_children(worker) -> list[int]:
     """The processes a worker's metadata probe forked (its zygote's children) that are alive."""
-
-    def children_of(pid: int) -> list[int]:
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-                found.append(int(entry))
-        return found
-
     return [child for helper in children_of(worker.process.pid) for child in children_of(helper)]
 
 

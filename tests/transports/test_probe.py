@@ -23,6 +23,7 @@ from kvpolicy.transports.agent import NixlSettings, import_nixl
 from kvpolicy.transports.probe import MetadataProbe, ProbeOutcome
 
 from tests.support.nixl_blobs import crashing_mutants
+from tests.support.transfer import children_of
 
 from .conftest import requires_nixl
 from .transfer_worker import Worker
@@ -358,16 +359,7 @@ class Receiver:
 
 def forked_children(probe: MetadataProbe) -> list[int]:
     """The probe children alive (the zygote's children)."""
-    zygote, found = probe._helper.process.pid, []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == zygote and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+    return children_of(probe._helper.process.pid)
 
 
 def until(condition, timeout_s: float = 10.0) -> float:
