@@ -125,8 +125,9 @@ class Sender:
 
     # -- asks ---------------------------------------------------------------------------------------
 
-    def on_request(self, remote: Remote, request: control.Request) -> None:
-        """A receiver's ask (an authenticated frame, schema-checked)."""
+    def on_request(self, remote: Remote, request: control.Request, *, again: bool = False) -> None:
+        """A receiver's ask (an authenticated frame, schema-checked); ``again``: the second look at
+        an ask for a request id that had ended (see below)."""
         # The ask's time left counts from now on this side's monotonic clock: clocks of the two hosts
         # are never compared (the receiver keeps its blocks fenced until this side's result).
         # An ask again (the receiver asks again after a reconnect: it or its result may have been
@@ -143,6 +144,12 @@ class Sender:
             return
         ended = self.ended.get(request.request_id)
         if ended is not None and (ended[2] is None or remote.key in ended[2]):
+            if not again:
+                # A request id may be used again as soon as its last request was seen done, and
+                # send() returns before this thread has registered the new offer: commands posted
+                # before this ask arrived (that offer among them) run first, then the ask is read again.
+                self.local.loop.post(lambda: self._ask_again(remote, request))
+                return
             state, reason, _ = ended
             status = "cancelled" if state is RequestState.CANCELLED else "error"
             self._refuse(remote, request, status, f"sender request {state.value}: {reason}")
@@ -156,6 +163,10 @@ class Sender:
         # The receiver may ask before prefill has finished: hold the ask, within its deadline.
         ask.deadline = min(ask.deadline, now + self.local.limits.park_s)
         self._park(ask)
+
+    def _ask_again(self, remote: Remote, request: control.Request) -> None:
+        if not remote.gone:  # (forgotten meanwhile: its asks went with it)
+            self.on_request(remote, request, again=True)
 
     def _asked_already(self, key: bytes, request: control.Request) -> bool:
         """Whether this very attempt (key, request id, nonce) is parked or being written: a repeat.
