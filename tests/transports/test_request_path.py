@@ -230,3 +230,30 @@ def test_a_request_seen_done_is_already_released_and_forgotten(pair, monkeypatch
         sent.wait(30)
     assert sorted(seen) == [("receiver", True, False)] * 50 + [("sender", True, False)] * 50
     assert d.pool.digests([3]) == p.pool.digests([49])
+
+
+@requires_nixl
+def test_an_ask_for_a_reused_request_id_waits_for_the_offer_posted_before_it(pair):
+    """``send()`` returns before the service thread has registered its offer. An ask for a request
+    id whose last request ended, arriving in between, is read again after the commands posted before
+    it (the new offer among them) and served, not refused as the ended request's."""
+    p, d = pair
+    p.send("again", [1], to="d")
+    d.receive("again", [3]).wait(30)
+    ask = p._remotes._on_request
+    raced = []
+
+    def offer_posted_while_the_ask_is_read(remote, request):
+        if not raced:  # the new offer is posted (not run yet: this thread is reading frames)
+            raced.append(p.send("again", [2], to="d"))
+        ask(remote, request)
+
+    p._remotes._on_request = offer_posted_while_the_ask_is_read
+    try:
+        received = d.receive("again", [4])
+        received.wait(30)
+        raced[0].wait(30)
+    finally:
+        p._remotes._on_request = ask
+    assert received.state is RequestState.COMPLETED
+    assert d.pool.digests([4]) == p.pool.digests([2])
