@@ -243,10 +243,9 @@ def test_every_tests_folder_is_a_package_and_imported_by_its_package_path():
 
 
 def _comments(path: Path) -> list[tuple[int, str]]:
-    import io
     import tokenize
 
-    with io.open(path, encoding="utf-8") as handle:
+    with path.open(encoding="utf-8") as handle:
         return [(t.start[0], t.string) for t in tokenize.generate_tokens(handle.readline) if t.type == tokenize.COMMENT]
 
 

@@ -82,11 +82,6 @@ class Sender:
         handle._state = RequestState.WAITING
         self.offers[handle.request_id] = offer
         offer.timer = self.local.loop.call_at(handle.deadline, lambda: self._offer_expired(offer))
-        if handle.request_id in self.parked:
-            # Asks parked before their key left the allow-list are not served: look at it (at most
-            # every 0.1 s, as for frames: a rescan costs ~70 us for 8 keys, ~1 ms for 64). This call
-            # may come long after any frame did (an offer without `to` on an idle prefill).
-            self.local.check_allow_list()
         waiting = self.parked.pop(handle.request_id, [])
         if to is not None and self.local.reads:  # (not to a receiver that asked already: it is written)
             reads.announce(self, offer, {ask.remote.identity for ask in waiting})
