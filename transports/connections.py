@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,9 @@ _EVENTS, _POLLIN = zmq.EVENTS, int(zmq.POLLIN)
 _MAX_FRAME = 16 << 20
 _REFETCH_S = 0.25
 _PROOF_POLL_S = 0.002
+_EARLY_NONCES = 16
+"""Nonces kept per connection that came before its sender's challenge (a sender sends the challenge
+first, so the honest one rarely waits there; others under its key are bounded by its proof bans)."""
 REQUESTS_PER_FRAME = 16
 """Queued requests and cancels are sent once this many wait for one sender (and at every loop turn)."""
 
@@ -78,7 +82,12 @@ class Connection:
     """The socket's ``ZMQ_FD``, which the service loop watches."""
     closed: bool = False
     awaiting_proof: bool = False
-    """No welcome yet: a proof nonce from this sender is echoed on this connection."""
+    """No welcome yet: the proof nonce this sender's challenge names is echoed on this connection."""
+    challenge: str | None = None
+    """The digest of the nonce the sender said it is sending (its latest :class:`.control.Challenge`)."""
+    early: list[str] = field(default_factory=list)
+    """Nonces under this sender's key that came before its challenge (the two travel apart), newest
+    last, at most :data:`_EARLY_NONCES`: judged when the challenge comes."""
     monitor: zmq.Socket | None = None
     """ZeroMQ's event socket of :attr:`socket`: a CURVE handshake after the first is a reconnect."""
     handshakes: int = 0
@@ -219,20 +228,53 @@ class Connections:
         self.local.loop.call_at(time.monotonic() + _PROOF_POLL_S, self._poll_proofs)
 
     def _on_proof(self, agent: str, nonce: str) -> None:
-        """A proof nonce arrived: echo it to the sender whose key the claimed agent name carries,
-        on a connection still waiting for its welcome (NIXL does not check the claimed name; a wrong
-        echo only makes that sender wait on, until the right one or its own timeout)."""
+        """A proof nonce arrived, under an agent name that carries a sender's key (NIXL does not check
+        the claimed name): on a connection to that sender still waiting for its welcome, echo it if it
+        is the nonce that sender's challenge names, keep it if the challenge has not come yet, and
+        never echo any other. Another hello that named this side's agent (an insider with a copy of
+        its metadata) gets its nonce sent here too: echoed, it would fail this side's own proof."""
         for conn in list(self.connections.values()):
             if not conn.awaiting_proof or conn.closed or not (self.local.plaintext or agent_carries_key(agent, conn.key)):
                 continue
-            with conn.lock:
-                if conn.closed:
-                    continue
-                try:
-                    conn.socket.send(control.encode(control.Proof(nonce)), zmq.NOBLOCK)
-                except zmq.ZMQError as exc:
-                    log.warning("transceiver %s: could not send a proof to %s: %s", self.local.name, conn.endpoint, exc)
-                self._after_send(conn)
+            if conn.challenge is None:
+                conn.early.append(nonce)
+                del conn.early[:-_EARLY_NONCES]
+            elif secrets.compare_digest(control.nonce_digest(nonce), conn.challenge):
+                self._echo(conn, nonce)
+            else:
+                self._foreign_proof(conn)
+
+    def _on_challenge(self, conn: Connection, challenge: control.Challenge) -> None:
+        """The sender says which nonce it is sending: echo it if it came already."""
+        if not conn.awaiting_proof:
+            self.local.drop("unexpected", f"a challenge from {conn.endpoint}, which asked for no proof")
+            return
+        conn.challenge = challenge.digest
+        early, conn.early = conn.early, []
+        for nonce in early:
+            if secrets.compare_digest(control.nonce_digest(nonce), challenge.digest):
+                self._echo(conn, nonce)
+            else:
+                self._foreign_proof(conn)
+
+    def _foreign_proof(self, conn: Connection) -> None:
+        self.local.stats["foreign_proofs"] += 1
+        log.info(
+            "transceiver %s: a proof nonce under the key of %s that its challenge does not name was not echoed "
+            "(another hello named this side's agent: a copy of its NIXL metadata?)",
+            self.local.name,
+            conn.endpoint,
+        )
+
+    def _echo(self, conn: Connection, nonce: str) -> None:
+        with conn.lock:
+            if conn.closed:
+                return
+            try:
+                conn.socket.send(control.encode(control.Proof(nonce)), zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.warning("transceiver %s: could not send a proof to %s: %s", self.local.name, conn.endpoint, exc)
+            self._after_send(conn)
 
     def _done_waiting(self, conn: Connection) -> None:
         if conn.awaiting_proof:
@@ -350,6 +392,8 @@ class Connections:
         for message in messages:
             if isinstance(message, control.Welcome):
                 self._on_welcome(conn, message.rank)
+            elif isinstance(message, control.Challenge) and conn.peer is None:
+                self._on_challenge(conn, message)
             elif isinstance(message, control.Refused) and conn.peer is None:
                 # The sender is busy (its metadata probes are full): fail this connect now, with its
                 # hint, rather than at the connect timeout.

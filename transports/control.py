@@ -23,6 +23,7 @@ boundary, so that the code behind it works on values that cannot overflow an add
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
@@ -42,8 +43,11 @@ __all__ = ["MAX_METADATA", "MAX_NAME", "MAX_POOL_BLOCKS", "ControlMessageError",
 #: deadlines (each side measures them on its own monotonic clock), a cancel says whether it ends the
 #: request or one attempt, and a receiver proves that the NIXL metadata of its hello is its own
 #: (*proof*, issue 26); 7: the proof nonce is 128 random bits as 32 hex digits, not a count, and a
-#: busy sender answers a hello with *refused* and a retry hint (issue 38).
-PROTOCOL_VERSION = 7
+#: busy sender answers a hello with *refused* and a retry hint (issue 38); 8: before the nonce, the
+#: sender sends the receiver its digest over the hello's CURVE session (*challenge*), and a receiver
+#: echoes only the nonce that digest names (issue 38: another hello's nonce, sent to a receiver while
+#: it waits for its own, no longer fails that receiver's proof).
+PROTOCOL_VERSION = 8
 
 #: Bounds for decoding: a frame larger than these is malformed, not a reason to allocate memory.
 _MAX_FRAME = 16 << 20
@@ -58,8 +62,17 @@ MAX_TIMEOUT_MS = 86_400_000
 """Longest timeout a request or offer may carry (a day): beyond it a figure is forged, not chosen."""
 _MAX_COUNT = 1 << 53
 
-#: A proof nonce as it travels (in the NIXL notification and the echo): 32 lowercase hex digits.
+#: A proof nonce as it travels (in the NIXL notification and the echo): 32 lowercase hex digits. A
+#: challenge's digest has the same form.
 PROOF_NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+def nonce_digest(nonce: str) -> str:
+    """What a :class:`Challenge` carries for ``nonce``: BLAKE2b of it, 16 bytes as 32 hex digits. The
+    nonce is 128 random bits, so its digest tells nobody the nonce; it tells the receiver which nonce
+    is the one its sender sent it."""
+    return hashlib.blake2b(nonce.encode("ascii"), digest_size=16).hexdigest()
+
 """Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
 _INT_ONLY = frozenset((int,))  # issuperset(map(type, xs)): all exact ints, in C (no frame per item)
 
@@ -214,7 +227,23 @@ class Proof(_ProofFields):
     kind: ClassVar[Literal["proof"]] = "proof"
 
 
-Message = Hello | Welcome | Request | Cancel | Result | Offer | Release | Proof | Refused
+class _ChallengeFields(NamedTuple):
+    digest: str
+
+
+class Challenge(_ChallengeFields):
+    """Sender -> receiver, before the welcome, sent before the nonce itself: the digest of the nonce
+    (:func:`nonce_digest`) this sender is sending as a NIXL notification to the agent of the hello's
+    metadata. The receiver echoes only a nonce with this digest: any other nonce that reaches it
+    while it waits (another peer's hello naming its agent, by an insider who copied its metadata)
+    would otherwise be echoed and fail its own proof. It travels on the hello's CURVE session, so
+    only that receiver sees it."""
+
+    __slots__ = ()
+    kind: ClassVar[Literal["challenge"]] = "challenge"
+
+
+Message = Hello | Welcome | Request | Cancel | Result | Offer | Release | Proof | Refused | Challenge
 
 RESULT_STATUSES = ("ok", "error", "cancelled", "aborted")
 RELEASE_STATUSES = ("ok", "declined", "cancelled", "error")
@@ -241,6 +270,7 @@ _SCHEMAS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
     "offer": (Offer, (("request_id", str), ("token", int), ("blocks", list), ("timeout_ms", int))),
     "release": (Release, (("request_id", str), ("token", int), ("status", str), ("reason", str), ("nbytes", int), ("transfer_us", int))),
     "proof": (Proof, (("nonce", str),)),
+    "challenge": (Challenge, (("digest", str),)),
     "refused": (Refused, (("reason", str), ("retry_after_ms", int))),
 }
 """Each kind's class and its fields, in wire order, with their types."""
@@ -383,6 +413,10 @@ def _check_body(body: Any) -> Message:
     if kind == "proof":
         if not PROOF_NONCE.fullmatch(data["nonce"]):
             raise ControlMessageError("proof.nonce is not 32 lowercase hex digits")
+        return cls(**data)
+    if kind == "challenge":
+        if not PROOF_NONCE.fullmatch(data["digest"]):
+            raise ControlMessageError("challenge.digest is not 32 lowercase hex digits")
         return cls(**data)
     if kind == "refused":
         check_text("refused.reason", data["reason"], 500)

@@ -56,6 +56,7 @@ STAT_NAMES = (
     "held_for_reconnect",
     "reconnects",
     "repeated_asks",
+    "foreign_proofs",
 )
 
 ALLOW_LIST_CHECK_S = 0.1
@@ -95,12 +96,14 @@ class Limits:
     hellos_per_s: float = 5.0
     hello_burst: int = 20
     unproved_per_peer: int = 4
-    """Hellos of one key whose proof of memory is still awaited; a newer one supersedes the oldest,
-    which counts as a failed proof. Each has a probe child that sent the nonce and lives until the
+    """Hellos of one key (on different connections) whose metadata is being probed or whose proof of
+    memory is still awaited; a hello of the key beyond them is answered ``busy`` with a retry hint
+    (no ban: ranks that share a key may connect at once), and a newer hello on the same connection
+    supersedes its earlier one. Each has a probe child that sent the nonce and lives until the
     proof ends, connected to the agent the hello's metadata describes (a third party, if the metadata
     is not the peer's own; this side's agent loads it only once proved): this bounds how many such
     connections one key has open at once (as many as the live hellos a key may keep,
-    ``remotes_per_peer``: the ranks of one key connect at once)."""
+    ``remotes_per_peer``)."""
     proof_ban_s: float = 60.0
     """After a failed proof (a wrong echo, none in time, or superseded unproved) a key's hellos are
     refused before their metadata is read: 1 s after the first failure, doubling to at most this.

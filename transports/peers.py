@@ -95,6 +95,7 @@ class _Sending:
     """A hello whose metadata a probe child is loading, to send the proof nonce from there."""
 
     identity: bytes
+    key: bytes
     release: Callable[[], None] = _nothing
     """Ends that child (see :meth:`.probe.MetadataProbe.prove`)."""
     echo: str | None = None
@@ -195,8 +196,9 @@ class Remotes:
         self._proving: dict[bytes, Proving] = {}
         """Hellos waiting for their proof echo, by connection."""
         self._probing: dict[bytes, _Sending] = {}
-        """Hellos whose metadata a probe child is loading to send the proof nonce, by key (the newest
-        wins: a newer hello of the key ends the child of the one before)."""
+        """Hellos whose metadata a probe child is loading to send the proof nonce, by connection (a
+        newer hello on a connection ends the child of the one before). With :attr:`_proving`, at most
+        ``Limits.unproved_per_peer`` hellos of a key at once (:meth:`_in_flight`)."""
         self._crashed: dict[bytes, float] = {}
         """Keys whose metadata crashed a probe, until when they are refused."""
         self._unproved: dict[bytes, tuple[int, float]] = {}
@@ -355,10 +357,10 @@ class Remotes:
             self._admit(identity, key, rank, rank.metadata, segments)
         elif not os.environ.get("NIXL_ETCD_ENDPOINTS"):
             self._refuse(key, rank, "no NIXL metadata in the hello and no NIXL_ETCD_ENDPOINTS to read it from")
-        elif key in self._fetching:
-            self._refuse(key, rank, "a metadata read for this key is already in flight")
+        elif key in self._fetching:  # (busy: told, with a retry hint, rather than left to its timeout)
+            self._refuse_verdict(identity, key, rank, "busy: a metadata read for this key is already in flight")
         elif len(self._fetching) >= limits.fetches:
-            self._refuse(key, rank, f"{limits.fetches} metadata reads already in flight")
+            self._refuse_verdict(identity, key, rank, f"busy: {limits.fetches} metadata reads already in flight")
         else:
             self._start_fetch(identity, key, rank, segments)
 
@@ -418,6 +420,14 @@ class Remotes:
             # A proof's child connects to the agent a hello's metadata describes, before the proof: a
             # key whose proofs fail waits, so it cannot make this process a deputy against a third party.
             return self._refuse(key, rank, f"its last {failures} proof(s) of memory failed; refused for {until - time.monotonic():.1f} s more")
+        in_flight = self._in_flight(key, identity)
+        if in_flight >= self.local.limits.unproved_per_peer:
+            # Ranks that share a key may connect at once: each waits its turn (a busy answer, no ban),
+            # and none ends another's proof. What a key's unproved hellos cost anyone stays bounded.
+            return self._refuse_verdict(identity, key, rank, f"busy: {in_flight} hellos of this key are being proved (unproved_per_peer)")
+        earlier = self._probing.pop(identity, None)
+        if earlier is not None:  # superseded by this hello: its child ends now (it no longer costs anyone a connection)
+            earlier.release()
         if self.local.agent_loaded(blob):
             # Loaded already (only proved peers' metadata is): a receiver back with the same agent,
             # whose worker is bound to it. This side's own agent sends the nonce; no third party.
@@ -428,10 +438,8 @@ class Remotes:
         # it opens to the agent the metadata describes ends with the child, and the metadata is
         # loaded here only once the receiver echoed the nonce.
         nonce = secrets.token_hex(16)
-        earlier = self._probing.get(key)
-        if earlier is not None:  # superseded: its child ends now (it no longer costs anyone a connection)
-            earlier.release()
-        token = self._probing[key] = _Sending(identity)
+        self._challenge(identity, nonce)
+        token = self._probing[identity] = _Sending(identity, key)
 
         def sent(verdict: str | None) -> None:
             try:
@@ -445,6 +453,16 @@ class Remotes:
         # (per-key slots: one key's burst cannot crowd out first connects)
         token.release = self.local.probe.prove(blob, sent, agent=agent, message=PROOF_PREFIX + nonce.encode(), linger_s=self._proof_s() + 1.0, owner=key)
 
+    def _challenge(self, identity: bytes, nonce: str) -> None:
+        """Tell the hello's connection, before the nonce goes out, which nonce to echo: its digest
+        (:class:`.control.Challenge`). A receiver waiting for this welcome may get other nonces under
+        agent names that carry this side's key (an insider's hello naming that receiver's agent); it
+        echoes only this one, so such a nonce cannot fail its proof."""
+        try:
+            self.router.send_multipart([identity, control.encode(control.Challenge(control.nonce_digest(nonce)))], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # its queue is full or it is gone: its proof then fails at its deadline, as an unanswered one does
+
     def _proof_s(self) -> float:
         return min(self.local.timeout_s, PROOF_S)
 
@@ -453,11 +471,11 @@ class Remotes:
     ) -> None:
         """The probe child sent the nonce to the agent the hello's metadata describes (``verdict``
         None), or could not: the proving starts, or the hello is refused."""
-        if self._probing.get(key) is not token:
+        if self._probing.get(identity) is not token:
             token.release()
-            self.local.stats["superseded_hellos"] += 1  # a newer hello of this key is proved instead
+            self.local.stats["superseded_hellos"] += 1  # a newer hello on its connection is proved instead
             return
-        del self._probing[key]
+        del self._probing[identity]
         if verdict is not None:
             token.release()
             return self._refuse_verdict(identity, key, rank, verdict)
@@ -467,7 +485,8 @@ class Remotes:
             self._on_proof(identity, key, control.Proof(token.echo))
 
     def _refuse_verdict(self, identity: bytes, key: bytes, rank: control.RankInfo, verdict: str) -> None:
-        """Refuse a hello whose metadata the probe refused (or could not take now: ``busy``)."""
+        """Refuse a hello whose metadata the probe refused, or that cannot be taken now (``busy``: the
+        probe's slots, its key's hellos in flight, metadata reads)."""
         if verdict.startswith("busy"):
             # Not a verdict on the peer: tell it, with a hint, instead of leaving it to its timeout.
             refused = control.Refused(verdict[:500], BUSY_RETRY_MS)
@@ -510,6 +529,7 @@ class Remotes:
         # 128 bits from the OS's CSPRNG, fresh for this hello and good for one echo: nothing an
         # insider saw of its own proofs helps it guess another's.
         nonce = secrets.token_hex(16)
+        self._challenge(identity, nonce)
         try:
             self.local.agent.send_notif(rank.agent, PROOF_PREFIX + nonce.encode())
         except Exception as exc:
@@ -517,15 +537,19 @@ class Remotes:
             return self._refuse(key, rank, f"no NIXL notification reaches its agent: {exc}")
         self._start_proving(Proving(identity, key, rank, segments, stale, nonce))
 
+    def _in_flight(self, key: bytes, identity: bytes) -> int:
+        """Hellos of ``key`` on other connections than ``identity`` being probed or proved now."""
+        return sum(1 for i, s in self._probing.items() if s.key == key and i != identity) + sum(
+            1 for i, p in self._proving.items() if p.key == key and i != identity
+        )
+
     def _start_proving(self, proving: Proving) -> None:
-        """The nonce is on its way: wait for its echo (the per-key bound and superseding rules)."""
-        identity, key = proving.identity, proving.key
+        """The nonce is on its way: wait for its echo. A hello again on the same connection before the
+        proof of the last one ends that proving as failed."""
+        identity = proving.identity
         earlier = self._proving.get(identity)
         if earlier is not None:  # a hello again on the same connection, before the proof of the last one
             self._failed_proof(earlier, "a newer hello on its connection superseded it before its proof of memory came")
-        unproved = sorted((p for p in self._proving.values() if p.key == key), key=lambda p: p.started)
-        for old in unproved[: max(0, len(unproved) - self.local.limits.unproved_per_peer + 1)]:
-            self._failed_proof(old, "a newer hello of its key superseded it before its proof of memory came")
         self.local.stats["proofs_asked"] += 1
         proving.timer = self.local.loop.call_at(time.monotonic() + self._proof_s(), lambda: self._proof_expired(proving))
         self._proving[identity] = proving
@@ -557,8 +581,8 @@ class Remotes:
 
     def _on_proof(self, identity: bytes, key: bytes, proof: control.Proof) -> None:
         proving = self._proving.get(identity)
-        sending = self._probing.get(key)
-        if (proving is None or proving.key != key) and sending is not None and sending.identity == identity and sending.echo is None:
+        sending = self._probing.get(identity)
+        if (proving is None or proving.key != key) and sending is not None and sending.key == key and sending.echo is None:
             sending.echo = proof.nonce  # (it outran the child's report)
         elif proving is None or proving.key != key:
             self.local.drop("unexpected", "a proof from a connection that was not asked for one")

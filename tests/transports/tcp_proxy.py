@@ -91,6 +91,17 @@ class TcpProxy:
             self.resets += count
         return count
 
+    def hold(self) -> None:
+        """Accept no new connection until :meth:`release`: a client's connect completes in the
+        kernel's backlog and what it sends waits there (its handshake and first frames, in order)."""
+        with self._lock:
+            self._selector.unregister(self.listener)
+
+    def release(self) -> None:
+        """Forward the connections :meth:`hold` kept waiting, and new ones."""
+        with self._lock:
+            self._selector.register(self.listener, selectors.EVENT_READ)
+
     def connections(self) -> int:
         with self._lock:
             return len(self._pairs) // 2

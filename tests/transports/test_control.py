@@ -23,6 +23,7 @@ RANK = control.RankInfo("decode", "agent-1", b"\x00meta", LAYOUT, 1 << 40, 64, "
         control.Cancel("r1", 0),
         control.Cancel("r1", 9, 0),
         control.Proof("0123456789abcdef" * 2),
+        control.Challenge(control.nonce_digest("0123456789abcdef" * 2)),
         control.Refused("busy: 4 metadata probes running and 16 waiting", 500),
         control.Result("r1", 9, "ok", "", 4096, 64, 1, 12, 34),
         control.Result("r1", 9, "error", "boom"),
@@ -127,6 +128,9 @@ def _hello(**rank):
         (_frame("cancel", "x", 1, 2), "final"),
         (_frame("proof", 0), "nonce"),
         (_frame("proof", "x"), "nonce"),
+        (_frame("challenge", "A" * 32), "digest"),
+        (_frame("challenge", "0" * 64), "digest"),
+        (_frame("challenge", b"0" * 32), "digest"),
         (_frame("offer", "x", 1, [1]), "expected 4 fields"),
         (_release(status="written"), "status"),
         (_release(status="aborted"), "status"),  # a result's status, not a release's

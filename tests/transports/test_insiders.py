@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from kvpolicy.transports import KVLayout, control
 from kvpolicy.transports.addresses import address_with_key, split_address
@@ -32,6 +33,22 @@ def rename_agent(metadata: bytes, agent: str, own: str) -> bytes:
 
     at = metadata.index(agent.encode()) - 8
     return metadata[:at] + struct.pack("<Q", len(own)) + own.encode() + metadata[at + 8 + len(agent):]
+
+
+def welcomed(sock, timeout_ms: int) -> bool:
+    """Whether a welcome comes on ``sock`` within ``timeout_ms`` (a challenge, the digest of the nonce
+    sent to the agent of the hello's metadata, comes to every hello the sender tries to prove)."""
+    from .attackers import recv
+
+    deadline = time.monotonic() + timeout_ms / 1000
+    while (left := deadline - time.monotonic()) > 0:
+        message = recv(sock, max(1, int(left * 1000)))
+        if message is None:
+            return False
+        if isinstance(message, control.Welcome):
+            return True
+        assert isinstance(message, control.Challenge), message
+    return False
 
 
 def served(prefill, decode, request_id, src, dst, **receive) -> None:
@@ -332,12 +349,12 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
         sock.send(control.encode(control.Hello(fake_rank(own, renamed))))
         time.sleep(0.5)
         sock.send(control.encode(control.Proof("0" * 32)))  # a guess
-        assert recv(sock, 1500) is None  # no welcome
+        assert not welcomed(sock, 1500)
         # The first wrong echo ends the proving at once (not at its timeout) and counts once.
         eventually(lambda: prefill.call("stats")["refused_hellos"] >= 1, timeout_s=5)
         assert prefill.call("stats")["refused_proofs"] == 1
         sock.send(control.encode(control.Proof("0" * 32)))  # its proving is gone: an echo now is unexpected
-        assert recv(sock, 500) is None
+        assert not welcomed(sock, 500)
     finally:
         sock.close(0)
     victim.call("connect", prefill.address)
@@ -365,7 +382,7 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
             sock.send(control.encode(control.Hello(fake_rank(own, renamed))))
             time.sleep(0.3)
             sock.send(control.encode(control.Proof(guess)))
-            assert recv(sock, 700) is None  # never welcomed
+            assert not welcomed(sock, 700)
     finally:
         sock.close(0)
     stats = prefill.call("stats")
@@ -373,6 +390,110 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     assert victim.call("digests", list(range(8))) == before  # nothing landed in the victim's blocks
     victim.call("connect", prefill.address)
     served(prefill, victim, "unharmed", [1, 2], [3, 4])
+
+
+def test_a_nonce_for_an_insiders_hello_never_fails_the_proof_of_a_receiver_waiting_for_its_welcome(workers):
+    """Issue 38, the echo window: a receiver waiting for a sender's welcome gets every proof nonce sent
+    under that sender's key, and an insider's hello naming the receiver's agent (a copy of its
+    metadata) makes the sender send one. The receiver's connect is held at a TCP proxy while the
+    insider's nonce reaches it, so its hello and its echo of that nonce arrive together. Before
+    protocol 8 it echoed it, the sender judged it the first echo of the receiver's own proving (a wrong
+    one), and the honest receiver was refused and its key banned (its connect failed). Now the sender
+    first sends the digest of the nonce it is sending (a challenge, on the hello's CURVE session) and
+    the receiver echoes only that nonce: the insider's is counted (``foreign_proofs``) and dropped,
+    and the receiver is welcomed and served."""
+    from .attackers import allowed_dealer
+
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    victim = workers("victim", layout=LAYOUT.to_wire(), seed=2, timeout_s=15.0)  # not this prefill's peer yet
+    agent, metadata = victim.call("metadata")
+    endpoint, _ = split_address(prefill.address)
+    proxy = TcpProxy(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])))
+    proxy.hold()
+    connected: list = []
+
+    def connect() -> None:
+        try:
+            connected.append(victim.call("connect", through(proxy, prefill.address), timeout_s=12.0, timeout=30))
+        except WorkerError as exc:
+            connected.append(exc)
+
+    sock, own = allowed_dealer(prefill.address, "window")
+    thread = threading.Thread(target=connect)
+    try:
+        thread.start()
+        time.sleep(0.3)  # the victim waits for its welcome, reading NIXL's notifications every few ms
+        asked = prefill.call("stats")["proofs_asked"]
+        sock.send(control.encode(control.Hello(fake_rank(own, rename_agent(metadata, agent, own)))))
+        eventually(lambda: prefill.call("stats")["proofs_asked"] > asked, timeout_s=10)  # the insider's nonce went out
+        time.sleep(0.5)  # and reached the victim, which is still held at the proxy
+        proxy.release()
+        thread.join(40)
+        assert connected and not isinstance(connected[0], Exception), connected
+        assert victim.call("stats")["foreign_proofs"] >= 1  # the insider's nonce reached it while it waited
+        served(prefill, victim, "welcomed", [1, 2], [3, 4])  # (through the proxy)
+        eventually(lambda: prefill.call("stats")["refused_proofs"] >= 1, timeout_s=15)  # the insider's own proof failed
+        assert prefill.call("stats")["refused_proofs"] == 1
+    finally:
+        sock.close(0)
+        proxy.close()
+
+
+def test_a_receiver_echoes_only_the_nonce_its_senders_challenge_names(workers):
+    """The receiver's side of the challenge, nonce by nonce, against a sender the test plays (an
+    allowed key, a NIXL agent named with that key, the receiver's metadata from its hello): a nonce
+    that comes before the challenge is kept, not echoed; the challenge then names one of the two kept,
+    and only that one is echoed; a nonce after it that it does not name is never echoed. Each nonce
+    not echoed is counted (``foreign_proofs``)."""
+    import secrets
+
+    from kvpolicy.transports.agent import NixlSettings, create_agent
+    from kvpolicy.transports.local import PROOF_PREFIX
+
+    victim = workers("victim", layout=LAYOUT.to_wire(), seed=2, timeout_s=15.0)
+    rogue = RogueSender("challenger")
+    connected: list = []
+
+    def connect() -> None:
+        try:
+            connected.append(victim.call("connect", rogue.address, timeout_s=8.0, timeout=30))
+        except WorkerError as exc:
+            connected.append(exc)
+
+    thread = threading.Thread(target=connect)
+    thread.start()
+    try:
+        assert rogue.socket.poll(10_000)
+        identity, frame = rogue.socket.recv_multipart()
+        hello = control.decode(frame)
+        agent = create_agent(rogue.agent, NixlSettings())
+        assert agent.add_remote_agent(hello.rank.metadata) in (hello.rank.agent, hello.rank.agent.encode())
+        own, foreign, late = (secrets.token_hex(16) for _ in range(3))
+
+        def echoes(window_ms: int) -> list[str]:
+            seen, deadline = [], time.monotonic() + window_ms / 1000
+            while (left := deadline - time.monotonic()) > 0:
+                rogue.socket.setsockopt(zmq.RCVTIMEO, max(1, int(left * 1000)))
+                try:
+                    _, frame = rogue.socket.recv_multipart()
+                except zmq.Again:
+                    break
+                seen.append(control.decode(frame).nonce)
+            return seen
+
+        for nonce in (foreign, own):  # both before the challenge
+            agent.send_notif(hello.rank.agent, PROOF_PREFIX + nonce.encode())
+        assert echoes(600) == []  # kept: no challenge yet
+        rogue.socket.send_multipart([identity, control.encode(control.Challenge(control.nonce_digest(own)))])
+        assert echoes(600) == [own]
+        agent.send_notif(hello.rank.agent, PROOF_PREFIX + late.encode())
+        assert echoes(600) == []
+        assert thread.is_alive()  # all of it while the connect waited for its welcome
+    finally:
+        thread.join(30)
+        rogue.close()
+    assert connected and isinstance(connected[0], WorkerError) and "no welcome" in str(connected[0])  # (never welcomed here)
+    assert victim.call("stats")["foreign_proofs"] == 2  # the foreign one and the late one
 
 
 def test_a_hello_whose_metadata_crashes_nixls_parser_is_refused_and_the_sender_lives(workers):

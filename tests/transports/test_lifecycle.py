@@ -211,3 +211,38 @@ def test_a_busy_sender_answers_a_hello_with_a_retry_hint_instead_of_silence(work
     late = first if outcomes["a"][0] is text else second
     time.sleep(0.5)
     assert late.call("connect", prefill.address) == prefill.key_name  # the retry is welcomed
+
+
+def test_ranks_sharing_one_key_connect_at_once(workers):
+    """Ranks that share one key (up to ``remotes_per_peer``, 4, the connections a key keeps) connect to
+    a new sender at the same moment: each is proved and welcomed, and each is served. Before, the
+    sender kept one metadata probe per key and a newer hello of the key ended the one before it: 3 of
+    4 such connects timed out with no welcome, and none of them was told why."""
+    import threading
+
+    from .transfer_worker import new_key
+
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
+    shared, secret = new_key("ranks")
+    ranks = [workers(f"rank-{i}", identity=secret, key_name=shared, layout=LAYOUT.to_wire(), seed=2 + i, timeout_s=20.0) for i in range(4)]
+    outcomes: list[object] = [None] * len(ranks)
+
+    def connect(i: int) -> None:
+        try:
+            outcomes[i] = ranks[i].call("connect", prefill.address, timeout=60)
+        except WorkerError as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=connect, args=(i,)) for i in range(len(ranks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert outcomes == [prefill.key_name] * len(ranks), outcomes
+    stats = prefill.call("stats")
+    assert stats["refused_proofs"] == 0 and stats["proofs_asked"] == len(ranks), stats
+    for i, rank in enumerate(ranks):
+        prefill.call("send", f"to-{i}", [i + 1], to=shared)
+        rank.call("receive", f"to-{i}", [9])
+        assert rank.call("wait", f"to-{i}")["state"] == "completed"
+        assert rank.call("digests", [9]) == prefill.call("digests", [i + 1])

@@ -222,20 +222,40 @@ def test_requests_batched_in_one_frame_are_all_served(sides):
 
 def test_hellos_past_the_limit_of_metadata_reads_in_flight_are_refused_and_the_first_one_reads(sides, monkeypatch):
     """Hellos without NIXL metadata (read from etcd): the first starts a read, one more
-    key past ``fetches`` (1 here) is refused while it is in flight."""
+    key past ``fetches`` (1 here) is refused while it is in flight, and so is a second connection of
+    the first key; each is told (``refused``, busy, with a retry hint), not left to its timeout."""
+    from .attackers import dealer, recv
+
     p = sides("p", limits={"fetches": 1})
     monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://127.0.0.1:9")  # nothing listens: the read goes on
     monkeypatch.setenv("KVPOLICY_ETCD_INSECURE_PLAINTEXT", "1")  # (plain http to loopback, for tests)
-    socks = [allowed_dealer(p.address, f"fetcher{i}") for i in range(2)]
+    name, secret = new_key("fetcher0", KEYS_DIR)
+    first = dealer(p.address, secret)
+    first.send(control.encode(control.Hello(fake_rank(own_agent(secret, name)))))
+    eventually(lambda: on_loop(p, lambda: len(p._remotes._fetching)) == 1)
+    again = dealer(p.address, secret)  # another rank of the same key
+    other, own = allowed_dealer(p.address, "fetcher1")  # another key, past the limit
     try:
-        for sock, own in socks:
-            sock.send(control.encode(control.Hello(fake_rank(own))))
-        eventually(lambda: p.stats["refused_hellos"] >= 1)
+        for sock, agent in ((again, own_agent(secret, name)), (other, own)):
+            sock.send(control.encode(control.Hello(fake_rank(agent))))
+            answer = recv(sock, 5000)
+            assert isinstance(answer, control.Refused) and answer.reason.startswith("busy") and answer.retry_after_ms > 0, answer
         fetching = on_loop(p, lambda: len(p._remotes._fetching))
-        assert (fetching, p.stats["refused_hellos"]) == (1, 1)
+        assert (fetching, p.stats["refused_hellos"]) == (1, 2)
+        assert recv(first, 300) is None  # the first one's read goes on
     finally:
-        for sock, _ in socks:
+        for sock in (first, again, other):
             sock.close(0)
+
+
+def own_agent(secret_file: str, name: str) -> str:
+    """A NIXL agent name bound to the key in ``secret_file``."""
+    import zmq.auth
+
+    from kvpolicy.transports.addresses import fingerprint
+
+    public, _ = zmq.auth.load_certificate(secret_file)
+    return f"{name}-{fingerprint(public)}-1-abcd"
 
 
 def test_a_metadata_read_that_cannot_start_refuses_its_hello_and_frees_its_slot(sides, monkeypatch):
