@@ -76,8 +76,8 @@ def test_register_lookup_list_and_close(etcd):
         assert registry.lookup("prefill-0", timeout_s=1.0, trusted_keys=[KEY]) == RECORD
         assert registry.lookup_address("prefill-0", timeout_s=1.0) == "tcp://127.0.0.1:5555"
         assert registry.list() == {"prefill-0": RECORD}
-        # What is stored is exactly the address and the key.
-        assert json.loads(etcd.client().get(registration.key)) == {"address": RECORD.address, "public_key": KEY}
+        # What is stored is exactly the address and the key, and the beat it promises.
+        assert json.loads(etcd.client().get(registration.key)) == {"address": RECORD.address, "public_key": KEY, "ttl_s": 5}
         assert other.list() == {}  # namespaces do not see each other
         # The key carries a lease: revoking it (close) deletes the record at once.
         registration.close()
@@ -245,8 +245,8 @@ def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
     assert decode.call("digests", [4, 5, 6]) == prefill.call("digests", [1, 2, 3])
     # NIXL's own entries live beside ours in the same etcd.
     keys = etcd.client().get_prefix("/")
-    # Address and CURVE public key (proved in the handshake); nothing else is published.
-    assert json.loads(keys[f"/kvpolicy/loop/ranks/{prefill.key_name}"]).keys() == {"address", "public_key"}
+    # Address and CURVE public key (proved in the handshake), and the beat it promises; nothing else.
+    assert json.loads(keys[f"/kvpolicy/loop/ranks/{prefill.key_name}"]).keys() == {"address", "public_key", "ttl_s"}
     assert any(not k.startswith("/kvpolicy/") for k in keys), sorted(keys)
 
 

@@ -275,7 +275,7 @@ def test_only_the_address_and_key_are_published(etcd):
     with EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="minimal") as registry:
         registration = registry.register("prefill-0", info, ttl_s=5)
         stored = json.loads(etcd.client().get(registration.key))
-        assert stored == {"address": info["address"], "public_key": GENUINE_KEY}
+        assert stored == {"address": info["address"], "public_key": GENUINE_KEY, "ttl_s": 5}  # and the beat it promises
 
 
 def test_secure_etcd_across_two_namespaces():
