@@ -364,6 +364,13 @@ class _Sightings:
         with self._lock:
             self._first.pop(name, None)
 
+    def outage(self) -> None:
+        """etcd did not answer this reader: start every clock again at the next sighting. A sender
+        cut off from etcd cannot beat either, and the time this reader could not look is not held
+        against it (after an etcd restart, every rank would otherwise look stale until its next beat)."""
+        with self._lock:
+            self._first.clear()
+
 
 def _check_fresh(name: str, ttl_s: int | None, age: float) -> None:
     """A record that promises ``ttl_s`` and has not changed for longer is its dead sender's."""
@@ -500,7 +507,8 @@ class EtcdRegistry:
         ``stale``: its sender stopped rewriting it, though its lease may be kept alive by anyone who
         reads the lease id. The lookup keeps waiting (a sender back from a pause or an etcd outage
         beats again within ``ttl_s/3``, and is then returned) and raises :class:`InvalidRecord` with
-        reason ``stale`` at its timeout. A record seen for the first time is not known stale and is
+        reason ``stale`` at its timeout. When etcd does not answer this registry, every such clock
+        starts again at the next sighting: a sender cut off from etcd could not beat either. A record seen for the first time is not known stale and is
         returned: the CURVE handshake of ``connect()`` proves the process there alive. A record
         without ``ttl_s`` (an older sender, or one written by hand) is never judged stale.
         """
@@ -518,6 +526,7 @@ class EtcdRegistry:
                 value = self.client.call("/v3/kv/range", {"key": b64(key)}, timeout_s=max(0.05, min(self.client.timeout_s, left)))
             except RegistryUnavailable as exc:
                 last_error = exc
+                self._sightings.outage()
             else:
                 answered = time.monotonic()
                 kvs = value.get("kvs", [])
@@ -611,12 +620,10 @@ class EtcdRegistry:
         answer fill the prefix, it is read one key at a time, so such entries never hide the others."""
         asked = time.monotonic()
         try:
-            entries = self.client.get_prefix_entries(self.prefix)
-        except (RegistryUnavailable, RegistryDenied):
+            entries = self._entries()
+        except RegistryUnavailable:
+            self._sightings.outage()
             raise
-        except RegistryError as exc:
-            log.warning("registry: could not read %s in one answer (%s); reading it key by key", self.prefix, exc)
-            entries = self._walk()
         answered = time.monotonic()
         names = {key[len(self.prefix) :]: entry for key, entry in entries.items()}
         self._sightings.keep(names)
@@ -638,6 +645,16 @@ class EtcdRegistry:
         self.last_skipped = skipped
         self._logged_skips = logged
         return ranks
+
+    def _entries(self) -> dict[str, dict[str, Any]]:
+        """The prefix's entries (the gateway's, with ``mod_revision``), in one answer if they fit."""
+        try:
+            return self.client.get_prefix_entries(self.prefix)
+        except (RegistryUnavailable, RegistryDenied):
+            raise
+        except RegistryError as exc:
+            log.warning("registry: could not read %s in one answer (%s); reading it key by key", self.prefix, exc)
+            return self._walk()
 
     def _walk(self) -> dict[str, dict[str, Any]]:
         """The prefix's entries, one range call per key (an entry always fits in one answer)."""

@@ -592,3 +592,30 @@ def test_each_keep_alive_round_is_a_write_checked_by_its_revision(etcd):
         _, found, changed = reader.rewrite_unless_changed(key, value, mod_revision=restored)
         assert changed and found is None and reader.get(key) == value
         assert reader.restore_if_changed(key, value, mod_revision=int(reader.get_entry(key)["mod_revision"])) is None
+
+
+@requires_etcd
+def test_an_etcd_outage_longer_than_the_ttl_makes_no_rank_look_dead(etcd):
+    """While etcd is down no sender can beat, so the time a reader could not look is not held against
+    them: after a restart the watch does not report a live rank gone while it waits for its next beat."""
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="outage-beat", timeout_s=0.5)
+    events: list[tuple[dict, set]] = []
+    watch = registry.watch(lambda changed, gone: events.append((changed, gone)), poll_s=0.05)
+    try:
+        registration = registry.register("prefill-0", RECORD, ttl_s=1)
+        wait_until(lambda: ({"prefill-0": RECORD}, set()) in events)
+        etcd.stop()
+        stopped = time.monotonic()
+        wait_until(lambda: bool(watch.last_error) and time.monotonic() > stopped + 2.0)  # twice the TTL
+        with registration._lock:  # the sender's next beat waits until the watch has looked a while
+            etcd.start()
+            wait_until(lambda: not watch.last_error)
+            recovered = time.monotonic()
+            wait_until(lambda: time.monotonic() > recovered + 0.5)  # ten polls
+        renewals = registration.renewals
+        wait_until(lambda: registration.renewals > renewals + 1)
+        assert not any(gone for _, gone in events), events
+        assert registry.lookup("prefill-0", timeout_s=1.0) == RECORD
+    finally:
+        watch.stop()
+        registry.close()
