@@ -508,9 +508,10 @@ class EtcdRegistry:
         reads the lease id. The lookup keeps waiting (a sender back from a pause or an etcd outage
         beats again within ``ttl_s/3``, and is then returned) and raises :class:`InvalidRecord` with
         reason ``stale`` at its timeout. When etcd does not answer this registry, every such clock
-        starts again at the next sighting: a sender cut off from etcd could not beat either. A record seen for the first time is not known stale and is
-        returned: the CURVE handshake of ``connect()`` proves the process there alive. A record
-        without ``ttl_s`` (an older sender, or one written by hand) is never judged stale.
+        starts again at the next sighting: a sender cut off from etcd could not beat either. A
+        record seen for the first time is not known stale and is returned: the CURVE handshake of
+        ``connect()`` proves the process there alive. A record without ``ttl_s`` (an older sender,
+        or one written by hand) is never judged stale.
         """
         key = self.key(name)
         trusted = None if trusted_keys is None else frozenset(trusted_keys)
