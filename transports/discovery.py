@@ -1,5 +1,5 @@
-"""Finding peers through etcd: rank records under a namespaced key, kept alive by a lease and
-guarded by a compare-and-swap.
+"""Finding peers through etcd: rank records under a namespaced key, kept alive by a lease, rewritten
+as a heartbeat and guarded by a compare-and-swap.
 
 A sender publishes where it listens with :meth:`EtcdRegistry.register`; receivers find it by name with
 :meth:`EtcdRegistry.lookup`. A record (:class:`RankRecord`) holds only what a decoder needs before it
@@ -8,10 +8,21 @@ connects: the control address and the sender's CURVE public key. Nothing that gr
 authenticated control plane. Each record lives under ``/kvpolicy/<namespace>/ranks/<name>`` on a lease
 that a background thread keeps alive, so the entry of a worker that dies expires after ``ttl_s``.
 
+Liveness does not rest on the lease alone: etcd 3.4 checks no permission on lease keep-alive and any
+reader sees a record's lease id, so even a read-only user can keep a dead sender's entry in etcd.
+The record itself beats instead. Its stored value promises ``"ttl_s": N`` beside the fields, and the
+sender's thread rewrites it every ``ttl_s/3`` (a new ``mod_revision`` each time), which only a
+writer of the key can do. A reader remembers, on its own monotonic clock, when it first saw each
+record's ``mod_revision``; a record unchanged for longer than the ``ttl_s`` it promises is ``stale``:
+:meth:`~EtcdRegistry.lookup` skips it and keeps waiting, :meth:`~EtcdRegistry.list` leaves it out
+(and :meth:`~EtcdRegistry.watch` reports the rank gone). A record without ``ttl_s`` (an older sender)
+is never judged stale, and one a reader sees for the first time is not known stale: the CURVE
+handshake of ``connect()`` is what proves the process there alive.
+
 Why a decoder can trust what it reads: (1) etcd serves TLS only, asks for client certificates, and
-its auth lets only the transceivers' role touch ``/kvpolicy/``; (2) each keep-alive round checks in
-one transaction that the record's ``mod_revision`` is still its own write, and writes it back if
-anyone else changed or deleted it (:attr:`Registration.restorations`); (3) a reader accepts only
+its auth lets only the transceivers' role touch ``/kvpolicy/``; (2) each keep-alive round rewrites
+the record in one transaction that checks its ``mod_revision`` is still its own write, and writes it
+back if anyone else changed or deleted it (:attr:`Registration.restorations`); (3) a reader accepts only
 records naming a key in its ``trusted_keys``, and the CURVE handshake to that address then succeeds
 only if the process there holds the matching secret key. The key checked is the key ``connect()``
 uses: an address that carries a key (``tcp://HEX@host:port``) must carry the record's ``public_key``,
@@ -67,13 +78,15 @@ _MAX_RECORD = 4 << 10
 #: When one range of the whole prefix cannot be read (oversized values push the answer past the
 #: client's limit), :meth:`EtcdRegistry.list` reads it one key at a time, at most this many keys.
 _MAX_WALK = 4096
+#: The longest lease, and so the longest beat a stored record may promise (``ttl_s``).
+_MAX_TTL = 3600
 
 
 class InvalidRecord(RegistryError):
     """What is stored under a rank's key is not a record this registry accepts. ``reason`` says why
     in one word (``too-large``, ``not-json``, ``not-a-map``, ``invalid``, ``key-mismatch``,
-    ``bad-name``, ``untrusted``, ``name-key-mismatch``, ``name-not-allowed``); the message names the
-    rank and the problem."""
+    ``bad-name``, ``untrusted``, ``name-key-mismatch``, ``name-not-allowed``, ``stale``); the message
+    names the rank and the problem."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
@@ -164,31 +177,64 @@ class RankRecord:
     @classmethod
     def parse(cls, name: str, value: bytes) -> RankRecord:
         """Read a stored record; raises :class:`InvalidRecord` (a :class:`RegistryError`) naming the
-        rank and saying why if it is not one."""
-        if len(value) > _MAX_RECORD:
-            raise InvalidRecord(f"record of rank {name!r} is {len(value)} bytes, over the {_MAX_RECORD} limit", "too-large")
-        try:
-            data = json.loads(value)
-        except (ValueError, RecursionError):
-            raise InvalidRecord(f"record of rank {name!r} is not JSON", "not-json") from None
-        if not isinstance(data, dict):
-            raise InvalidRecord(f"record of rank {name!r} is a {type(data).__name__}, not a map", "not-a-map")
-        try:
-            return cls.from_mapping(data)
-        except KeyMismatch as exc:
-            raise InvalidRecord(f"record of rank {name!r}: {exc}", "key-mismatch") from None
-        except ValueError as exc:
-            raise InvalidRecord(f"record of rank {name!r}: {exc}", "invalid") from None
+        rank and saying why if it is not one. The ``ttl_s`` a registration stores beside the fields
+        (:class:`Registration`) is not part of the record, but a stored one must be valid too."""
+        return _read_stored(name, value)[0]
+
+
+def _read_stored(name: str, value: bytes) -> tuple[RankRecord, int | None]:
+    """A stored record and the ``ttl_s`` it promises (None if it promises none: an older sender,
+    or a value written by hand), or :class:`InvalidRecord`."""
+    if len(value) > _MAX_RECORD:
+        raise InvalidRecord(f"record of rank {name!r} is {len(value)} bytes, over the {_MAX_RECORD} limit", "too-large")
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        raise InvalidRecord(f"record of rank {name!r} is not JSON", "not-json") from None
+    if not isinstance(data, dict):
+        raise InvalidRecord(f"record of rank {name!r} is a {type(data).__name__}, not a map", "not-a-map")
+    try:
+        record = RankRecord.from_mapping(data)
+    except KeyMismatch as exc:
+        raise InvalidRecord(f"record of rank {name!r}: {exc}", "key-mismatch") from None
+    except ValueError as exc:
+        raise InvalidRecord(f"record of rank {name!r}: {exc}", "invalid") from None
+    if "ttl_s" not in data:
+        return record, None
+    ttl = data["ttl_s"]
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= _MAX_TTL:
+        raise InvalidRecord(
+            f"record of rank {name!r}: ttl_s (the seconds after which it may be judged dead if unchanged) must be an int "
+            f"between 1 and {_MAX_TTL}, not {repr(ttl)[:40]}",
+            "invalid",
+        )
+    return record, ttl
+
+
+def _stored_value(record: RankRecord, ttl_s: int) -> bytes:
+    """What a registration writes: the record's fields and the beat it promises, ``ttl_s``."""
+    fields = json.loads(record.to_json())
+    fields["ttl_s"] = ttl_s
+    return json.dumps(fields, sort_keys=True).encode()
 
 
 class Registration:
-    """One published rank record and the thread that keeps it alive and unchanged.
+    """One published rank record and the thread that keeps it alive, unchanged and beating.
+
+    The stored value is the record's fields and ``"ttl_s": N``, a promise to readers: this record is
+    rewritten at least every ``ttl_s/3`` seconds, and one that has not changed for ``ttl_s`` may be
+    judged dead. Every keep-alive round (every ``ttl_s/3``) refreshes the lease, then rewrites the
+    record in one transaction that first checks its ``mod_revision`` is still this registration's
+    latest write. That rewrite is the heartbeat: a lease can be kept alive by anyone who reads its id
+    (etcd 3.4 checks no permission on keep-alive), but only a writer of the key can give the record a
+    new ``mod_revision``, so a dead sender's record stops changing even while its lease lives
+    (:meth:`EtcdRegistry.lookup` then skips it as ``stale``).
 
     Counters: ``renewals`` (keep-alive rounds that found the lease alive and the record as written),
     ``reregistrations`` (the lease was lost, e.g. an etcd outage longer than the TTL: a new lease and
     the record again), ``restorations`` (someone else wrote or deleted the record: written back;
     ``last_foreign`` says what was found). ``mod_revision`` is the revision of this registration's
-    latest write, which the keep-alive compares against.
+    latest write, which the next round compares against.
     """
 
     def __init__(self, client: EtcdClient, key: str, record: RankRecord, ttl_s: int) -> None:
@@ -196,7 +242,7 @@ class Registration:
         self.key = key
         self.record = record
         self.ttl_s = ttl_s
-        self._value = record.to_json()
+        self._value = _stored_value(record, ttl_s)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.renewals = 0
@@ -218,8 +264,9 @@ class Registration:
         return not self._stop.is_set()
 
     def renew(self) -> None:
-        """One keep-alive round now: refresh the lease, then check (and if need be restore) the
-        record with a compare-and-swap. Raises :class:`RegistryError` if etcd could not be asked."""
+        """One keep-alive round now: refresh the lease, then rewrite the record (the heartbeat) in a
+        transaction that checks it first and, if someone else changed or deleted it, restores it.
+        Two etcd calls. Raises :class:`RegistryError` if etcd could not be asked."""
         with self._lock:
             if self._stop.is_set():
                 return
@@ -228,11 +275,10 @@ class Registration:
                 self.reregistrations += 1
                 log.warning("registry: lease of %s was lost; record written again", self.key)
                 return
-            changed = self._client.restore_if_changed(self.key, self._value, mod_revision=self.mod_revision, lease=self.lease)
-            if changed is None:
+            self.mod_revision, found, changed = self._client.rewrite_unless_changed(self.key, self._value, mod_revision=self.mod_revision, lease=self.lease)
+            if not changed:
                 self.renewals += 1
                 return
-            self.mod_revision, found = changed
             self.restorations += 1
             self.last_foreign = _describe(found)
         # Someone with write access to the prefix replaced or deleted this record: a rogue sender or
@@ -240,8 +286,8 @@ class Registration:
         log.warning("registry: %s was changed by someone else (%s); written back", self.key, self.last_foreign)
 
     def _keep_alive(self) -> None:
-        # A third of the TTL between rounds leaves two more tries before the entry expires, and
-        # bounds how long a replaced record stays replaced.
+        # A third of the TTL between rounds leaves two more tries before the entry expires (and
+        # before readers judge the record stale), and bounds how long a replaced record stays replaced.
         interval = max(self.ttl_s / 3.0, 0.2)
         while not self._stop.wait(interval):
             try:
@@ -271,6 +317,74 @@ def _describe(entry: Mapping[str, Any] | None) -> str:
         return "deleted"
     value = unb64(entry.get("value", ""))[:200].decode("utf-8", "replace")
     return f"value {value!r}, lease {entry.get('lease', '0')}, mod_revision {entry.get('mod_revision', '?')}"
+
+
+def _mod_revision(entry: Mapping[str, Any]) -> int | None:
+    """An entry's ``mod_revision`` (the gateway writes int64s as decimal strings), or None."""
+    revision = entry.get("mod_revision")
+    if isinstance(revision, str) and revision.isascii() and revision.isdigit() and len(revision) <= 20:
+        return int(revision)
+    return revision if isinstance(revision, int) and not isinstance(revision, bool) else None
+
+
+class _Sightings:
+    """What one reader saw of each rank's record: its ``mod_revision`` and when, on this process's
+    monotonic clock, that revision was first seen. Never a clock of the writer's or of etcd's.
+
+    A revision read in an answer that came back at ``t0`` and again in one asked for at ``t1`` has
+    existed, unchanged, for at least ``t1 - t0``: that is the age :meth:`age` gives.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._first: dict[str, tuple[int, float]] = {}
+
+    def age(self, name: str, revision: int | None, *, asked: float, answered: float) -> float:
+        """How long the record of ``name`` at ``revision`` has surely been unchanged: 0 the first
+        time this revision is seen (or if it is unknown), else ``asked`` minus when it was first
+        answered."""
+        with self._lock:
+            first = self._first.get(name)
+            if revision is None or first is None or first[0] != revision:
+                if revision is None:
+                    self._first.pop(name, None)
+                else:
+                    self._first[name] = (revision, answered)
+                return 0.0
+            return max(0.0, asked - first[1])
+
+    def keep(self, names: Collection[str]) -> None:
+        """Forget every rank but ``names`` (those still stored), so the table never outgrows the prefix."""
+        with self._lock:
+            for name in [n for n in self._first if n not in names]:
+                del self._first[name]
+
+    def forget(self, name: str) -> None:
+        """``name`` holds no record now."""
+        with self._lock:
+            self._first.pop(name, None)
+
+    def outage(self) -> None:
+        """etcd did not answer this reader: start every clock again at the next sighting. A sender
+        cut off from etcd cannot beat either, and the time this reader could not look is not held
+        against it (after an etcd restart, every rank would otherwise look stale until its next beat)."""
+        with self._lock:
+            self._first.clear()
+
+
+def _check_fresh(name: str, ttl_s: int | None, age: float) -> None:
+    """A record that promises ``ttl_s`` and has not changed for longer is its dead sender's."""
+    if ttl_s is not None and age > ttl_s:
+        raise InvalidRecord(
+            f"record of rank {name!r} has not been rewritten for {age:.1f}s, past the ttl_s of {ttl_s} it promises: "
+            "its sender is gone though its lease is kept alive (waiting for a fresh one)",
+            "stale",
+        )
+
+
+def _log_token(exc: InvalidRecord) -> str:
+    # A stale record's message counts the seconds: log it once per name, not once per poll.
+    return exc.reason if exc.reason == "stale" else str(exc)
 
 
 class EtcdRegistry:
@@ -314,6 +428,8 @@ class EtcdRegistry:
         self.skipped: Counter[str] = Counter()
         #: The entries the latest :meth:`list` skipped: rank name -> why.
         self.last_skipped: dict[str, str] = {}
+        self._logged_skips: dict[str, str] = {}  # what list() last logged per name (_log_token)
+        self._sightings = _Sightings()
 
     def key(self, name: str) -> str:
         """The etcd key of rank ``name``."""
@@ -351,7 +467,8 @@ class EtcdRegistry:
             registration.close()
 
     def get(self, name: str) -> RankRecord | None:
-        """Rank ``name``'s record now, or None if there is none (raises if etcd is unreachable)."""
+        """Rank ``name``'s record now, or None if there is none (raises if etcd is unreachable). One
+        read: it neither judges staleness nor checks keys, as :meth:`lookup` does."""
         value = self.client.get(self.key(name))
         return None if value is None else RankRecord.parse(name, value)
 
@@ -383,6 +500,18 @@ class EtcdRegistry:
         its own key under this name) is skipped with reason ``name-key-mismatch`` and counted, and the
         lookup keeps waiting for the honest record; a name the allow-list lacks is skipped as
         ``name-not-allowed``. ``trusted_keys`` still applies on top: it never widens what a name may carry.
+
+        A record that promises ``ttl_s`` (every :class:`Registration` writes one) and whose
+        ``mod_revision`` this registry has seen unchanged for longer than that, on its own monotonic
+        clock (in this lookup, an earlier one, :meth:`list` or :meth:`watch`), is skipped as
+        ``stale``: its sender stopped rewriting it, though its lease may be kept alive by anyone who
+        reads the lease id. The lookup keeps waiting (a sender back from a pause or an etcd outage
+        beats again within ``ttl_s/3``, and is then returned) and raises :class:`InvalidRecord` with
+        reason ``stale`` at its timeout. When etcd does not answer this registry, every such clock
+        starts again at the next sighting: a sender cut off from etcd could not beat either. A
+        record seen for the first time is not known stale and is returned: the CURVE handshake of
+        ``connect()`` proves the process there alive. A record without ``ttl_s`` (an older sender,
+        or one written by hand) is never judged stale.
         """
         key = self.key(name)
         trusted = None if trusted_keys is None else frozenset(trusted_keys)
@@ -392,26 +521,33 @@ class EtcdRegistry:
         refused: InvalidRecord | None = None  # the latest record skipped (kept across a failed read)
         logged: set[str] = set()
         while True:
-            left = deadline - time.monotonic()
+            asked = time.monotonic()
+            left = deadline - asked
             try:
                 value = self.client.call("/v3/kv/range", {"key": b64(key)}, timeout_s=max(0.05, min(self.client.timeout_s, left)))
             except RegistryUnavailable as exc:
                 last_error = exc
+                self._sightings.outage()
             else:
+                answered = time.monotonic()
                 kvs = value.get("kvs", [])
                 last_error = refused = None
-                if kvs:
+                if not kvs:
+                    self._sightings.forget(name)
+                else:
+                    age = self._sightings.age(name, _mod_revision(kvs[0]), asked=asked, answered=answered)
                     try:
-                        record = RankRecord.parse(name, unb64(kvs[0].get("value", "")))
+                        record, ttl = _read_stored(name, unb64(kvs[0].get("value", "")))
                         if allowed is not None:
                             self._check_named(name, record, allowed)
                         if trusted is not None:
                             self._check_trusted(name, record, trusted)
+                        _check_fresh(name, ttl, age)
                         return record
                     except InvalidRecord as exc:
                         last_error = refused = exc
-                        self._skip(name, exc, warn=str(exc) not in logged)
-                        logged.add(str(exc))
+                        self._skip(name, exc, warn=_log_token(exc) not in logged)
+                        logged.add(_log_token(exc))
             now = time.monotonic()
             if now >= deadline:
                 if refused is not None:  # even if the last read failed: what was found is the problem
@@ -479,40 +615,59 @@ class EtcdRegistry:
     def list(self) -> dict[str, RankRecord]:
         """Every rank record of this namespace, by name. Entries that are not valid records (or whose
         key is no rank name) are skipped: counted in :attr:`skipped`, listed in :attr:`last_skipped`
-        and logged once per problem. If values too large for one answer fill the prefix, it is read
-        one key at a time, so such entries never hide the others."""
+        and logged once per problem. So are ``stale`` records: one that promises ``ttl_s`` and whose
+        ``mod_revision`` this registry has seen unchanged for longer (see :meth:`lookup`; a record seen
+        for the first time, or one without ``ttl_s``, is never stale). If values too large for one
+        answer fill the prefix, it is read one key at a time, so such entries never hide the others."""
+        asked = time.monotonic()
         try:
-            entries = self.client.get_prefix(self.prefix)
+            entries = self._entries()
+        except RegistryUnavailable:
+            self._sightings.outage()
+            raise
+        answered = time.monotonic()
+        names = {key[len(self.prefix) :]: entry for key, entry in entries.items()}
+        self._sightings.keep(names)
+        ranks: dict[str, RankRecord] = {}
+        skipped: dict[str, str] = {}
+        logged: dict[str, str] = {}
+        for name, entry in names.items():
+            try:
+                if not _NAME.match(name):
+                    raise InvalidRecord(f"key {self.prefix + name!r} under {self.prefix} names no rank", "bad-name")
+                age = self._sightings.age(name, _mod_revision(entry), asked=asked, answered=answered)
+                record, ttl = _read_stored(name, unb64(entry.get("value", "")))
+                _check_fresh(name, ttl, age)
+                ranks[name] = record
+            except InvalidRecord as exc:
+                skipped[name] = str(exc)
+                logged[name] = _log_token(exc)
+                self._skip(name, exc, warn=self._logged_skips.get(name) != logged[name])
+        self.last_skipped = skipped
+        self._logged_skips = logged
+        return ranks
+
+    def _entries(self) -> dict[str, dict[str, Any]]:
+        """The prefix's entries (the gateway's, with ``mod_revision``), in one answer if they fit."""
+        try:
+            return self.client.get_prefix_entries(self.prefix)
         except (RegistryUnavailable, RegistryDenied):
             raise
         except RegistryError as exc:
             log.warning("registry: could not read %s in one answer (%s); reading it key by key", self.prefix, exc)
-            entries = self._walk()
-        ranks: dict[str, RankRecord] = {}
-        skipped: dict[str, str] = {}
-        for key, value in entries.items():
-            name = key[len(self.prefix) :]
-            try:
-                if not _NAME.match(name):
-                    raise InvalidRecord(f"key {key!r} under {self.prefix} names no rank", "bad-name")
-                ranks[name] = RankRecord.parse(name, value)
-            except InvalidRecord as exc:
-                skipped[name] = str(exc)
-                self._skip(name, exc, warn=self.last_skipped.get(name) != str(exc))
-        self.last_skipped = skipped
-        return ranks
+            return self._walk()
 
-    def _walk(self) -> dict[str, bytes]:
+    def _walk(self) -> dict[str, dict[str, Any]]:
         """The prefix's entries, one range call per key (an entry always fits in one answer)."""
         start, end = self.prefix.encode(), prefix_end(self.prefix.encode())
-        entries: dict[str, bytes] = {}
+        entries: dict[str, dict[str, Any]] = {}
         for _ in range(_MAX_WALK):
             answer = self.client.call("/v3/kv/range", {"key": b64(start), "range_end": b64(end), "limit": 1})
             kvs = answer.get("kvs", [])
             if not kvs:
                 return entries
             raw = unb64(kvs[0].get("key", ""))
-            entries[raw.decode(errors="replace")] = unb64(kvs[0].get("value", ""))
+            entries[raw.decode(errors="replace")] = kvs[0]
             if not answer.get("more"):
                 return entries
             start = raw + b"\0"  # the next key after this one
@@ -526,6 +681,11 @@ class EtcdRegistry:
         It polls :meth:`list` every ``poll_s`` seconds rather than holding an etcd watch stream: a
         stream must be re-established after every etcd outage, a poll simply resumes. While etcd is
         unreachable nothing is reported (``RankWatch.last_error`` says why).
+
+        A rank whose record went ``stale`` (not rewritten for longer than the ``ttl_s`` it promises:
+        its sender is dead or paused, whoever keeps its lease alive) is reported gone within about
+        ``ttl_s + poll_s`` of its last beat, though its key may still be in etcd; it is reported
+        again (in ``appeared_or_changed``) if it beats again.
         """
         return RankWatch(self, on_change, poll_s)
 

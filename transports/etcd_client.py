@@ -332,9 +332,14 @@ class EtcdClient:
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         """Every key starting with ``prefix`` and its value."""
+        return {key: unb64(kv.get("value", "")) for key, kv in self.get_prefix_entries(prefix).items()}
+
+    def get_prefix_entries(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every key starting with ``prefix`` and the gateway's entry for it (``value`` base64,
+        ``mod_revision``, ``lease``), as :meth:`get_entry` gives one."""
         raw = prefix.encode()
         answer = self.call("/v3/kv/range", {"key": b64(raw), "range_end": b64(prefix_end(raw))})
-        return {unb64(kv["key"]).decode(errors="replace"): unb64(kv.get("value", "")) for kv in answer.get("kvs", [])}
+        return {unb64(kv["key"]).decode(errors="replace"): kv for kv in answer.get("kvs", [])}
 
     def get(self, key: str) -> bytes | None:
         """The value of ``key``, or None if it does not exist."""
@@ -354,21 +359,35 @@ class EtcdClient:
         """Compare-and-swap in one transaction: if ``key`` is still as written at ``mod_revision``,
         change nothing and return None. Otherwise read what it holds and write ``value`` (on ``lease``)
         back; returns ``(the key's new mod_revision, the entry found, None if the key was gone)``."""
+        revision, found, changed = self._swap(key, value, mod_revision=mod_revision, lease=lease, rewrite=False)
+        return (revision, found) if changed else None
+
+    def rewrite_unless_changed(self, key: str, value: bytes, *, mod_revision: int, lease: int = 0) -> tuple[int, dict[str, Any] | None, bool]:
+        """Write ``value`` (on ``lease``) to ``key`` in one transaction that first compares its
+        ``mod_revision``: a heartbeat when the key is still as written at ``mod_revision``, a
+        restoration when someone else changed or deleted it. Returns ``(the key's new mod_revision,
+        the entry found if it had changed, else None; whether it had changed)``: the entry is None
+        too when a changed key was gone."""
+        return self._swap(key, value, mod_revision=mod_revision, lease=lease, rewrite=True)
+
+    def _swap(self, key: str, value: bytes, *, mod_revision: int, lease: int, rewrite: bool) -> tuple[int, dict[str, Any] | None, bool]:
         put: dict[str, Any] = {"key": b64(key), "value": b64(value)}
         if lease:
             put["lease"] = str(lease)
-        answer = self.call(
-            "/v3/kv/txn",
-            {
-                "compare": [{"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
-                "failure": [{"request_range": {"key": b64(key)}}, {"request_put": put}],
-            },
-        )
+        txn: dict[str, Any] = {
+            "compare": [{"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
+            "failure": [{"request_range": {"key": b64(key)}}, {"request_put": put}],
+        }
+        if rewrite:
+            txn["success"] = [{"request_put": put}]
+        answer = self.call("/v3/kv/txn", txn)
+        # The store's revision after the transaction: the put's, when one was made.
+        revision = int(answer.get("header", {}).get("revision", 0))
         if answer.get("succeeded"):
-            return None
+            return revision, None, False
         responses = answer.get("responses") or [{}]
         kvs = responses[0].get("response_range", {}).get("kvs", [])
-        return int(answer.get("header", {}).get("revision", 0)), (kvs[0] if kvs else None)
+        return revision, (kvs[0] if kvs else None), True
 
     # -- leases ------------------------------------------------------------------------------------
 

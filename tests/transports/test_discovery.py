@@ -76,8 +76,8 @@ def test_register_lookup_list_and_close(etcd):
         assert registry.lookup("prefill-0", timeout_s=1.0, trusted_keys=[KEY]) == RECORD
         assert registry.lookup_address("prefill-0", timeout_s=1.0) == "tcp://127.0.0.1:5555"
         assert registry.list() == {"prefill-0": RECORD}
-        # What is stored is exactly the address and the key.
-        assert json.loads(etcd.client().get(registration.key)) == {"address": RECORD.address, "public_key": KEY}
+        # What is stored is exactly the address and the key, and the beat it promises.
+        assert json.loads(etcd.client().get(registration.key)) == {"address": RECORD.address, "public_key": KEY, "ttl_s": 5}
         assert other.list() == {}  # namespaces do not see each other
         # The key carries a lease: revoking it (close) deletes the record at once.
         registration.close()
@@ -245,8 +245,8 @@ def test_nixl_metadata_through_etcd_on_loopback(plain_etcd, workers):
     assert decode.call("digests", [4, 5, 6]) == prefill.call("digests", [1, 2, 3])
     # NIXL's own entries live beside ours in the same etcd.
     keys = etcd.client().get_prefix("/")
-    # Address and CURVE public key (proved in the handshake); nothing else is published.
-    assert json.loads(keys[f"/kvpolicy/loop/ranks/{prefill.key_name}"]).keys() == {"address", "public_key"}
+    # Address and CURVE public key (proved in the handshake), and the beat it promises; nothing else.
+    assert json.loads(keys[f"/kvpolicy/loop/ranks/{prefill.key_name}"]).keys() == {"address", "public_key", "ttl_s"}
     assert any(not k.startswith("/kvpolicy/") for k in keys), sorted(keys)
 
 
@@ -267,7 +267,7 @@ def test_etcd_metadata_needs_the_endpoints(monkeypatch):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["address", "public_key", "x"]), inner, max_size=3),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["address", "public_key", "ttl_s", "x"]), inner, max_size=3),
     max_leaves=10,
 )
 
@@ -279,7 +279,7 @@ json_values = st.recursive(
         json_values.map(lambda v: json.dumps(v).encode()),
         st.fixed_dictionaries(
             {"address": st.builds("tcp://{}:{}".format, st.sampled_from(["h", "10.0.0.1", "[::1]"]), st.integers(0, 70000))},
-            optional={"public_key": st.sampled_from([KEY, "", KEY[:-1]]), "agent": json_values},
+            optional={"public_key": st.sampled_from([KEY, "", KEY[:-1]]), "ttl_s": json_values, "agent": json_values},
         ).map(lambda v: json.dumps(v).encode()),
     )
 )
@@ -502,3 +502,120 @@ def test_a_record_under_another_senders_name_is_never_followed(etcd, workers):
     assert decode.call("wait", "r")["state"] == "completed"
     assert decode.call("digests", [4, 5, 6]) == honest.call("digests", [1, 2, 3])
     assert decode.call("peers") == [name]
+
+
+# -- the beat a record promises (issue 38, item 8) ----------------------------------------------------
+
+HOSTILE_TTLS = [0, -1, 3601, 10**9, "5", 5.5, 5.0, True, False, None, [5], {"s": 5}]
+
+
+@pytest.mark.parametrize("ttl", HOSTILE_TTLS, ids=repr)
+def test_a_stored_ttl_must_be_an_int_from_1_to_3600(ttl):
+    """ttl_s is the promise readers judge staleness by: anything but an int 1..3600 makes the record invalid."""
+    value = json.dumps({"address": RECORD.address, "public_key": KEY, "ttl_s": ttl}).encode()
+    with pytest.raises(InvalidRecord, match=r"record of rank 'r': ttl_s .* must be an int between 1 and 3600, not ") as refused:
+        RankRecord.parse("r", value)
+    assert refused.value.reason == "invalid"
+    for good in (1, 10, 3600):
+        assert RankRecord.parse("r", json.dumps({"address": RECORD.address, "public_key": KEY, "ttl_s": good}).encode()) == RECORD
+
+
+@requires_etcd
+def test_a_hostile_ttl_is_refused_by_lookup_and_list(etcd):
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="ttl")
+    writer = etcd.client()
+    names = {f"t{i}": ttl for i, ttl in enumerate([0, -1, 10**9, "5", 5.5, True])}
+    for name, ttl in names.items():
+        writer.put(registry.key(name), json.dumps({"address": RECORD.address, "public_key": KEY, "ttl_s": ttl}).encode())
+    with registry:
+        registry.register("good", RECORD, ttl_s=5)
+        assert registry.list() == {"good": RECORD}
+        assert set(registry.last_skipped) == set(names)
+        assert all("ttl_s" in why and "must be an int between 1 and 3600" in why for why in registry.last_skipped.values())
+        for name in ("t0", "t3"):
+            with pytest.raises(InvalidRecord, match=f"no usable record of rank '{name}' .* ttl_s") as refused:
+                registry.lookup(name, timeout_s=0.3)
+            assert refused.value.reason == "invalid"
+
+
+@requires_etcd
+def test_only_a_record_that_promises_a_ttl_is_judged_stale(etcd):
+    """Records written by hand (no lease, nobody rewrites them): one that promises ttl_s=1 goes stale
+    once this reader has seen it unchanged for a second; one without ttl_s (an older sender's) never
+    does; the first sight of a stale one is not known stale. A rewrite makes it fresh again."""
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="promise")
+    writer = etcd.client()
+    promised = json.dumps({"address": RECORD.address, "public_key": KEY, "ttl_s": 1}).encode()
+    writer.put(registry.key("promised"), promised)
+    writer.put(registry.key("older"), RECORD.to_json())
+    assert registry.list() == {"promised": RECORD, "older": RECORD}  # first sight
+    wait_until(lambda: "promised" not in registry.list())
+    assert registry.skipped["stale"] >= 1 and "past the ttl_s of 1" in registry.last_skipped["promised"]
+    assert registry.lookup("older", timeout_s=0.5) == RECORD
+    with pytest.raises(InvalidRecord) as stale:
+        registry.lookup("promised", timeout_s=0.3)
+    assert stale.value.reason == "stale"
+    assert EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="promise").lookup("promised", timeout_s=0.3) == RECORD
+    timer = threading.Timer(0.3, lambda: writer.put(registry.key("promised"), promised))  # the same bytes: a beat
+    timer.start()
+    assert registry.lookup("promised", timeout_s=10.0) == RECORD
+    timer.join(5)
+    assert registry.list() == {"promised": RECORD, "older": RECORD}
+    writer.delete(registry.key("promised"))
+    assert registry.list() == {"older": RECORD}
+
+
+@requires_etcd
+def test_each_keep_alive_round_is_a_write_checked_by_its_revision(etcd):
+    """The heartbeat: every round gives the record a new mod_revision (the keep-alive's own write, on
+    its lease, counted as a renewal), and a record someone else changed is still restored, once."""
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="beat")
+    with registry:
+        registration = registry.register("prefill-0", RECORD, ttl_s=1)
+        reader = etcd.client()
+        first = int(reader.get_entry(registration.key)["mod_revision"])
+        assert first == registration.mod_revision
+        wait_until(lambda: registration.renewals >= 2)
+        entry = reader.get_entry(registration.key)
+        assert int(entry["mod_revision"]) > first and int(entry["lease"]) == registration.lease
+        assert registration.restorations == 0
+        # The client call alone: a beat when unchanged, a restoration (with what was found) when not.
+        key, value = "/kvpolicy/beat/other", b"v"
+        revision = reader.put(key, value)
+        beat, found, changed = reader.rewrite_unless_changed(key, value, mod_revision=revision)
+        assert beat > revision and found is None and not changed
+        reader.put(key, b"rogue")
+        restored, found, changed = reader.rewrite_unless_changed(key, value, mod_revision=beat)
+        assert changed and found is not None and found["value"] == "cm9ndWU=" and reader.get(key) == value
+        assert int(reader.get_entry(key)["mod_revision"]) == restored
+        reader.delete(key)
+        _, found, changed = reader.rewrite_unless_changed(key, value, mod_revision=restored)
+        assert changed and found is None and reader.get(key) == value
+        assert reader.restore_if_changed(key, value, mod_revision=int(reader.get_entry(key)["mod_revision"])) is None
+
+
+@requires_etcd
+def test_an_etcd_outage_longer_than_the_ttl_makes_no_rank_look_dead(etcd):
+    """While etcd is down no sender can beat, so the time a reader could not look is not held against
+    them: after a restart the watch does not report a live rank gone while it waits for its next beat."""
+    registry = EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="outage-beat", timeout_s=0.5)
+    events: list[tuple[dict, set]] = []
+    watch = registry.watch(lambda changed, gone: events.append((changed, gone)), poll_s=0.05)
+    try:
+        registration = registry.register("prefill-0", RECORD, ttl_s=1)
+        wait_until(lambda: ({"prefill-0": RECORD}, set()) in events)
+        etcd.stop()
+        stopped = time.monotonic()
+        wait_until(lambda: bool(watch.last_error) and time.monotonic() > stopped + 2.0)  # twice the TTL
+        with registration._lock:  # the sender's next beat waits until the watch has looked a while
+            etcd.start()
+            wait_until(lambda: not watch.last_error)
+            recovered = time.monotonic()
+            wait_until(lambda: time.monotonic() > recovered + 0.5)  # ten polls
+        renewals = registration.renewals
+        wait_until(lambda: registration.renewals > renewals + 1)
+        assert not any(gone for _, gone in events), events
+        assert registry.lookup("prefill-0", timeout_s=1.0) == RECORD
+    finally:
+        watch.stop()
+        registry.close()

@@ -1,15 +1,19 @@
-"""Attacks on the registry (issue 11, items 4 and 5; issue 26, items 1 and 2), each against a real etcd
-serving TLS only, with client certificates required and etcd's auth on: strangers, a wrong role, a
-wrong CA, an expired token, a hijacked rank record, a record whose address carries another key than
-the one it names, and what each side's role (prefill, decode, one sender) may still do."""
+"""Attacks on the registry (issue 11, items 4 and 5; issue 26, items 1 and 2; issue 38, item 8), each
+against a real etcd serving TLS only, with client certificates required and etcd's auth on: strangers,
+a wrong role, a wrong CA, an expired token, a hijacked rank record, a record whose address carries
+another key than the one it names, a dead sender's lease kept alive by a reader, and what each side's
+role (prefill, decode, one sender) may still do."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -275,7 +279,7 @@ def test_only_the_address_and_key_are_published(etcd):
     with EtcdRegistry(etcd.endpoint, security=etcd.security, namespace="minimal") as registry:
         registration = registry.register("prefill-0", info, ttl_s=5)
         stored = json.loads(etcd.client().get(registration.key))
-        assert stored == {"address": info["address"], "public_key": GENUINE_KEY}
+        assert stored == {"address": info["address"], "public_key": GENUINE_KEY, "ttl_s": 5}  # and the beat it promises
 
 
 def test_secure_etcd_across_two_namespaces():
@@ -413,19 +417,33 @@ def test_the_decode_role_looks_up_but_cannot_register_change_or_revoke(split_etc
 
 def test_what_a_read_only_role_can_still_do_with_leases(split_etcd):
     """etcd 3.4 checks no permission on lease grant and keep-alive, and a reader sees each record's
-    lease id: a decode user can keep a dead sender's record alive past its TTL (the handshake to
-    that address then fails: a delay, not a redirect) and can grant leases. Revoking needs write
-    permission on the lease's keys, so it cannot take a live record away."""
+    lease id: a decode user can still keep a dead sender's record in etcd past its TTL, and grant
+    leases. That no longer keeps the rank live for readers: the record stops changing when its
+    sender stops rewriting it, and a reader skips it once it is unchanged past the ttl_s it promises
+    (``stale``). Revoking needs write permission on the lease's keys, so it cannot take a live record away."""
     prefill = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["prefill"], namespace="split")
     decode = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["decode"], namespace="split")
     with prefill:
-        registration = prefill.register("leased", GENUINE, ttl_s=2)
+        registration = prefill.register("leased", GENUINE, ttl_s=1)
         lease = int(decode.client.get_entry(registration.key)["lease"])
         assert lease == registration.lease
-        assert decode.client.keepalive(lease) > 0
         assert decode.client.grant(5) > 0
         with pytest.raises(RegistryDenied, match="permission denied"):
             decode.client.revoke(lease)
+        assert decode.list()["leased"] == GENUINE
+        # The sender dies without clean-up (its keep-alive thread stops; nobody revokes the lease),
+        # and the decode user keeps the lease alive: each check below is a keep-alive too.
+        registration._stop.set()
+        registration._thread.join(5)
+        try:
+            wait_until(lambda: decode.client.keepalive(lease) > 0 and "leased" not in decode.list())
+            assert "has not been rewritten" in decode.last_skipped["leased"]
+            assert int(decode.client.get_entry(registration.key)["lease"]) == lease  # the key is still there
+            with pytest.raises(InvalidRecord, match="past the ttl_s of 1 it promises") as stale:
+                decode.lookup("leased", timeout_s=0.5)
+            assert stale.value.reason == "stale"
+        finally:
+            prefill.client.revoke(lease)
 
 
 def test_per_sender_users_confine_each_sender_to_its_own_record(split_etcd):
@@ -505,3 +523,167 @@ def test_a_lookup_bound_to_the_allow_list_follows_a_name_only_to_its_own_key(etc
         attacker.put(plain.key("prefill-0"), ROGUE.to_json())
         with pytest.raises(InvalidRecord, match="name-key-mismatch|allow-list"):
             plain.lookup("prefill-0", timeout_s=0.4, allowed=allowed)
+
+
+# -- a dead sender's lease kept alive by a reader (issue 38, item 8) -------------------------------
+
+#: A sender in a process of its own: registers one record with the prefill user's settings from the
+#: environment, prints its lease id, then beats until it is killed.
+SENDER = (
+    "import sys, time\n"
+    "from kvpolicy.transports.discovery import EtcdRegistry, RankRecord\n"
+    "endpoint, name, address, key, ttl_s = sys.argv[1:]\n"
+    "registry = EtcdRegistry(endpoint, namespace='split')\n"
+    "registration = registry.register(name, RankRecord(address, key), ttl_s=int(ttl_s))\n"
+    "print(registration.lease, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@contextlib.contextmanager
+def sender_process(server: EtcdServer, name: str, record: RankRecord, ttl_s: int):
+    """A sender registered from a child process as the prefill user: yields ``(process, lease)``;
+    killed at the end whatever happened."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVPOLICY_ETCD_")}
+    command = [sys.executable, "-c", SENDER, server.endpoint, name, record.address, record.public_key or "", str(ttl_s)]
+    child = subprocess.Popen(command, env={**clean, **server.client_env("prefill")}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        line = child.stdout.readline()
+        assert line.strip().isdigit(), f"the sender did not register: {line!r} {child.stderr.read()[-2000:] if child.poll() is not None else ''}"
+        yield child, int(line)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGCONT)  # a stopped child must run to die cleanly
+            child.kill()
+        child.wait(10)
+        child.stdout.close()  # type: ignore[union-attr]
+        child.stderr.close()  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def lease_kept_alive(client: EtcdClient, lease: int, every_s: float = 0.3):
+    """The attack: keep ``lease`` alive every ``every_s`` from a thread; yields the TTLs etcd answered."""
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def keep() -> None:
+        while not stop.wait(every_s):
+            with contextlib.suppress(RegistryError):
+                answers.append(client.keepalive(lease))
+
+    thread = threading.Thread(target=keep, name="test-lease-keeper", daemon=True)
+    thread.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+class Events:
+    """What a watch reported, each with the monotonic time it arrived."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, dict[str, RankRecord], set[str]]] = []
+
+    def __call__(self, changed: dict[str, RankRecord], gone: set[str]) -> None:
+        self.seen.append((time.monotonic(), dict(changed), set(gone)))
+
+    def appeared(self, name: str, after: float = 0.0) -> float | None:
+        return next((t for t, changed, _ in self.seen if name in changed and t >= after), None)
+
+    def gone(self, name: str, after: float = 0.0) -> float | None:
+        return next((t for t, _, gone in self.seen if name in gone and t >= after), None)
+
+
+def test_a_dead_senders_lease_kept_alive_by_the_decode_user_no_longer_keeps_it_live(split_etcd):
+    """The attack end to end: a sender registers from its own process (ttl_s=2) and is SIGKILLed while
+    the read-only decode user keeps its lease alive every 0.3 s. The key stays in etcd long past its
+    TTL (the lease attack itself still works), yet the decode side's watch reports the rank gone
+    within ttl_s and a poll of the kill, a lookup refuses it as ``stale`` and list() leaves it out.
+    A live sender watched over the same window is never reported gone."""
+    ttl_s, poll_s = 2, 0.1
+    prefill = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["prefill"], namespace="split")
+    decode = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["decode"], namespace="split")
+    events = Events()
+    with prefill, sender_process(split_etcd, "beat-dead", GENUINE, ttl_s) as (child, lease):
+        live = prefill.register("beat-live", ROGUE, ttl_s=ttl_s)
+        watch = decode.watch(events, poll_s=poll_s)
+        try:
+            wait_until(lambda: events.appeared("beat-dead") is not None and events.appeared("beat-live") is not None)
+            with lease_kept_alive(decode.client, lease) as kept:
+                renewals = live.renewals
+                child.kill()
+                killed = time.monotonic()
+                child.wait(10)
+                wait_until(lambda: events.gone("beat-dead") is not None, timeout_s=ttl_s + poll_s + 10)
+                gone_after = events.gone("beat-dead") - killed  # type: ignore[operator]
+                print(f"\nkill -> reported gone: {gone_after:.2f}s (ttl_s={ttl_s}, poll_s={poll_s})")
+                # The protocol's bound: the last beat is at most ttl_s/3 before the kill, the rank is gone
+                # once its revision is ttl_s old on the reader's clock, plus a poll; the rest is slack.
+                assert gone_after < ttl_s + poll_s + 2.0
+                with pytest.raises(InvalidRecord, match="'beat-dead' has not been rewritten for .* past the ttl_s of 2") as stale:
+                    decode.lookup("beat-dead", timeout_s=1.0)
+                assert stale.value.reason == "stale" and decode.skipped["stale"] >= 1
+                ranks = decode.list()
+                assert "beat-dead" not in ranks and ranks["beat-live"] == ROGUE
+                assert "has not been rewritten" in decode.last_skipped["beat-dead"]
+                # A reader that never saw the record before takes it at first sight (the handshake
+                # then fails), and knows it stale once it has watched it unchanged for ttl_s.
+                newcomer = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["decode"], namespace="split")
+                assert newcomer.lookup("beat-dead", timeout_s=1.0) == GENUINE
+                wait_until(lambda: "beat-dead" not in newcomer.list(), timeout_s=ttl_s + 5)
+                with pytest.raises(InvalidRecord) as late:
+                    newcomer.lookup("beat-dead", timeout_s=0.5)
+                assert late.value.reason == "stale"
+                wait_until(lambda: time.monotonic() > killed + 3 * ttl_s, timeout_s=3 * ttl_s + 1)
+                entry = decode.client.get_entry(decode.key("beat-dead"))
+                assert entry is not None and int(entry["lease"]) == lease, "the lease attack stopped working: rethink this test"
+                assert kept and all(ttl > 0 for ttl in kept)
+                assert "beat-dead" not in decode.list()
+            assert events.gone("beat-live") is None  # no false staleness for a sender that beats
+            assert live.renewals >= renewals + 3 and live.restorations == 0 and not live.last_error
+            assert events.appeared("beat-dead", after=killed) is None
+        finally:
+            watch.stop()
+            with contextlib.suppress(RegistryError):
+                prefill.client.revoke(lease)
+
+
+def test_a_sender_that_stops_beating_is_stale_and_back_when_it_beats_again(split_etcd):
+    """A sender process paused (SIGSTOP) while its lease is kept alive: readers see it stale (the
+    watch reports it gone, a lookup waits); resumed (SIGCONT), it beats within ttl_s/3 and the
+    waiting lookup returns it, and the watch reports it again."""
+    ttl_s, poll_s = 2, 0.1
+    decode = EtcdRegistry(split_etcd.endpoint, security=split_etcd.users["decode"], namespace="split")
+    events = Events()
+    with sender_process(split_etcd, "beat-paused", GENUINE, ttl_s) as (child, lease):
+        watch = decode.watch(events, poll_s=poll_s)
+        try:
+            wait_until(lambda: events.appeared("beat-paused") is not None)
+            with lease_kept_alive(decode.client, lease):
+                os.kill(child.pid, signal.SIGSTOP)
+                paused = time.monotonic()
+                wait_until(lambda: events.gone("beat-paused") is not None, timeout_s=ttl_s + poll_s + 10)
+                found: list[RankRecord | BaseException] = []
+
+                def look() -> None:
+                    try:
+                        found.append(decode.lookup("beat-paused", timeout_s=30.0))
+                    except BaseException as exc:  # noqa: BLE001  (handed to the test thread)
+                        found.append(exc)
+
+                waiter = threading.Thread(target=look)
+                skipped = decode.skipped["stale"]
+                waiter.start()
+                wait_until(lambda: decode.skipped["stale"] > skipped + 1)  # it is waiting, skipping the stale record
+                assert not found
+                os.kill(child.pid, signal.SIGCONT)
+                resumed = time.monotonic()
+                waiter.join(30)
+                assert found == [GENUINE]
+                print(f"\npaused {resumed - paused:.2f}s; waiting lookup returned {time.monotonic() - resumed:.2f}s after SIGCONT")
+                wait_until(lambda: events.appeared("beat-paused", after=resumed) is not None)
+        finally:
+            watch.stop()
