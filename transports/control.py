@@ -61,6 +61,7 @@ _BATCHABLE = frozenset(("request", "cancel", "result", "offer", "release"))
 MAX_TIMEOUT_MS = 86_400_000
 """Longest timeout a request or offer may carry (a day): beyond it a figure is forged, not chosen."""
 _MAX_COUNT = 1 << 53
+"""Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
 
 #: A proof nonce as it travels (in the NIXL notification and the echo): 32 lowercase hex digits. A
 #: challenge's digest has the same form.
@@ -73,7 +74,7 @@ def nonce_digest(nonce: str) -> str:
     is the one its sender sent it."""
     return hashlib.blake2b(nonce.encode("ascii"), digest_size=16).hexdigest()
 
-"""Bound of byte counts and microseconds in a result: beyond it a figure is forged, not measured."""
+
 _INT_ONLY = frozenset((int,))  # issuperset(map(type, xs)): all exact ints, in C (no frame per item)
 
 
