@@ -395,8 +395,8 @@ class Connections:
             elif isinstance(message, control.Challenge) and conn.peer is None:
                 self._on_challenge(conn, message)
             elif isinstance(message, control.Refused) and conn.peer is None:
-                # The sender is busy (its metadata probes are full): fail this connect now, with its
-                # hint, rather than at the connect timeout.
+                # The sender is busy (see control.Refused): fail this connect now, with its hint,
+                # rather than at the connect timeout.
                 if not conn.future.done():
                     conn.future.set_exception(
                         ConnectionRefusedError(f"the sender at {conn.endpoint} is busy ({message.reason}); retry in about {message.retry_after_ms} ms")

@@ -205,10 +205,11 @@ class _RefusedFields(NamedTuple):
 
 
 class Refused(_RefusedFields):
-    """Sender -> receiver, instead of a welcome: the hello was turned away for now (the sender is busy
-    proving other peers' metadata), so the receiver's connect fails at once with the reason and a
-    retry hint instead of waiting for its timeout. Only ``busy`` refusals are answered: a hello
-    refused for what it is (a wrong agent name, metadata that failed the probe) gets silence."""
+    """Sender -> receiver, instead of a welcome: the hello was turned away for now (the sender's
+    metadata probe is full, its key has as many hellos in flight or per second as it may, or metadata
+    reads are), so the receiver's connect fails at once with the reason and a retry hint instead of
+    waiting for its timeout. Only ``busy`` refusals are answered: a hello refused for what it is (a
+    wrong agent name, metadata that failed the probe) gets silence."""
 
     __slots__ = ()
     kind: ClassVar[Literal["refused"]] = "refused"

@@ -343,7 +343,7 @@ class Remotes:
         if bucket is None:
             bucket = self._hellos[key] = Bucket(limits.hellos_per_s, limits.hello_burst)
         if not bucket.take():
-            return self._refuse(key, rank, "too many hellos")
+            return self._busy(identity, key, rank, f"busy: too many hellos of this key (hellos_per_s {limits.hellos_per_s:g}, burst {limits.hello_burst})")
         if rank.num_blocks > limits.max_peer_blocks:
             return self._refuse(key, rank, f"pool of {rank.num_blocks} blocks > max_peer_blocks {limits.max_peer_blocks}")
         if not self.local.plaintext and not agent_carries_key(rank.agent, key):
@@ -358,9 +358,9 @@ class Remotes:
         elif not os.environ.get("NIXL_ETCD_ENDPOINTS"):
             self._refuse(key, rank, "no NIXL metadata in the hello and no NIXL_ETCD_ENDPOINTS to read it from")
         elif key in self._fetching:  # (busy: told, with a retry hint, rather than left to its timeout)
-            self._refuse_verdict(identity, key, rank, "busy: a metadata read for this key is already in flight")
+            self._busy(identity, key, rank, "busy: a metadata read for this key is already in flight")
         elif len(self._fetching) >= limits.fetches:
-            self._refuse_verdict(identity, key, rank, f"busy: {limits.fetches} metadata reads already in flight")
+            self._busy(identity, key, rank, f"busy: {limits.fetches} metadata reads already in flight")
         else:
             self._start_fetch(identity, key, rank, segments)
 
@@ -424,7 +424,7 @@ class Remotes:
         if in_flight >= self.local.limits.unproved_per_peer:
             # Ranks that share a key may connect at once: each waits its turn (a busy answer, no ban),
             # and none ends another's proof. What a key's unproved hellos cost anyone stays bounded.
-            return self._refuse_verdict(identity, key, rank, f"busy: {in_flight} hellos of this key are being proved (unproved_per_peer)")
+            return self._busy(identity, key, rank, f"busy: {in_flight} hellos of this key are being proved (unproved_per_peer)")
         earlier = self._probing.pop(identity, None)
         if earlier is not None:  # superseded by this hello: its child ends now (it no longer costs anyone a connection)
             earlier.release()
@@ -484,17 +484,21 @@ class Remotes:
         if token.echo is not None:
             self._on_proof(identity, key, control.Proof(token.echo))
 
+    def _busy(self, identity: bytes, key: bytes, rank: control.RankInfo, why: str) -> None:
+        """Refuse a hello that cannot be taken now (``why`` starts with ``busy``: the probe's slots,
+        its key's hellos in flight or per second, metadata reads). Not a verdict on the peer: it is
+        told, with a retry hint, instead of being left to its connect timeout."""
+        refused = control.Refused(why[:500], BUSY_RETRY_MS)
+        try:
+            self.router.send_multipart([identity, control.encode(refused)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # its queue is full or it is gone: it times out as before
+        self._refuse(key, rank, why)
+
     def _refuse_verdict(self, identity: bytes, key: bytes, rank: control.RankInfo, verdict: str) -> None:
-        """Refuse a hello whose metadata the probe refused, or that cannot be taken now (``busy``: the
-        probe's slots, its key's hellos in flight, metadata reads)."""
+        """Refuse a hello whose metadata the probe refused, or could not take now (``busy``)."""
         if verdict.startswith("busy"):
-            # Not a verdict on the peer: tell it, with a hint, instead of leaving it to its timeout.
-            refused = control.Refused(verdict[:500], BUSY_RETRY_MS)
-            try:
-                self.router.send_multipart([identity, control.encode(refused)], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass  # its queue is full or it is gone: it times out as before
-            return self._refuse(key, rank, f"its NIXL metadata could not be probed now: {verdict}")
+            return self._busy(identity, key, rank, f"{verdict} (the sender's metadata probe)")
         if "crashed" in verdict:
             # An honest peer never sends such metadata, and a crash that did not happen in the
             # child may happen here (it depends on memory layout): the key waits before trying again.

@@ -246,3 +246,21 @@ def test_ranks_sharing_one_key_connect_at_once(workers):
         rank.call("receive", f"to-{i}", [9])
         assert rank.call("wait", f"to-{i}")["state"] == "completed"
         assert rank.call("digests", [9]) == prefill.call("digests", [i + 1])
+
+
+def test_a_hello_over_its_keys_rate_is_told_to_retry_instead_of_timing_out(workers):
+    """A key's hellos are limited per second (``hellos_per_s``, ``hello_burst``): one more is answered
+    busy with a retry hint, so the connect fails at once and says why (it used to be dropped in
+    silence, and the connect waited for its timeout, blaming the allow-list); after a pause the
+    key connects again."""
+    prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1, limits={"hellos_per_s": 0.5, "hello_burst": 2})
+    decode = workers("decode", layout=LAYOUT.to_wire(), seed=2, timeout_s=30.0)
+    for _ in range(2):  # the burst
+        assert decode.call("connect", prefill.address) == prefill.key_name
+        decode.call("disconnect", prefill.key_name)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"ConnectionRefusedError: .* is busy \(busy: too many hellos of this key .*retry in about 500 ms"):
+        decode.call("connect", prefill.address)
+    assert time.monotonic() - started < 10.0  # at once, not at the 30 s connect timeout
+    time.sleep(2.2)  # a token again (0.5 per second)
+    assert decode.call("connect", prefill.address) == prefill.key_name
