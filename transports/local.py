@@ -141,6 +141,25 @@ class Limits:
             raise ValueError(f"Limits.max_peer_blocks may be at most {control.MAX_POOL_BLOCKS}")
 
 
+class Bucket:
+    """A token bucket: ``rate`` per second, at most ``burst`` at once."""
+
+    __slots__ = ("rate", "burst", "tokens", "at")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst, self.tokens, self.at = rate, float(burst), float(burst), time.monotonic()
+
+    def take(self, n: int = 1) -> bool:
+        """Take ``n`` tokens (all or none)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < n:
+            return False
+        self.tokens -= n
+        return True
+
+
 class LocalSide:
     """The local pool, NIXL agent, identity, allowed peers, limits, counters and loop."""
 

@@ -232,7 +232,7 @@ def test_hellos_past_the_limit_of_metadata_reads_in_flight_are_refused_and_the_f
     name, secret = new_key("fetcher0", KEYS_DIR)
     first = dealer(p.address, secret)
     first.send(control.encode(control.Hello(fake_rank(own_agent(secret, name)))))
-    eventually(lambda: on_loop(p, lambda: len(p._remotes._fetching)) == 1)
+    eventually(lambda: on_loop(p, lambda: len(p._remotes.admission._fetching)) == 1)
     again = dealer(p.address, secret)  # another rank of the same key
     other, own = allowed_dealer(p.address, "fetcher1")  # another key, past the limit
     try:
@@ -240,7 +240,7 @@ def test_hellos_past_the_limit_of_metadata_reads_in_flight_are_refused_and_the_f
             sock.send(control.encode(control.Hello(fake_rank(agent))))
             answer = recv(sock, 5000)
             assert isinstance(answer, control.Refused) and answer.reason.startswith("busy") and answer.retry_after_ms > 0, answer
-        fetching = on_loop(p, lambda: len(p._remotes._fetching))
+        fetching = on_loop(p, lambda: len(p._remotes.admission._fetching))
         assert (fetching, p.stats["refused_hellos"]) == (1, 2)
         assert recv(first, 300) is None  # the first one's read goes on
     finally:
@@ -271,7 +271,7 @@ def test_a_metadata_read_that_cannot_start_refuses_its_hello_and_frees_its_slot(
         for attempt in (1, 2):  # the same key again: not "a read for this key is already in flight"
             sock.send(control.encode(control.Hello(fake_rank(own))))
             eventually(lambda: p.stats["refused_hellos"] == attempt, timeout_s=10, seen=lambda: p.stats["refused_hellos"])
-            assert on_loop(p, lambda: len(p._remotes._fetching)) == 0
+            assert on_loop(p, lambda: len(p._remotes.admission._fetching)) == 0
     finally:
         sock.close(0)
 
