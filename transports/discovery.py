@@ -34,12 +34,16 @@ The client speaks etcd's v3 gRPC-JSON gateway with the standard library
 (:mod:`~kvpolicy.transports.etcd_client`). Every call has a finite timeout; an unreachable etcd raises
 :class:`RegistryUnavailable`, a refusal :class:`RegistryDenied`. A registration survives an etcd
 outage: its keep-alive retries, and if the lease was lost it grants a new one and writes the record again.
+
+The roles live in their own modules, and every name is importable from here: :mod:`.records` (the
+record, its stored form and how a stored value is checked), :mod:`.registration` (the writer's
+keep-alive thread), :mod:`.liveness` (a reader's staleness clocks) and
+:mod:`~kvpolicy.transports.etcd_client` (the client). This module is the reader: :class:`EtcdRegistry`
+and :class:`RankWatch`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
@@ -47,7 +51,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .etcd_client import (
@@ -60,53 +63,21 @@ from .etcd_client import (
     prefix_end,
     unb64,
 )
-from .addresses import split_address
+from .liveness import Sightings, check_fresh, mod_revision
+from .records import InvalidRecord, KeyMismatch, RankRecord, address_key, read_stored, short_key
+from .registration import Registration
 
 log = logging.getLogger("kvpolicy.transports")
 
-__all__ = [  # the client's names too: callers import them from here
-    "EtcdClient", "EtcdRegistry", "EtcdSecurity", "InvalidRecord", "RankRecord", "RankWatch", "Registration",
-    "RegistryDenied", "RegistryError", "RegistryUnavailable", "nixl_metadata_key",
+__all__ = [  # the client's, the record's and the writer's names too: callers import them from here
+    "EtcdClient", "EtcdRegistry", "EtcdSecurity", "InvalidRecord", "KeyMismatch", "RankRecord", "RankWatch",
+    "Registration", "RegistryDenied", "RegistryError", "RegistryUnavailable", "address_key", "nixl_metadata_key",
 ]  # fmt: skip
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
-_ADDRESS = re.compile(r"^tcp://[^\s/]{1,253}:(\d{1,5})$")
-#: A CURVE public key as ZeroMQ prints it: 40 characters of Z85.
-_Z85_KEY = re.compile(r"^[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40}$")
-#: A record is a small JSON map; anything larger in the store is not ours and is refused.
-_MAX_RECORD = 4 << 10
 #: When one range of the whole prefix cannot be read (oversized values push the answer past the
 #: client's limit), :meth:`EtcdRegistry.list` reads it one key at a time, at most this many keys.
 _MAX_WALK = 4096
-#: The longest lease, and so the longest beat a stored record may promise (``ttl_s``).
-_MAX_TTL = 3600
-
-
-class InvalidRecord(RegistryError):
-    """What is stored under a rank's key is not a record this registry accepts. ``reason`` says why
-    in one word (``too-large``, ``not-json``, ``not-a-map``, ``invalid``, ``key-mismatch``,
-    ``bad-name``, ``untrusted``, ``name-key-mismatch``, ``name-not-allowed``, ``stale``); the message
-    names the rank and the problem."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class KeyMismatch(ValueError):
-    """A rank address carries one CURVE key and the record's ``public_key`` names another."""
-
-
-def address_key(address: str) -> str | None:
-    """The CURVE public key (Z85) that a control address carries, as ``connect()`` reads it
-    (:func:`~kvpolicy.transports.addresses.split_address`), or None; ``ValueError`` if the part before
-    ``@`` is not a 32-byte key in hex."""
-    _, key = split_address(address)
-    return None if key is None else key.decode("ascii")
-
-
-def _short(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def nixl_metadata_key(agent: str) -> str:
@@ -115,271 +86,6 @@ def nixl_metadata_key(agent: str) -> str:
     it with a client of its own that has neither TLS nor etcd users: such an etcd hands one-sided
     access to anyone who can reach it. Deployments carry the metadata over the control plane."""
     return f"{os.environ.get('NIXL_ETCD_NAMESPACE', '/nixl/agents/')}/{agent}/metadata"
-
-
-@dataclass(frozen=True)
-class RankRecord:
-    """What a sender publishes about itself: ``address``, where its control socket listens
-    (``tcp://host:port``, or ``tcp://HEX@host:port`` carrying its key as a transceiver's ``address``
-    does), and ``public_key``, the CURVE public key (Z85, 40 characters) it proves in the control-plane
-    handshake. Nothing else: no agent metadata, pool address or remote key.
-
-    ``connect()`` uses the key the address carries, so when it carries one, ``public_key`` must be
-    that same key (``KeyMismatch``, a ``ValueError``, otherwise) and is filled from it when omitted:
-    the key a reader checks is always the key it will connect with."""
-
-    address: str
-    public_key: str | None = None
-
-    def __post_init__(self) -> None:
-        match = _ADDRESS.match(self.address) if isinstance(self.address, str) else None
-        if match is None or not 0 < int(match.group(1)) < 65536:
-            raise ValueError(f"rank address {self.address!r} must be tcp://host:port")
-        if self.public_key is not None and not (isinstance(self.public_key, str) and _Z85_KEY.match(self.public_key)):
-            raise ValueError("rank public_key must be a CURVE public key in Z85 (40 characters), as `kvpolicy keys` writes")
-        try:
-            carried = address_key(self.address)
-        except ValueError as exc:
-            raise ValueError(f"rank {exc}") from None
-        if carried is None:
-            return
-        if self.public_key is None:
-            object.__setattr__(self, "public_key", carried)
-        elif self.public_key != carried:
-            raise KeyMismatch(
-                f"rank address carries public key {_short(carried)} but public_key names {_short(self.public_key)}: "
-                "connect() would use the address's key, not the one checked (a forged record?)"
-            )
-
-    @property
-    def address_key(self) -> str | None:
-        """The CURVE public key (Z85) the address carries, which ``connect()`` uses, or None."""
-        return address_key(self.address)
-
-    @property
-    def fingerprint(self) -> str:
-        """A short name of the public key for logs (first 16 hex digits of its SHA-256), or ''."""
-        return hashlib.sha256(self.public_key.encode()).hexdigest()[:16] if self.public_key else ""
-
-    @classmethod
-    def from_mapping(cls, info: Mapping[str, Any]) -> RankRecord:
-        """The publishable part of ``info`` (e.g. a transceiver's ``rank_record()``): its
-        ``address`` and ``public_key``; every other field stays private."""
-        if not isinstance(info, Mapping):
-            raise ValueError(f"a rank record is a map with an 'address', not a {type(info).__name__}")
-        return cls(info.get("address"), info.get("public_key"))  # type: ignore[arg-type]  # __post_init__ checks both fields and raises a ValueError naming the bad one
-
-    def to_json(self) -> bytes:
-        """The bytes stored in etcd."""
-        fields = {"address": self.address} if self.public_key is None else {"address": self.address, "public_key": self.public_key}
-        return json.dumps(fields, sort_keys=True).encode()
-
-    @classmethod
-    def parse(cls, name: str, value: bytes) -> RankRecord:
-        """Read a stored record; raises :class:`InvalidRecord` (a :class:`RegistryError`) naming the
-        rank and saying why if it is not one. The ``ttl_s`` a registration stores beside the fields
-        (:class:`Registration`) is not part of the record, but a stored one must be valid too."""
-        return _read_stored(name, value)[0]
-
-
-def _read_stored(name: str, value: bytes) -> tuple[RankRecord, int | None]:
-    """A stored record and the ``ttl_s`` it promises (None if it promises none: an older sender,
-    or a value written by hand), or :class:`InvalidRecord`."""
-    if len(value) > _MAX_RECORD:
-        raise InvalidRecord(f"record of rank {name!r} is {len(value)} bytes, over the {_MAX_RECORD} limit", "too-large")
-    try:
-        data = json.loads(value)
-    except (ValueError, RecursionError):
-        raise InvalidRecord(f"record of rank {name!r} is not JSON", "not-json") from None
-    if not isinstance(data, dict):
-        raise InvalidRecord(f"record of rank {name!r} is a {type(data).__name__}, not a map", "not-a-map")
-    try:
-        record = RankRecord.from_mapping(data)
-    except KeyMismatch as exc:
-        raise InvalidRecord(f"record of rank {name!r}: {exc}", "key-mismatch") from None
-    except ValueError as exc:
-        raise InvalidRecord(f"record of rank {name!r}: {exc}", "invalid") from None
-    if "ttl_s" not in data:
-        return record, None
-    ttl = data["ttl_s"]
-    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= _MAX_TTL:
-        raise InvalidRecord(
-            f"record of rank {name!r}: ttl_s (the seconds after which it may be judged dead if unchanged) must be an int "
-            f"between 1 and {_MAX_TTL}, not {repr(ttl)[:40]}",
-            "invalid",
-        )
-    return record, ttl
-
-
-def _stored_value(record: RankRecord, ttl_s: int) -> bytes:
-    """What a registration writes: the record's fields and the beat it promises, ``ttl_s``."""
-    fields = json.loads(record.to_json())
-    fields["ttl_s"] = ttl_s
-    return json.dumps(fields, sort_keys=True).encode()
-
-
-class Registration:
-    """One published rank record and the thread that keeps it alive, unchanged and beating.
-
-    The stored value is the record's fields and ``"ttl_s": N``, a promise to readers: this record is
-    rewritten at least every ``ttl_s/3`` seconds, and one that has not changed for ``ttl_s`` may be
-    judged dead. Every keep-alive round (every ``ttl_s/3``) refreshes the lease, then rewrites the
-    record in one transaction that first checks its ``mod_revision`` is still this registration's
-    latest write. That rewrite is the heartbeat: a lease can be kept alive by anyone who reads its id
-    (etcd 3.4 checks no permission on keep-alive), but only a writer of the key can give the record a
-    new ``mod_revision``, so a dead sender's record stops changing even while its lease lives
-    (:meth:`EtcdRegistry.lookup` then skips it as ``stale``).
-
-    Counters: ``renewals`` (keep-alive rounds that found the lease alive and the record as written),
-    ``reregistrations`` (the lease was lost, e.g. an etcd outage longer than the TTL: a new lease and
-    the record again), ``restorations`` (someone else wrote or deleted the record: written back;
-    ``last_foreign`` says what was found). ``mod_revision`` is the revision of this registration's
-    latest write, which the next round compares against.
-    """
-
-    def __init__(self, client: EtcdClient, key: str, record: RankRecord, ttl_s: int) -> None:
-        self._client = client
-        self.key = key
-        self.record = record
-        self.ttl_s = ttl_s
-        self._value = _stored_value(record, ttl_s)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.renewals = 0
-        self.reregistrations = 0
-        self.restorations = 0
-        self.last_error = ""
-        self.last_foreign = ""
-        self.lease, self.mod_revision = self._publish()
-        self._thread = threading.Thread(target=self._keep_alive, name=f"kvpolicy-lease-{key}", daemon=True)
-        self._thread.start()
-
-    def _publish(self) -> tuple[int, int]:
-        lease = self._client.grant(self.ttl_s)
-        return lease, self._client.put(self.key, self._value, lease=lease)
-
-    @property
-    def alive(self) -> bool:
-        """True until :meth:`close`."""
-        return not self._stop.is_set()
-
-    def renew(self) -> None:
-        """One keep-alive round now: refresh the lease, then rewrite the record (the heartbeat) in a
-        transaction that checks it first and, if someone else changed or deleted it, restores it.
-        Two etcd calls. Raises :class:`RegistryError` if etcd could not be asked."""
-        with self._lock:
-            if self._stop.is_set():
-                return
-            if self._client.keepalive(self.lease) <= 0:
-                self.lease, self.mod_revision = self._publish()
-                self.reregistrations += 1
-                log.warning("registry: lease of %s was lost; record written again", self.key)
-                return
-            self.mod_revision, found, changed = self._client.rewrite_unless_changed(self.key, self._value, mod_revision=self.mod_revision, lease=self.lease)
-            if not changed:
-                self.renewals += 1
-                return
-            self.restorations += 1
-            self.last_foreign = _describe(found)
-        # Someone with write access to the prefix replaced or deleted this record: a rogue sender or
-        # a second process registered under the same name. Readers that check keys never used it.
-        log.warning("registry: %s was changed by someone else (%s); written back", self.key, self.last_foreign)
-
-    def _keep_alive(self) -> None:
-        # A third of the TTL between rounds leaves two more tries before the entry expires (and
-        # before readers judge the record stale), and bounds how long a replaced record stays replaced.
-        interval = max(self.ttl_s / 3.0, 0.2)
-        while not self._stop.wait(interval):
-            try:
-                self.renew()
-                self.last_error = ""
-            except RegistryError as exc:
-                if self.last_error != str(exc):
-                    log.warning("registry: could not renew %s: %s", self.key, exc)
-                self.last_error = str(exc)
-
-    def close(self, timeout_s: float = 2.0) -> None:
-        """Stop renewing and revoke the lease (which deletes the record). Best effort if etcd is down:
-        the record then expires by itself within the TTL."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        with self._lock:
-            try:
-                self._client.revoke(self.lease, timeout_s=timeout_s)
-            except RegistryError as exc:
-                log.warning("registry: could not revoke the lease of %s (it expires in %ss): %s", self.key, self.ttl_s, exc)
-        self._thread.join(timeout_s)
-
-
-def _describe(entry: Mapping[str, Any] | None) -> str:
-    if entry is None:
-        return "deleted"
-    value = unb64(entry.get("value", ""))[:200].decode("utf-8", "replace")
-    return f"value {value!r}, lease {entry.get('lease', '0')}, mod_revision {entry.get('mod_revision', '?')}"
-
-
-def _mod_revision(entry: Mapping[str, Any]) -> int | None:
-    """An entry's ``mod_revision`` (the gateway writes int64s as decimal strings), or None."""
-    revision = entry.get("mod_revision")
-    if isinstance(revision, str) and revision.isascii() and revision.isdigit() and len(revision) <= 20:
-        return int(revision)
-    return revision if isinstance(revision, int) and not isinstance(revision, bool) else None
-
-
-class _Sightings:
-    """What one reader saw of each rank's record: its ``mod_revision`` and when, on this process's
-    monotonic clock, that revision was first seen. Never a clock of the writer's or of etcd's.
-
-    A revision read in an answer that came back at ``t0`` and again in one asked for at ``t1`` has
-    existed, unchanged, for at least ``t1 - t0``: that is the age :meth:`age` gives.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._first: dict[str, tuple[int, float]] = {}
-
-    def age(self, name: str, revision: int | None, *, asked: float, answered: float) -> float:
-        """How long the record of ``name`` at ``revision`` has surely been unchanged: 0 the first
-        time this revision is seen (or if it is unknown), else ``asked`` minus when it was first
-        answered."""
-        with self._lock:
-            first = self._first.get(name)
-            if revision is None or first is None or first[0] != revision:
-                if revision is None:
-                    self._first.pop(name, None)
-                else:
-                    self._first[name] = (revision, answered)
-                return 0.0
-            return max(0.0, asked - first[1])
-
-    def keep(self, names: Collection[str]) -> None:
-        """Forget every rank but ``names`` (those still stored), so the table never outgrows the prefix."""
-        with self._lock:
-            for name in [n for n in self._first if n not in names]:
-                del self._first[name]
-
-    def forget(self, name: str) -> None:
-        """``name`` holds no record now."""
-        with self._lock:
-            self._first.pop(name, None)
-
-    def outage(self) -> None:
-        """etcd did not answer this reader: start every clock again at the next sighting. A sender
-        cut off from etcd cannot beat either, and the time this reader could not look is not held
-        against it (after an etcd restart, every rank would otherwise look stale until its next beat)."""
-        with self._lock:
-            self._first.clear()
-
-
-def _check_fresh(name: str, ttl_s: int | None, age: float) -> None:
-    """A record that promises ``ttl_s`` and has not changed for longer is its dead sender's."""
-    if ttl_s is not None and age > ttl_s:
-        raise InvalidRecord(
-            f"record of rank {name!r} has not been rewritten for {age:.1f}s, past the ttl_s of {ttl_s} it promises: "
-            "its sender is gone though its lease is kept alive (waiting for a fresh one)",
-            "stale",
-        )
 
 
 def _log_token(exc: InvalidRecord) -> str:
@@ -429,7 +135,7 @@ class EtcdRegistry:
         #: The entries the latest :meth:`list` skipped: rank name -> why.
         self.last_skipped: dict[str, str] = {}
         self._logged_skips: dict[str, str] = {}  # what list() last logged per name (_log_token)
-        self._sightings = _Sightings()
+        self._sightings = Sightings()
 
     def key(self, name: str) -> str:
         """The etcd key of rank ``name``."""
@@ -535,14 +241,14 @@ class EtcdRegistry:
                 if not kvs:
                     self._sightings.forget(name)
                 else:
-                    age = self._sightings.age(name, _mod_revision(kvs[0]), asked=asked, answered=answered)
+                    age = self._sightings.age(name, mod_revision(kvs[0]), asked=asked, answered=answered)
                     try:
-                        record, ttl = _read_stored(name, unb64(kvs[0].get("value", "")))
+                        record, ttl = read_stored(name, unb64(kvs[0].get("value", "")))
                         if allowed is not None:
                             self._check_named(name, record, allowed)
                         if trusted is not None:
                             self._check_trusted(name, record, trusted)
-                        _check_fresh(name, ttl, age)
+                        check_fresh(name, ttl, age)
                         return record
                     except InvalidRecord as exc:
                         last_error = refused = exc
@@ -578,8 +284,8 @@ class EtcdRegistry:
         key = record.address_key or record.public_key
         if key != wanted or record.public_key != wanted:
             raise InvalidRecord(
-                f"record of rank {name!r} carries key {_short(key) if key else '(none)'}, but the allow-list's "
-                f"{name}.key is {_short(wanted)}: a record written under another sender's name (skipped; waiting "
+                f"record of rank {name!r} carries key {short_key(key) if key else '(none)'}, but the allow-list's "
+                f"{name}.key is {short_key(wanted)}: a record written under another sender's name (skipped; waiting "
                 "for the honest one)",
                 "name-key-mismatch",
             )
@@ -595,7 +301,7 @@ class EtcdRegistry:
             raise InvalidRecord(f"record of rank {name!r}: its address and public_key name different keys", "key-mismatch")
         if key not in trusted:
             raise InvalidRecord(
-                f"record of rank {name!r} names public key {_short(key) if key else '(none)'}, which is not among the "
+                f"record of rank {name!r} names public key {short_key(key) if key else '(none)'}, which is not among the "
                 f"{len(trusted)} trusted sender keys: a forged record, or a sender whose key you did not allow",
                 "untrusted",
             )
@@ -635,9 +341,9 @@ class EtcdRegistry:
             try:
                 if not _NAME.match(name):
                     raise InvalidRecord(f"key {self.prefix + name!r} under {self.prefix} names no rank", "bad-name")
-                age = self._sightings.age(name, _mod_revision(entry), asked=asked, answered=answered)
-                record, ttl = _read_stored(name, unb64(entry.get("value", "")))
-                _check_fresh(name, ttl, age)
+                age = self._sightings.age(name, mod_revision(entry), asked=asked, answered=answered)
+                record, ttl = read_stored(name, unb64(entry.get("value", "")))
+                check_fresh(name, ttl, age)
                 ranks[name] = record
             except InvalidRecord as exc:
                 skipped[name] = str(exc)
