@@ -8,14 +8,14 @@ removes it again and reports how that went. Three roles:
 
 ``fork`` (a *zygote*): loads NIXL and its UCX plugin once, then forks one single-use child per
     request, kills it at its deadline and replies when it ends. A proof's child (``PROVE``) also
-    sends a NIXL notification from an agent named as the request says, writes :data:`.probe.SENT` on
+    sends a NIXL notification from an agent named as the request says, writes :data:`.probe_wire.SENT` on
     its result pipe and lingers: the zygote replies ``OK`` at once, kills it on ``RELEASE`` or at its
     linger deadline, and then replies ``ENDED``.
 ``server``: loads each request's blob itself, in a fresh agent, one at a time; exits after
     ``PROBES`` requests.
 ``child``: reads one request, loads it, and exits with the outcome as its status.
 
-The protocol (its formats and codes are :mod:`.probe`'s), on the helper's stdin and stdout (which it
+The protocol (its formats and codes are :mod:`.probe_wire`'s), on the helper's stdin and stdout (which it
 moves to fds of its own: UCX logs to stdout): a request is ``REQUEST`` (kind, probe id, timeout and
 linger in seconds, the lengths of what follows) and the agent name, message and blob; a reply is ``REPLY`` (probe id, code, message length) and at most
 ``MESSAGE_LIMIT`` bytes of message, where probe id 0 answers the helper's start-up (``OK``, or
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .agent import NixlSettings
-from .probe import CANNOT_RUN, ENDED, MESSAGE_LIMIT, OK, PROBE, PROVE, REJECTED, RELEASE, REPLY, REQUEST, SENT, TIMED_OUT
+from .probe_wire import CANNOT_RUN, ENDED, MESSAGE_LIMIT, OK, PROBE, PROVE, REJECTED, RELEASE, REPLY, REQUEST, SENT, TIMED_OUT
 
 
 def _load_once(blob: bytes, settings: NixlSettings, create_agent: Callable[..., Any], destroy: bool) -> tuple[int, str]:
@@ -67,7 +67,7 @@ def _prove_once(
     blob: bytes, settings: NixlSettings, create_agent: Callable[..., Any], agent_name: str, message: bytes, report: int, linger_s: float
 ) -> tuple[int, str]:
     """(A proof's child.) Create an agent named ``agent_name``, load ``blob``, send ``message`` to the
-    agent it describes, write :data:`.probe.SENT` to ``report`` and linger until killed (at most
+    agent it describes, write :data:`.probe_wire.SENT` to ``report`` and linger until killed (at most
     ``linger_s``): NIXL sends asynchronously, and a process that exits right after ``send_notif``
     loses the notification. Returns (code, message) only when something failed before the report."""
     try:
