@@ -64,7 +64,7 @@ from .etcd_client import (
     unb64,
 )
 from .liveness import Sightings, check_fresh, mod_revision
-from .records import InvalidRecord, KeyMismatch, RankRecord, address_key, read_stored, short_key
+from .records import MAX_TTL, InvalidRecord, KeyMismatch, RankRecord, address_key, read_stored, short_key
 from .registration import Registration
 
 log = logging.getLogger("kvpolicy.transports")
@@ -151,8 +151,8 @@ class EtcdRegistry:
         only the address and public key are published. Registering a name again replaces the
         earlier record of this registry.
         """
-        if not isinstance(ttl_s, int) or isinstance(ttl_s, bool) or not 1 <= ttl_s <= 3600:
-            raise ValueError(f"ttl_s must be an int between 1 and 3600, got {ttl_s!r}")
+        if not isinstance(ttl_s, int) or isinstance(ttl_s, bool) or not 1 <= ttl_s <= MAX_TTL:
+            raise ValueError(f"ttl_s must be an int between 1 and {MAX_TTL}, got {ttl_s!r}")
         key = self.key(name)
         if not isinstance(record, RankRecord):
             record = RankRecord.from_mapping(record)

@@ -24,7 +24,7 @@ _Z85_KEY = re.compile(r"^[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40}$")
 #: A record is a small JSON map; anything larger in the store is not ours and is refused.
 _MAX_RECORD = 4 << 10
 #: The longest lease, and so the longest beat a stored record may promise (``ttl_s``).
-_MAX_TTL = 3600
+MAX_TTL = 3600
 
 
 class InvalidRecord(RegistryError):
@@ -140,10 +140,10 @@ def read_stored(name: str, value: bytes) -> tuple[RankRecord, int | None]:
     if "ttl_s" not in data:
         return record, None
     ttl = data["ttl_s"]
-    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= _MAX_TTL:
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL:
         raise InvalidRecord(
             f"record of rank {name!r}: ttl_s (the seconds after which it may be judged dead if unchanged) must be an int "
-            f"between 1 and {_MAX_TTL}, not {repr(ttl)[:40]}",
+            f"between 1 and {MAX_TTL}, not {repr(ttl)[:40]}",
             "invalid",
         )
     return record, ttl
