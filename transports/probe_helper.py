@@ -108,6 +108,7 @@ class HelperClient:
     # -- any thread --
 
     def submit(self, probe: Probe) -> None:
+        """Queue ``probe`` for the helper process (started on the client thread if it is not up)."""
         with self.lock:
             if self.closed:
                 raise RuntimeError("the metadata probe is closed")
@@ -115,6 +116,7 @@ class HelperClient:
         self._wake()
 
     def warm(self) -> None:
+        """Start the helper process now, before the first probe needs it."""
         with self.lock:
             self.want_start = True
         self._wake()
@@ -128,6 +130,8 @@ class HelperClient:
         self._wake()
 
     def close(self) -> None:
+        """Stop the client thread: it kills the helper and its children, and probes still in flight
+        end as closed. Waits for it (10 s at most) unless called from it."""
         with self.lock:
             self.closed = True
         self._wake()
