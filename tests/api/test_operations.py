@@ -12,7 +12,7 @@ import kvpolicy
 from kvpolicy import DecisionLog, PolicyError, PolicyWatcher
 from kvpolicy.read.loader import MAX_POLICY_BYTES
 
-from tests.support.constants import NEWEST_AUTO, VERSIONS
+from tests.support.constants import NEWEST_AUTO
 from tests.support.policies import write
 
 

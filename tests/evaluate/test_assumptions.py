@@ -62,7 +62,7 @@ def _domain():
         yield version, architecture, model_type, backend, runtime, timeout, use_v2, env, pipelined, multimodal
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _outcomes(assume: upstream.Assumptions) -> tuple:
     return tuple(upstream.resolve(*context, assume=assume) for context in _domain())
 

@@ -142,7 +142,7 @@ class Assumptions:
         merge (2026-08-06, commit 36922c72, upstream's weekly commit list)."""
         return "2026-08-06"
 
-    def flipped(self, name: str) -> "Assumptions":
+    def flipped(self, name: str) -> Assumptions:
         """These assumptions with ``name`` read the other way."""
         assert name in SWITCHES, name
         return Assumptions(**{f: (getattr(self, f) if f != name else not getattr(self, f)) for f in SWITCHES})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-import zmq
 
 from kvpolicy.transports import KVLayout, control
 

@@ -4,8 +4,6 @@ counts an internal error, and still serves its real receiver bit for bit afterwa
 
 from __future__ import annotations
 
-import time
-
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings

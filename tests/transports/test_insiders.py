@@ -336,7 +336,7 @@ def test_a_peer_saying_hello_with_another_peers_metadata_renamed_is_never_welcom
     """The insider takes the victim decoder's NIXL metadata, renames the agent in it to one bound to
     its own key, and says hello: the name checks pass, but the metadata reaches the victim's memory.
     The sender's proof nonce goes to that agent (the victim), so the insider cannot echo it."""
-    from .attackers import allowed_dealer, recv
+    from .attackers import allowed_dealer
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof
@@ -366,7 +366,7 @@ def test_proof_nonces_cannot_be_guessed_from_the_insiders_own(workers):
     hello with the victim's metadata renamed and echoes what a counter would give next (and, in
     further hellos, other guesses). Nonces are 128 random bits per hello and the first wrong echo ends
     each proving: no guess, in any number of hellos, is welcomed, and nothing is written to the victim."""
-    from .attackers import allowed_dealer, recv
+    from .attackers import allowed_dealer
 
     prefill = workers("prefill", layout=LAYOUT.to_wire(), seed=1)
     # Not the prefill's peer yet: a copy of a peer's worker would be refused before any proof

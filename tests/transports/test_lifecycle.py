@@ -8,7 +8,6 @@ import time
 import pytest
 
 from kvpolicy.transports import BlockPool, KVLayout, RequestState
-from kvpolicy.transports.addresses import split_address
 
 from .conftest import requires_nixl
 from .transfer_worker import WorkerError

@@ -433,7 +433,7 @@ def tree_matching(
             base = _signature_class(runtime, kv)
             bases.setdefault(base, model_class(base, runtime=runtime, kv=kv))
             others[f"modeling_{_snake(arch)}.py"] = module(
-                f"from . import modeling_kvp_bases\nfrom .modeling_utils import register_auto_model",
+                "from . import modeling_kvp_bases\nfrom .modeling_utils import register_auto_model",
                 model_class(
                     cls,
                     [arch],
