@@ -106,7 +106,7 @@ def test_console_example(scratch, page, line, body, reason):
     assert commands, f"{page}:{line}: a console block without a `$ ` command"
     for command, expected in commands:
         done = subprocess.run(["bash", "-c", command], cwd=scratch, env=env, capture_output=True, text=True, timeout=300)
-        shown = "\n".join(l.rstrip() for l in done.stdout.rstrip("\n").split("\n")) if done.stdout.strip() else ""
+        shown = "\n".join(row.rstrip() for row in done.stdout.rstrip("\n").split("\n")) if done.stdout.strip() else ""
         assert done.returncode in (0, 1, 3), f"{page}:{line}: `{command}` exited {done.returncode}: {done.stderr[-2000:]}"
         assert _pattern(expected).fullmatch(shown + "\n"), (
             f"{page}:{line}: `{command}` printed something else than the page shows.\n--- shown on the page\n"

@@ -265,7 +265,9 @@ def _kvp053(*paths: str) -> list[tuple[str, str]]:
 
 
 def test_repeated_source_is_checked_in_every_folder_after_a_placeholder_source(tmp_path):
-    first = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1")
+    def first(text):
+        return with_source(text, "NVIDIA/TensorRT-LLM #1")
+
     placeholder = two_versions(tmp_path, first, _changed("TODO(kvpolicy new): the upstream change"), "x")
     repeated = two_versions(tmp_path, first, _changed("NVIDIA/TensorRT-LLM #1 (the rest of it)"), "y")
     assert _kvp053(placeholder, repeated) == [("y", "b.toml")]

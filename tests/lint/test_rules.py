@@ -170,13 +170,20 @@ def test_identical_version_compares_the_loaded_policies_not_the_text(tmp_path):
 
     path = two_versions(tmp_path, lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1"), relaid)
     assert _codes(path) == [("KVP052", "b.toml", 3)]
-    reason = lambda t: relaid(t).replace('reason = "CPP works everywhere."', 'reason = "CPP works on every backend."')
+
+    def reason(text):
+        return relaid(text).replace('reason = "CPP works everywhere."', 'reason = "CPP works on every backend."')
+
     assert _codes(two_versions(tmp_path / "2", lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1"), reason)) == []
 
 
 def test_identical_version_is_judged_against_the_closest_earlier_version_of_the_same_folder(tmp_path):
-    same = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #1")
-    other = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #2")
+    def same(text):
+        return with_source(text, "NVIDIA/TensorRT-LLM #1")
+
+    def other(text):
+        return with_source(text, "NVIDIA/TensorRT-LLM #2")
+
     # Two folders, one version each: nothing to compare (a run may lint several policy folders).
     two_versions(tmp_path, same, other, "x")
     (tmp_path / "x" / "b.toml").rename(tmp_path / "b.toml")
@@ -196,7 +203,9 @@ def test_repeated_source_compares_the_changes_cited(tmp_path):
     def changed(source):
         return lambda t: with_source(t.replace('value = "PYTHON", reason = "GPT-OSS', 'value = "CPP", reason = "GPT-OSS'), source)
 
-    first = lambda t: with_source(t, "NVIDIA/TensorRT-LLM #19004 and #19140 (merged 2026-09-15)")
+    def first(text):
+        return with_source(text, "NVIDIA/TensorRT-LLM #19004 and #19140 (merged 2026-09-15)")
+
     cases = {
         "NVIDIA/TensorRT-LLM #19004 (the rest of it)": ["KVP053"],
         "NVIDIA/TensorRT-LLM #19004 and #19999": [],

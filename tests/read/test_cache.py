@@ -128,7 +128,7 @@ def test_a_row_key_is_located_alike_from_the_cache(policy):
     assert old in text
     text = text.replace(old, old.replace('"PYTHON"', '"PYTHN"'), 1)
     policy.write_text(text)
-    line_number, line = next((i, l) for i, l in enumerate(text.splitlines(), start=1) if '"PYTHN"' in l)
+    line_number, line = next((i, row) for i, row in enumerate(text.splitlines(), start=1) if '"PYTHN"' in row)
     where = f"{policy.name}:{line_number}:{line.index('value = ') + 1}:"
     found = []
     for _ in range(2):  # parsed and stored, then from the cache

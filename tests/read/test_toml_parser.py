@@ -158,7 +158,7 @@ def test_a_toml_1_1_tomli_is_not_used(monkeypatch):
 
 def test_a_policy_error_names_the_same_place_either_way():
     text = shipped_root().joinpath("2026.09.10.toml").read_text(encoding="utf-8").replace('summary = "', 'summary = "\\e', 1)
-    line = next(i for i, l in enumerate(text.splitlines(), start=1) if "\\e" in l)
+    line = next(i for i, row in enumerate(text.splitlines(), start=1) if "\\e" in row)
     from kvpolicy.read.source import TomlSyntaxError
 
     with pytest.raises(TomlSyntaxError) as caught:

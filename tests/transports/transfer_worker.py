@@ -105,7 +105,6 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
         tx._local.probe = MetadataProbe(tx.settings, max_running=running, max_waiting=waiting, per_owner=per_owner)
     handles: dict[str, Any] = {}
     registry = None
-    delayed_results: list[float] = []
     attackers: list[Any] = []
 
     def outcome(request_id: str, timeout: float | None) -> dict[str, Any]:

@@ -446,7 +446,7 @@ def tree_matching(
         model_class(f"KvpGroup{n}", archs, runtime=_UNSET if rt is None else rt, kv=_UNSET if kv is None else kv)
         for n, ((rt, kv), archs) in enumerate(sorted(grouped.items(), key=lambda item: item[1]))
     ]
-    for (rt, kv), archs in grouped.items():
+    for archs in grouped.values():
         for arch in archs:
             index[arch] = "modeling_kvp_grouped"
     imports = "from .modeling_utils import DecoderModelForCausalLM, register_auto_model"
