@@ -33,7 +33,11 @@ def test_every_changed_context_falls_in_its_own_group_and_an_unchanged_one_in_no
         for cube in group.cubes:
             for point in itertools.islice(itertools.product(*(sorted(v, key=repr) for v in cube)), 200):
                 assert result.group_of(point) is group
-    unchanged = [p for p in itertools.islice(points(result.dimensions), 5000) if outcome_of(old, context_of(result.dimensions, p)) == outcome_of(new, context_of(result.dimensions, p))]
+    unchanged = [
+        p
+        for p in itertools.islice(points(result.dimensions), 5000)
+        if outcome_of(old, context_of(result.dimensions, p)) == outcome_of(new, context_of(result.dimensions, p))
+    ]
     assert unchanged, "some context resolves alike (an explicit manager)"
     assert all(result.group_of(p) is None for p in unchanged[:50])
 

@@ -106,7 +106,8 @@ def test_malformed_configs_are_reported_per_file_and_do_not_stop_the_report(tmp_
     write(tmp_path, "g-list-config.yaml", "cache_transceiver_config: [NIXL]\n")
     results = {Path(r.path).name: r for r in impact_of([tmp_path], shipped["2026.08.11"], shipped["2026.08.24"])}
     problems = {name: [str(p) for p in r.problems] for name, r in results.items()}
-    assert problems["a-bad-yaml.yaml"][0].endswith("invalid YAML: expected ',' or '}', but got '<stream end>'") or "a-bad-yaml.yaml:4" in problems["a-bad-yaml.yaml"][0]
+    bad_yaml = problems["a-bad-yaml.yaml"][0]
+    assert bad_yaml.endswith("invalid YAML: expected ',' or '}', but got '<stream end>'") or "a-bad-yaml.yaml:4" in bad_yaml
     assert problems["a-bad-yaml.yaml"][0].startswith(str(tmp_path / "a-bad-yaml.yaml") + ":")
     assert problems["b-wrong-type.yaml"] == [
         f"{tmp_path / 'b-wrong-type.yaml'}:3: cache_transceiver_config: kv_transfer_timeout_ms: "

@@ -446,7 +446,10 @@ def test_a_left_out_field_requests_the_versions_field_default(capsys):
     # The CLI says when a left-out field took the version's default, and not when it was given.
     assert main(["resolve", "--arch", "MistralForCausalLM", "--backend", "NIXL", "--version", "2026.10.22"]) == 0
     out = capsys.readouterr().out
-    assert "note: transceiver_runtime left out: PYTHON, the config field's default in policy 2026.10.22 (#17495); --runtime auto asks the policy to decide" in out
+    assert (
+        "note: transceiver_runtime left out: PYTHON, the config field's default in policy 2026.10.22 (#17495);"
+        " --runtime auto asks the policy to decide"
+    ) in out
     assert "note: kv_cache_manager left out: V2" in out
     assert main(["resolve", "--arch", "MistralForCausalLM", "--backend", "NIXL", "--version", "2026.10.22", "--runtime", "auto"]) == 0
     out = capsys.readouterr().out

@@ -43,7 +43,8 @@ def _in_repo(monkeypatch):
         ("resolve_llama_nixl.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "NIXL"], 0),
         ("resolve_llama_ucx.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "UCX"], 1),
         ("resolve_off.txt", ["resolve", "--arch", "LlamaForCausalLM", "--backend", "null"], 0),
-        ("resolve_env.txt", ["resolve", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--version", "2026.07.09"], 3),  # DeepSeek-V4 keeps V2 with C++ there: depends on the model
+        # DeepSeek-V4 keeps V2 with C++ there: depends on the model
+        ("resolve_env.txt", ["resolve", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--version", "2026.07.09"], 3),
         ("explain_kimi_cpp.txt", ["explain", "--arch", "KimiLinearForCausalLM", "--runtime", "CPP"], 1),
         ("versions.txt", ["versions"], 0),
         ("table_2026.08.11.txt", ["table", "--version", "2026.08.11"], 0),

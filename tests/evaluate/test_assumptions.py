@@ -38,14 +38,29 @@ SCOPES = {
     "glm_test_reads_either": ("#16524's GLM test", lambda v, arch, mt, pipelined, out: arch in DEEPSEEK_V3_CLASS and v in ("2026.07.23", "2026.07.28")),
     "nemotron_puzzle_by_rc1": ("Nemotron-H Puzzle", lambda v, arch, mt, pipelined, out: arch == "NemotronHPuzzleForCausalLM" and v < "2026.10.22"),
     "hooks_inherited": ("Inherited hooks", lambda v, arch, mt, pipelined, out: arch in INHERITED),
-    "kimi_k3_vl_without_v2": ("Kimi K3 multimodal and V2", lambda v, arch, mt, pipelined, out: arch == "KimiK3ForConditionalGeneration" and v >= "2026.08.13"),
-    "gemma_python_from_17396": ("Gemma3 multimodal / Gemma4 text PYTHON", lambda v, arch, mt, pipelined, out: arch == "Gemma4ForCausalLM" and "2026.08.11" <= v < "2026.08.18"),
+    "kimi_k3_vl_without_v2": (
+        "Kimi K3 multimodal and V2",
+        lambda v, arch, mt, pipelined, out: arch == "KimiK3ForConditionalGeneration" and v >= "2026.08.13",
+    ),
+    "gemma_python_from_17396": (
+        "Gemma3 multimodal / Gemma4 text PYTHON",
+        lambda v, arch, mt, pipelined, out: arch == "Gemma4ForCausalLM" and "2026.08.11" <= v < "2026.08.18",
+    ),
     "pipelined_not_a_field": ("`enable_pipelined_transfer` before #15727", lambda v, arch, mt, pipelined, out: pipelined and v < "2026.09.02"),
-    "v2_with_cpp_fails": ("Plain KV-cache manager V2 with the C++ transceiver", lambda v, arch, mt, pipelined, out: out.kv_cache_manager == "V2" and out.runtime == "CPP"),
+    "v2_with_cpp_fails": (
+        "Plain KV-cache manager V2 with the C++ transceiver",
+        lambda v, arch, mt, pipelined, out: out.kv_cache_manager == "V2" and out.runtime == "CPP",
+    ),
     "v2_guard_by_07_28": ("DeepSeek-V4's V2 default", lambda v, arch, mt, pipelined, out: arch == "DeepseekV4ForCausalLM" and v < "2026.07.28"),
     "kimi_route_check_at_load": ("Kimi K3's route check", lambda v, arch, mt, pipelined, out: arch in upstream.KIMI_K3 and pipelined and v >= "2026.09.02"),
-    "qwen4_rules_with_18585": ("Qwen4-Exp's checkpoint rules", lambda v, arch, mt, pipelined, out: mt in ("qwen4_exp", "qwen4_exp_text", "qwen3_8_flash_next", "qwen3_8_flash_next_text") and v >= "2026.09.04"),
-    "nemotron_multimodal_python": ("Nemotron-H multimodal's PYTHON preference", lambda v, arch, mt, pipelined, out: arch in NEMOTRON_MULTIMODAL and v >= "2026.09.15"),
+    "qwen4_rules_with_18585": (
+        "Qwen4-Exp's checkpoint rules",
+        lambda v, arch, mt, pipelined, out: mt in ("qwen4_exp", "qwen4_exp_text", "qwen3_8_flash_next", "qwen3_8_flash_next_text") and v >= "2026.09.04",
+    ),
+    "nemotron_multimodal_python": (
+        "Nemotron-H multimodal's PYTHON preference",
+        lambda v, arch, mt, pipelined, out: arch in NEMOTRON_MULTIMODAL and v >= "2026.09.15",
+    ),
     "glm5_next_python": ("GLM-5.3-Flash's PYTHON preference", lambda v, arch, mt, pipelined, out: arch in GLM5_NEXT and v >= "2026.09.28"),
     "v2_default_in_1_4": ("KV-cache manager V2 by default in 1.4", lambda v, arch, mt, pipelined, out: v >= "2026.10.22"),
 }

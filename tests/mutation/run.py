@@ -369,7 +369,8 @@ def results(target: Target, session: Path) -> tuple[Figures, list[tuple[str, str
                 figures.incompetent += 1
             elif result.test_outcome == TestOutcome.SURVIVED:
                 figures.survived += 1
-                survivors.append((survivor_id(target.module, mutation.operator_name, result.diff or ""), mutation.operator_name, mutation.start_pos[0], result.diff or ""))
+                diff = result.diff or ""
+                survivors.append((survivor_id(target.module, mutation.operator_name, diff), mutation.operator_name, mutation.start_pos[0], diff))
             else:
                 figures.killed += 1
                 figures.timeouts += result.output == "timeout"
@@ -446,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for f, took in table:
         lines.append(
-            f"| {f.module} | {f.mutants} | {f.skipped} | {f.run} | {f.killed} | {f.by_wider} | {f.by_new} | {f.timeouts} | {f.survived} | {f.rate} | {f.pending} | {took / 60:.1f} min |"
+            f"| {f.module} | {f.mutants} | {f.skipped} | {f.run} | {f.killed} | {f.by_wider} | {f.by_new} | {f.timeouts} "
+            f"| {f.survived} | {f.rate} | {f.pending} | {took / 60:.1f} min |"
         )
     summary = "\n".join(lines)
     print("\n" + summary)

@@ -266,7 +266,9 @@ def test_a_near_miss_architecture_is_refused_and_ignored_env_values_get_notes(ca
     out = capsys.readouterr().out
     assert code == 0
     assert "note: TRTLLM_USE_UCX_KVCACHE='true' is ignored" in out
-    code = main(["resolve", "--arch", "LlamaForCausalLM", "--runtime", "auto", "--kv-cache-manager", "auto", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--format", "json"])
+    code = main(
+        ["resolve", "--arch", "LlamaForCausalLM", "--runtime", "auto", "--kv-cache-manager", "auto", "--env", "TRTLLM_USE_UCX_KVCACHE=1", "--format", "json"]
+    )
     assert "notes" not in json.loads(capsys.readouterr().out)
 
 

@@ -534,7 +534,12 @@ def test_the_model_loader_is_part_of_the_decision_area(tmp_path):
     write(
         root,
         {
-            MODEL_LOADER: 'import os\n\n\ndef load_config_and_apply_defaults(checkpoint_dir, llm_args):\n    if os.environ.get("TRTLLM_SKIP_MODEL_DEFAULTS") == "1":\n        return llm_args\n    return llm_args\n'
+            MODEL_LOADER: (
+                "import os\n\n\ndef load_config_and_apply_defaults(checkpoint_dir, llm_args):\n"
+                '    if os.environ.get("TRTLLM_SKIP_MODEL_DEFAULTS") == "1":\n'
+                "        return llm_args\n"
+                "    return llm_args\n"
+            )
         },
     )
     facts = facts_of(root)
