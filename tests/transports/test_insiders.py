@@ -588,7 +588,7 @@ def test_a_thousand_hellos_with_mutated_metadata_leave_the_prefill_serving_bit_e
             except MetadataError:
                 malformed += 1
             sock.send(control.encode(control.Hello(rank)))
-            eventually(lambda: answered() - first > n, timeout_s=30, seen=lambda: prefill.call("stats"))
+            eventually(lambda n=n: answered() - first > n, timeout_s=30, seen=lambda: prefill.call("stats"))
     finally:
         sock.close(0)
         helper.close()

@@ -10,6 +10,7 @@ of the probe.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -378,19 +379,26 @@ def test_a_proof_is_delivered_from_a_child_that_is_gone_once_released_or_at_its_
     descriptors are back to their baseline (the connection ended with the child). A remembered OK
     verdict does not answer a proof; a remembered crash refuses it at once."""
     _, agent, blob = peer
+
+    def record(verdicts: list, sent: threading.Event, verdict: str | None) -> None:
+        verdicts.append(verdict)
+        sent.set()
+
     receiver = Receiver()
     try:
         time.sleep(0.2)
         baseline = receiver.descriptors()
         with MetadataProbe(NixlSettings(), timeout_s=10.0) as probe:
             assert probe.check(receiver.metadata) is None  # (remembered: a proof forks all the same)
+            every: list[list] = []
             for n, linger_s in enumerate((30.0, 1.0)):
                 sent = threading.Event()
                 verdicts: list = []
+                every.append(verdicts)
                 name, message = f"prover-abcdef012345-{os.getpid()}-{n:016x}", b"kvpolicy-proof:" + os.urandom(16).hex().encode()
-                release = probe.prove(
-                    receiver.metadata, lambda v: (verdicts.append(v), sent.set()), agent=name, message=message, linger_s=linger_s, owner="k"
-                )
+                # This proof's list and event, bound now: a late second call lands here, never in the next proof's.
+                on_sent = functools.partial(record, verdicts, sent)
+                release = probe.prove(receiver.metadata, on_sent, agent=name, message=message, linger_s=linger_s, owner="k")
                 assert sent.wait(60) and verdicts == [None]
                 assert receiver.notifications() == [(name, message)]
                 children = forked_children(probe)
@@ -404,6 +412,7 @@ def test_a_proof_is_delivered_from_a_child_that_is_gone_once_released_or_at_its_
                     assert 0.5 < took < 10, took
                     release()  # (idempotent: nothing left to end)
                 until(lambda: receiver.descriptors() == baseline)
+            assert every == [[None], [None]]  # on_sent is called exactly once, released or lingered out
             assert probe.stats["proofs"] == 2 and probe.stats["children"] == 3
             assert probe.start(blob, lambda v: None, owner="k") is True  # (the owner's slots are free again)
             crash = crashing_mutants(blob)[0][3]

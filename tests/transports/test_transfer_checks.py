@@ -270,7 +270,7 @@ def test_a_metadata_read_that_cannot_start_refuses_its_hello_and_frees_its_slot(
     try:
         for attempt in (1, 2):  # the same key again: not "a read for this key is already in flight"
             sock.send(control.encode(control.Hello(fake_rank(own))))
-            eventually(lambda: p.stats["refused_hellos"] == attempt, timeout_s=10, seen=lambda: p.stats["refused_hellos"])
+            eventually(lambda attempt=attempt: p.stats["refused_hellos"] == attempt, timeout_s=10, seen=lambda: p.stats["refused_hellos"])
             assert on_loop(p, lambda: len(p._remotes.admission._fetching)) == 0
     finally:
         sock.close(0)

@@ -13,6 +13,7 @@ the worker set its environment, and the server holds no thread, socket or agent 
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import shutil
 import tempfile
@@ -149,23 +150,23 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
             elif op == "peers":  # the senders this side is connected to, by name
                 result = sorted(tx.peers)
             elif op == "raw":  # (peer name, frames): send frames as they are on this side's connection
-                peer, frames = args
 
-                def push() -> None:
+                def push(peer: str, frames: list[bytes]) -> None:
                     conn = tx._connections.connection_of(peer)
                     for frame in frames:
                         conn.socket.send(frame)
 
-                result = tx._loop.submit(push).result(10)
+                result = tx._loop.submit(functools.partial(push, *args)).result(10)
             elif op == "flood":  # (peer name, seconds, asks per frame, asks per second): asks for ids never
                 # offered, on this side's connection, paced, from a thread of their own (returns at once)
                 import threading
 
                 from kvpolicy.transports import control as wire
 
-                peer, seconds, per_frame, rate = args
-
-                def flood() -> None:
+                # Its arguments bound at the start, not this loop's names: the flood outlives the op, and its
+                # push looked `peer` up on every tick, so a later raw sent it to another sender and a later
+                # connect (a Peer, not a name) stopped it in silence, its errors swallowed below.
+                def flood(peer: str, seconds: float, per_frame: int, rate: float) -> None:
                     ask = [wire.encode(wire.Request(f"guess-{i}", i + 1, (0,), 0, 30_000)) for i in range(per_frame)]
                     frame = wire.batch(ask)
                     frames_per_tick = max(1, int(rate / per_frame / 100))
@@ -185,7 +186,7 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                             pass
                         time.sleep(max(0.0, 0.01 - (time.monotonic() - tick)))
 
-                threading.Thread(target=flood, daemon=True).start()
+                threading.Thread(target=flood, args=tuple(args), daemon=True).start()
                 result = None
             elif op == "resources":  # what one peer could exhaust on this side
                 import threading
@@ -218,12 +219,13 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
             elif op == "announcers":  # how many senders announced request id args[0] (not taken yet)
                 result = len(tx._receiver.reads.offers.get(args[0], {}))
             elif op == "announce_raw":  # (frames): send frames as they are to every receiver that said hello
-                def announce() -> None:
+
+                def announce(frames: list[bytes]) -> None:
                     for identity in list(tx._remotes.remotes):
-                        for frame in args[0]:
+                        for frame in frames:
                             tx._remotes.router.send_multipart([identity, frame])
 
-                result = tx._loop.submit(announce).result(10)
+                result = tx._loop.submit(functools.partial(announce, args[0])).result(10)
             elif op == "register":  # publish this rank in etcd: (endpoints, namespace, ttl_s[, rank name])
                 from kvpolicy.transports.discovery import EtcdRegistry
 
