@@ -105,7 +105,10 @@ def test_json_lists_contexts_only_on_request_and_each_resolves_as_its_subgroup_s
         for name, value in before.values.items():
             if name not in changed:
                 assert after.values[name] == value and after.decided_by[name] == before.decided_by[name], ctx
-        keys = lambda r: Counter((d.id, d.severity, d.decision) for d in r.diagnostics)  # noqa: E731
+
+        def keys(r):
+            return Counter((d.id, d.severity, d.decision) for d in r.diagnostics)
+
         assert keys(after) - keys(before) == Counter((d["id"], d["severity"], d["decision"]) for d in change["diagnostics_added"]), ctx
         assert keys(before) - keys(after) == Counter((d["id"], d["severity"], d["decision"]) for d in change["diagnostics_removed"]), ctx
 

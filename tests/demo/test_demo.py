@@ -12,7 +12,7 @@ from tests.support.nixl import requires_nixl
 pytest.importorskip("transformers", reason="the end-to-end demo needs kvpolicy[demo] (transformers)")
 pytest.importorskip("rich", reason="the end-to-end demo needs kvpolicy[demo] (rich)")
 
-from kvpolicy.cli import main  # noqa: E402
+from kvpolicy.cli import main  # noqa: E402  (after the importorskips: the demo needs transformers and rich)
 
 ARGS = ["demo", "--model-size", "tiny", "--prompt-len", "18", "--new-tokens", "6", "--tokens-per-block", "4", "--format", "json"]
 

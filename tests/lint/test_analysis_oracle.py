@@ -200,11 +200,14 @@ def _rich_condition(reads: tuple[str, ...]) -> st.SearchStrategy[dict[str, Any]]
     """A condition over any input: unlike the shared random policies', it reads the variable that
     turns a feature on (E2 for f2, E1 for f3, E4 for f4), requested values and every decision in
     ``reads``."""
-    matcher = lambda values: st.one_of(  # noqa: E731
-        st.sampled_from(values),
-        st.lists(st.sampled_from(values), min_size=1, max_size=2, unique=True),
-        st.builds(lambda v: {"not": v}, st.sampled_from(values)),
-    )
+
+    def matcher(values):
+        return st.one_of(
+            st.sampled_from(values),
+            st.lists(st.sampled_from(values), min_size=1, max_size=2, unique=True),
+            st.builds(lambda v: {"not": v}, st.sampled_from(values)),
+        )
+
     requests = {"backend": ("DEFAULT", "NIXL", "UCX"), "transceiver_runtime": ("auto", "CPP", "PYTHON"), "kv_cache_manager": ("auto", "V1", "V2")}
     decided = {"backend": ("NIXL", "UCX", "MPI"), "transceiver_runtime": ("CPP", "PYTHON"), "kv_cache_manager": ("V1", "V2")}
     parts: dict[str, st.SearchStrategy[Any]] = {

@@ -21,6 +21,8 @@ from kvpolicy.lint.runner import lint_files, load_policy_bytes
 from kvpolicy.read.loader import shipped_root
 from tomlkit.exceptions import TOMLKitError
 
+from tests.support.strategies import hostile_structures
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -183,9 +185,6 @@ def _rows_sorted(node: Any) -> Any:
     if isinstance(node, list):
         return [_rows_sorted(v) for v in node]
     return node
-
-
-from tests.support.strategies import hostile_structures  # noqa: E402
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -18,6 +18,8 @@ from kvpolicy import ContextError, PolicyError
 from kvpolicy.fuzzing import load_target, resolve_target
 from kvpolicy.read.loader import shipped_root
 
+from tests.support.strategies import hostile_structures
+
 SHIPPED = [p.read_bytes() for p in sorted(shipped_root().glob("2026.*.toml")) if not p.name.endswith(".cases.toml")]
 NEWEST = kvpolicy.load()
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -93,9 +95,6 @@ def test_targets_classify_real_outcomes():
 
 
 # -- structure-aware inputs: what the 200-byte inputs above never reach ---------------------------
-
-from tests.support.strategies import hostile_structures  # noqa: E402
-
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(hostile_structures())

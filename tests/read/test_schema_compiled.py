@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.read.policyfile import shipped_root
-from kvpolicy.read.schema import compiled_row_validator, schema, schema_problems
+from kvpolicy.read.schema import _validator, compiled_document_validator, compiled_row_validator, schema, schema_problems
 from kvpolicy.read.source import parse_document
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,9 +95,6 @@ def test_too_many_rows_are_reported_by_the_schema():
 
 
 # -- the whole document ------------------------------------------------------------------------------
-
-from kvpolicy.read.schema import _validator, compiled_document_validator  # noqa: E402
-
 SHIPPED_DATA = [
     parse_document(path.read_bytes(), path.name).data
     for path in sorted(shipped_root().glob("*.toml"))

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
-import pytest
+import sys
+from pathlib import Path
+from typing import Any
 
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.errors import PolicyError
+from kvpolicy.read.loader import shipped_root
+from kvpolicy.read.scan import SourceMap, check_text
 from kvpolicy.read.source import TomlSyntaxError, parse_document
+
+from tests.read import reference_scanner
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 TEXT = """\
 # comment
@@ -83,24 +99,6 @@ def test_suppressions_by_line():
 
 
 # -- the one-pass source map against the character-by-character scanner it replaced ------------------
-
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from kvpolicy.errors import PolicyError  # noqa: E402
-from kvpolicy.read.loader import shipped_root  # noqa: E402
-from kvpolicy.read.scan import check_text  # noqa: E402
-from kvpolicy.read.scan import SourceMap  # noqa: E402
-from tests.read import reference_scanner  # noqa: E402
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).parents[2]
 

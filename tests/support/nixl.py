@@ -13,9 +13,9 @@ os.environ.setdefault("UCX_MODULES", "^ib")  # without it, processes with an age
 os.environ.setdefault("UCX_CMA_SEG_SIZE", "8M")
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402  (after the UCX settings: UCX reads them when NIXL first loads)
 
-from kvpolicy.transports import nixl_available  # noqa: E402
+from kvpolicy.transports import nixl_available  # noqa: E402  (after the UCX settings: it loads NIXL)
 
 NIXL_OK, NIXL_WHY = nixl_available()
 

@@ -17,6 +17,7 @@ import tomlkit
 from hypothesis import strategies as st
 
 import kvpolicy
+from kvpolicy.read.loader import shipped_root
 
 
 def _named_by_the_policies() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -236,8 +237,6 @@ def random_contexts() -> st.SearchStrategy[dict[str, Any]]:
         }
     )
 
-
-from kvpolicy.read.loader import shipped_root  # noqa: E402
 
 CLEAN = (shipped_root() / "2026.09.10.toml").read_text(encoding="utf-8")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.nixl import NIXL_OK, NIXL_WHY, requires_nixl  # noqa: F401  (the tests import them from here)
+from tests.testbed import EtcdServer, HostPair, etcd_binary, netns_unavailable
 
 
 @pytest.fixture
@@ -29,8 +30,6 @@ def workers():
 
 
 # -- etcd and two hosts ---------------------------------------------------------------------------
-
-from tests.testbed import EtcdServer, HostPair, etcd_binary, netns_unavailable  # noqa: E402
 
 ETCD_WHY = "" if etcd_binary() else "the etcd binary is not installed (apt-get install etcd-server)"
 requires_etcd = pytest.mark.skipif(bool(ETCD_WHY), reason=ETCD_WHY)

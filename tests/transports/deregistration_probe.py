@@ -57,7 +57,7 @@ def writer(conn, env):
                 state = agent.check_xfer_state(xfer)
                 time.sleep(0.001)
             return state
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001  (any failure is the probe's answer, sent to the test)
             return f"raised {type(exc).__name__}: {exc}"[:200]
 
     first = write()

@@ -102,10 +102,13 @@ def test_malformed_and_foreign_frames_are_dropped_and_counted(workers, fake_send
         foreign.send(control.encode(control.Request("foreign", 7, (0, 1), 0, 30_000)))
         foreign.send(control.encode(control.Cancel("served", 0)))
         serve_ok(prefill, decode, "served", [1, 2], [1, 2])
+
+        def counters():
+            return {k: v for k, v in prefill.call("stats").items() if k.startswith("dropped")}
+
         # Counted before the socket closes: the frames wait in it until its CURVE handshake is done,
         # and a close with LINGER 0 would drop any still waiting (on a loaded machine the handshake
         # may take longer than serving one request).
-        counters = lambda: {k: v for k, v in prefill.call("stats").items() if k.startswith("dropped")}  # noqa: E731
         eventually(lambda: prefill.call("stats")["dropped_malformed"] == 4, seen=counters)
         eventually(lambda: prefill.call("stats")["dropped_unknown_peer"] == 2, seen=counters)
     finally:

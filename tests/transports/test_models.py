@@ -6,10 +6,11 @@ import random
 
 import pytest
 
+from kvpolicy.transports import BlockPool
+
 transformers = pytest.importorskip("transformers", reason="the end-to-end models need kvpolicy[demo] (transformers)")
 
-from kvpolicy.transports import BlockPool  # noqa: E402
-from kvpolicy.demo.models import (  # noqa: E402
+from kvpolicy.demo.models import (  # noqa: E402  (after the importorskip: it imports transformers)
     ARCHITECTURES,
     ModelSpec,
     blocks_for,

@@ -189,7 +189,10 @@ def test_a_batch_frame_within_the_budget_is_served_and_one_past_it_is_dropped_on
         cancels = [control.encode(control.Cancel(f"b{i}", i + 1, 0)) for i in range(10)]
         sock.send(control.batch(cancels[:4]))  # 1 + 3 of 8 tokens: handled (it never said hello)
         sock.send(control.batch(cancels))  # 1 + 9 of 4 left: dropped
-        counts = lambda: (p.stats["dropped_over_budget"], p.stats["dropped_unknown_peer"])  # noqa: E731
+
+        def counts():
+            return p.stats["dropped_over_budget"], p.stats["dropped_unknown_peer"]
+
         eventually(lambda: counts()[0] >= 1 and counts()[1] >= 4, seen=counts)
         assert counts() == (1, 4)
     finally:
@@ -306,7 +309,10 @@ def test_a_proof_nobody_asked_for_is_dropped_as_unexpected(sides):
     sock, _ = allowed_dealer(p.address, "prover")
     try:
         sock.send(control.encode(control.Proof("0" * 32)))
-        counts = lambda: (p.stats["dropped_unexpected"], p.stats["internal_errors"])  # noqa: E731
+
+        def counts():
+            return p.stats["dropped_unexpected"], p.stats["internal_errors"]
+
         eventually(lambda: sum(counts()) >= 1, seen=counts)
         assert counts() == (1, 0)
     finally:
