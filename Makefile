@@ -34,10 +34,12 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The policy gate CI runs (lint, fmt --check and test --coverage --threshold 100, one exit code),
-# then ruff (lint and format) and mypy over the package and the transfer layer ([tool.ruff], [tool.mypy] in pyproject.toml).
+# then ruff (lint and format) and mypy over the package and the transfer layer, and ruff's lint over tests/
+# ([tool.ruff], [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/kvpolicy check policies/
 	$(VENV)/bin/ruff check engine transports
+	$(VENV)/bin/ruff check tests
 	$(VENV)/bin/ruff format --check engine transports
 	$(VENV)/bin/mypy engine transports
 
