@@ -1,5 +1,6 @@
 """Fair service under an allowed key's flood: one decoder's request latency while another allowed
-decoder floods the same sender with asks (for ids never offered), within its per-key budget.
+decoder floods the same sender with asks (each a new one, for an id never offered), within its
+per-key budget.
 
     python bench/flood.py [--requests N] [--format table|json]
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for worker in (b, a, prefill):
             worker.stop()
     summary = {"budget_asks_per_s": budget, "requests_per_phase": args.requests, "shapes": results,
-               "dropped_over_budget": stats["dropped_over_budget"], "dropped_unknown_request": stats["dropped_unknown_request"],
+               "dropped_over_budget": stats["dropped_over_budget"], "repeated_asks": stats["repeated_asks"],
                "targets": {"within_2x": {s: max(r["flooded_vs_quiet"]) <= 2 for s, r in results.items()}}}
     if args.format == "json":
         print(json.dumps(summary))

@@ -159,6 +159,7 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 result = tx._loop.submit(functools.partial(push, *args)).result(10)
             elif op == "flood":  # (peer name, seconds, asks per frame, asks per second): asks for ids never
                 # offered, on this side's connection, paced, from a thread of their own (returns at once)
+                import itertools
                 import threading
 
                 from kvpolicy.transports import control as wire
@@ -167,16 +168,22 @@ def _serve(conn: Any, name: str, config: dict[str, Any]) -> None:
                 # push looked `peer` up on every tick, so a later raw sent it to another sender and a later
                 # connect (a Peer, not a name) stopped it in silence, its errors swallowed below.
                 def flood(peer: str, seconds: float, per_frame: int, rate: float) -> None:
-                    ask = [wire.encode(wire.Request(f"guess-{i}", i + 1, (0,), 0, 30_000)) for i in range(per_frame)]
-                    frame = wire.batch(ask)
+                    # Every ask is a new one (its own id and nonce): the sender takes each through its whole
+                    # path (parked, then refused past its per-key budget), not its cheap answer to a repeat.
                     frames_per_tick = max(1, int(rate / per_frame / 100))
                     end = time.monotonic() + seconds
+                    counter, tag = itertools.count(1), os.urandom(4).hex()  # (ids new across floods too)
+
+                    def frame() -> bytes:
+                        asks = [wire.encode(wire.Request(f"guess-{tag}-{n}", n, (0,), 0, 30_000)) for n in itertools.islice(counter, per_frame)]
+                        return wire.batch(asks)
 
                     def push() -> None:
+                        frames = [frame() for _ in range(frames_per_tick)]
                         conn = tx._connections.connection_of(peer)
                         with conn.lock:
-                            for _ in range(frames_per_tick):
-                                conn.socket.send(frame, 1)  # zmq.NOBLOCK: a full queue drops it
+                            for encoded in frames:
+                                conn.socket.send(encoded, 1)  # zmq.NOBLOCK: a full queue drops it
 
                     while time.monotonic() < end:
                         tick = time.monotonic()
