@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from typing import Any
 
 from .agent import NixlSettings, create_agent, nixl_version
@@ -257,7 +258,15 @@ class NixlTransceiver:
                 future.set_exception(exc)
 
         self._loop.submit(run)
-        return future.result(timeout + 5.0)
+        done, _ = futures_wait([future], timeout + 5.0)
+        if not done:
+            # The service thread ends a connect at its deadline; it did not within 5 s more (busy or
+            # stalled): still no welcome, said as such, not a bare TimeoutError.
+            raise TimeoutError(
+                f"no welcome from the sender at {address} within {timeout:g} s, and this side's service thread did not "
+                "end the attempt 5 s after its deadline (is this process overloaded?)"
+            )
+        return future.result()
 
     def connect_by_name(self, registry: Any, name: str, *, timeout_s: float | None = None) -> Peer:
         """Look ``name`` up in ``registry`` (an :class:`~kvpolicy.transports.discovery.EtcdRegistry`)
