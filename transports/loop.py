@@ -41,6 +41,22 @@ def _nothing() -> None:
 _COMPACT_AT = 256
 """Cancelled timers the heap may hold before it is rebuilt without them (once they are half of it)."""
 
+SLOW_CALL_S = 1.0
+"""A timer, frame handler or command that holds the service thread this long is logged, with its name:
+every deadline and every frame of this side waits behind it."""
+
+
+def _took(started: float, where: str, fn: Callable[..., Any], name: str) -> None:
+    took = time.perf_counter() - started
+    if took >= SLOW_CALL_S:
+        log.warning(
+            "transceiver %s: a %s (%s) held the service thread for %.1f s; deadlines and frames waited behind it",
+            name,
+            where,
+            getattr(fn, "__qualname__", repr(fn)),
+            took,
+        )
+
 
 class Timer:
     """A pending call; :meth:`cancel` makes it a no-op (it leaves the heap when it comes due, or when
@@ -270,11 +286,13 @@ class ServiceLoop:
         self._cancelled = 0
 
     def _guard(self, where: str, fn: Callable[[], Any]) -> None:
+        started = time.perf_counter()
         try:
             fn()
         except Exception:
             log.exception("transceiver %s: error in %s (dropped; the service goes on)", self.name, where)
             self._on_error(where)
+        _took(started, where, fn, self.name)
 
     def _run_commands(self) -> None:
         try:
@@ -294,10 +312,12 @@ class ServiceLoop:
                 continue
             if future.cancelled():
                 continue
+            started = time.perf_counter()
             try:
                 future.set_result(fn())
             except Exception as exc:
                 future.set_exception(exc)
+            _took(started, "command", fn, self.name)
 
     def _run(self) -> None:
         backoff = 0.0
