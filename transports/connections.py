@@ -233,13 +233,14 @@ class Connections:
         is the nonce that sender's challenge names, keep it if the challenge has not come yet, and
         never echo any other. Another hello that named this side's agent (an insider with a copy of
         its metadata) gets its nonce sent here too: echoed, it would fail this side's own proof."""
+        digest = control.nonce_digest(nonce)
         for conn in list(self.connections.values()):
             if not conn.awaiting_proof or conn.closed or not (self.local.plaintext or agent_carries_key(agent, conn.key)):
                 continue
             if conn.challenge is None:
                 conn.early.append(nonce)
                 del conn.early[:-_EARLY_NONCES]
-            elif secrets.compare_digest(control.nonce_digest(nonce), conn.challenge):
+            elif secrets.compare_digest(digest, conn.challenge):
                 self._echo(conn, nonce)
             else:
                 self._foreign_proof(conn)
